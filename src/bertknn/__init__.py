@@ -1,0 +1,23 @@
+"""bertknn: BERT-kNN, a masked language model that answers cloze questions with evidence from a text collection."""
+
+from bertknn.combine import Neighbour, Prediction, TokenScore
+from bertknn.datastore import Datastore, DatastoreError
+from bertknn.default_model import DEFAULT_MODEL
+from bertknn.encoder import Encoder, ModelError, QuestionError
+from bertknn.pipeline import BertKNN
+from bertknn.text import CorpusError
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "BertKNN",
+    "CorpusError",
+    "Datastore",
+    "DatastoreError",
+    "Encoder",
+    "ModelError",
+    "Neighbour",
+    "Prediction",
+    "QuestionError",
+    "TokenScore",
+]
+__version__ = "0.1.0"

