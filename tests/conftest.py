@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import json
 from pathlib import Path
@@ -34,8 +35,14 @@ def tokenizer():
 def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     """A 4-block, 32-wide BERT masked LM with random weights, saved with its head as a local HF directory."""
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=128)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     path = tmp_path_factory.mktemp("tiny-bert")
     BertForMaskedLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -72,3 +79,19 @@ SMALL_DOCS = [
 def small_corpus(tmp_path) -> Path:
     """Five short documents, one with a list of passages and one with accents in its title."""
     return write_corpus(tmp_path / "corpus.jsonl", SMALL_DOCS)
+
+
+@pytest.fixture(scope="session")
+def encoder(tiny_model_dir):
+    """The tiny BERT loaded as an Encoder (keys from block 3 of 4)."""
+    from bertknn.encoder import Encoder
+
+    return Encoder.load(str(tiny_model_dir))
+
+
+@pytest.fixture()
+def built(tmp_path, small_corpus, encoder):
+    """A BertKNN over the small corpus with the tiny BERT."""
+    from bertknn.pipeline import BertKNN
+
+    return BertKNN.build(small_corpus, tmp_path / "store", encoder)

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from bertknn.combine import Prediction
 from bertknn.default_model import DEFAULT_MODEL, HEAD_FILE
+from bertknn.encoder import Encoder
 from bertknn.pipeline import DEFAULTS, BertKNN, set_threads
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -31,14 +32,21 @@ def _threads(threads: int) -> None:
     set_threads(threads or os.cpu_count() or 1)
 
 
-def _build(corpus: Path, out: Path, model: "str | Encoder", layer: int | None, **hparams: float) -> BertKNN:
+def _build(corpus: Path, out: Path, model: str | Encoder, layer: int | None, **hparams: float) -> BertKNN:
     """Build with a progress bar (documents, entries, rate and ETA)."""
     from bertknn.text import validate_corpus
 
     total = validate_corpus(corpus)
-    columns = (TextColumn("[bold]embedding"), BarColumn(), MofNCompleteColumn(), TextColumn("docs"),
-               TextColumn("{task.fields[entries]:,} contexts"), TextColumn("{task.fields[rate]}"),
-               TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("[bold]embedding"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("docs"),
+        TextColumn("{task.fields[entries]:,} contexts"),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("build", total=total, entries=0, rate="")
 
@@ -90,8 +98,10 @@ def build(
         knn = _build(corpus, out, model, layer)
     except USER_ERRORS as err:
         raise _fail(err) from None
-    console.print(f"datastore {out}: {knn.store.n_documents:,} documents, {knn.store.size:,} contexts, "
-                  f"model {knn.encoder.name}, layer {knn.store.layer}")
+    console.print(
+        f"datastore {out}: {knn.store.n_documents:,} documents, {knn.store.size:,} contexts, "
+        f"model {knn.encoder.name}, layer {knn.store.layer}"
+    )
 
 
 @app.command()
@@ -124,13 +134,14 @@ def demo(
 ) -> None:
     """Build the embedded demo corpus's datastore (cached) and answer its questions."""
     from bertknn.demo import DEMO_CORPUS, cache_dir, demo_questions, fixed_by_knn
-    from bertknn.encoder import Encoder
 
     _threads(threads)
     try:
         encoder = Encoder.load(model)
         out = cache_dir() / f"demo-{encoder.weights_hash[:12]}-L{encoder.layer}"
-        kind = "the offline default, a weaker stand-in for bert-base-uncased" if model == DEFAULT_MODEL else "user-chosen"
+        kind = (
+            "the offline default, a weaker stand-in for bert-base-uncased" if model == DEFAULT_MODEL else "user-chosen"
+        )
         console.print(f"[bold]bertknn demo[/]: model {model} ({kind}), datastore {out}")
         knn = _build(DEMO_CORPUS, out, encoder, None)
     except USER_ERRORS as err:
@@ -143,8 +154,10 @@ def demo(
         if fixed_by_knn(p, q["answer"]):
             fixed.append(q)
     for q in fixed:
-        console.print(f"[bold green]BERT-kNN knows[/] {escape(q['question'].replace('[MASK]', q['answer']))} "
-                      "[green]where the LM alone does not: the answer comes from the evidence sentence above.[/]")
+        console.print(
+            f"[bold green]BERT-kNN knows[/] {escape(q['question'].replace('[MASK]', q['answer']))} "
+            "[green]where the LM alone does not: the answer comes from the evidence sentence above.[/]"
+        )
     console.print(f"{len(fixed)} of {len(questions)} questions answered right by BERT-kNN and wrong by the LM alone.")
 
 
@@ -163,8 +176,9 @@ def train_head_cmd(
 
     _threads(threads)
     try:
-        info = train_head(corpus, out, steps=steps, batch_size=batch_size, max_length=max_length, rank=rank,
-                          log=console.print)
+        info = train_head(
+            corpus, out, steps=steps, batch_size=batch_size, max_length=max_length, rank=rank, log=console.print
+        )
     except USER_ERRORS as err:
         raise _fail(err) from None
     console.print(f"wrote {out}: held-out {info['heldout_metrics']}")

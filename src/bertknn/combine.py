@@ -61,7 +61,7 @@ def interpolate(p_bert: np.ndarray, p_knn: np.ndarray | None, lam: float) -> np.
     return lam * p_knn + (1.0 - lam) * p_bert
 
 
-def ranked(p: np.ndarray | None, tokens, k: int) -> list[TokenScore]:  # noqa: ANN001 - a tokenizer
+def ranked(p: np.ndarray | None, tokens, k: int) -> list[TokenScore]:
     """The k most probable tokens with non-zero probability, best first (ties by vocabulary id)."""
     if p is None:
         return []

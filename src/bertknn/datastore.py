@@ -176,7 +176,10 @@ class Datastore:
 
     def iter_document_texts(self) -> Iterator[str]:
         """Each document's sentences joined, in document order (what the IR index is built from)."""
-        query = "SELECT group_concat(text, ' ') FROM (SELECT doc, text FROM sentences ORDER BY idx) GROUP BY doc ORDER BY doc"
+        query = (
+            "SELECT group_concat(text, ' ') FROM (SELECT doc, text FROM sentences ORDER BY idx) "
+            "GROUP BY doc ORDER BY doc"
+        )
         for (text,) in self.db.execute(query):
             yield text
 

@@ -49,7 +49,7 @@ def apply_head_file(model: BertForMaskedLM, path: Path) -> dict:
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
         scaling = float(meta.get("lora_scaling", "0"))
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open is not a dict
     with torch.no_grad():
         for key, value in tensors.items():
             if key.startswith("cls."):

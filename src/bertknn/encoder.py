@@ -45,7 +45,7 @@ def _quiet_transformers() -> Iterator[None]:
         transformers.logging.enable_progress_bar()
 
 
-def load_masked_lm(name: str):  # noqa: ANN201 - (model, tokenizer)
+def load_masked_lm(name: str):
     """Load a masked LM and its fast tokenizer by hub name or local directory; refuse one without its MLM head."""
     if name == DEFAULT_MODEL:
         return load_default_model()
@@ -99,7 +99,7 @@ def _truncated(base: nn.Module, path: str, n_blocks: int) -> nn.Module:
 class Encoder:
     """A masked LM with its tokenizer, read at the mask after block `layer` (default: the second-to-last)."""
 
-    def __init__(self, model: nn.Module, tokenizer, name: str, layer: int | None = None) -> None:  # noqa: ANN001
+    def __init__(self, model: nn.Module, tokenizer, name: str, layer: int | None = None) -> None:
         n_layers = model.config.num_hidden_layers
         self.layer = n_layers - 1 if layer is None else layer
         if not 1 <= self.layer <= n_layers:
@@ -107,10 +107,20 @@ class Encoder:
         self.model, self.tokenizer, self.name = model.eval(), tokenizer, name
         self.base = model.base_model
         self.head = getattr(model, "cls", None) or getattr(model, "lm_head", None)
-        path = _find_blocks(self.base)
-        self.trunk = _truncated(self.base, path, self.layer) if path else None
         self.mask_id = tokenizer.mask_token_id
         self.pad_id = tokenizer.pad_token_id or 0
+        self.trunk = self._checked_trunk()
+
+    @torch.inference_mode()
+    def _checked_trunk(self) -> nn.Module | None:
+        """The blocks 1..L of the model, kept only if they reproduce the full model's layer-L states here."""
+        path = _find_blocks(self.base)
+        if path is None:
+            return None
+        trunk = _truncated(self.base, path, self.layer)
+        ids = torch.tensor([[self.tokenizer.cls_token_id or 0, self.mask_id, self.tokenizer.sep_token_id or 0]])
+        full = self.base(input_ids=ids, output_hidden_states=True).hidden_states[self.layer]
+        return trunk if torch.allclose(trunk(input_ids=ids).last_hidden_state, full, atol=1e-5) else None
 
     @classmethod
     def load(cls, name: str = DEFAULT_MODEL, layer: int | None = None) -> Encoder:
@@ -180,6 +190,7 @@ class Encoder:
         """
         contexts = [(i, int(p)) for i, s in enumerate(sentences) for p in s.positions]
         keys = np.empty((len(contexts), self.dim), dtype=np.float32)
+
         def length(j: int) -> int:
             return len(sentences[contexts[j][0]].input_ids)
 
@@ -200,5 +211,5 @@ class Encoder:
     def _states(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """Hidden states after block L for every position, running only blocks 1..L when the model allows it."""
         if self.trunk is not None:
-            return self.trunk(input_ids=ids, attention_mask=attention, output_hidden_states=True).hidden_states[self.layer]
+            return self.trunk(input_ids=ids, attention_mask=attention).last_hidden_state
         return self.base(input_ids=ids, attention_mask=attention, output_hidden_states=True).hidden_states[self.layer]

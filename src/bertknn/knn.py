@@ -24,10 +24,7 @@ def nearest(keys: np.ndarray, entries: np.ndarray, query: np.ndarray, k: int) ->
         return np.zeros(0, np.int64), np.zeros(0, np.float32)
     diff = np.asarray(keys[entries], dtype=np.float32) - np.asarray(query, dtype=np.float32)
     dist = np.einsum("ij,ij->i", diff, diff)
-    if len(dist) > k:
-        part = np.argpartition(dist, k - 1)[:k]
-    else:
-        part = np.arange(len(dist))
+    part = np.argpartition(dist, k - 1)[:k] if len(dist) > k else np.arange(len(dist))
     order = part[np.lexsort((entries[part], dist[part]))]
     return entries[order], dist[order]
 

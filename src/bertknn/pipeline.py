@@ -67,7 +67,9 @@ class BertKNN:
         self.index = index or ensure_index(store)
 
     @classmethod
-    def load(cls, datastore: str | Path, model: str | None = None, layer: int | None = None, **hparams: float) -> BertKNN:
+    def load(
+        cls, datastore: str | Path, model: str | None = None, layer: int | None = None, **hparams: float
+    ) -> BertKNN:
         """Open a datastore and load the model it was built with (or `model`, which must have the same weights)."""
         store = Datastore(datastore)
         if layer is not None and layer != store.layer:
@@ -140,7 +142,7 @@ class BertKNN:
             p=p,
         )
 
-    def _evidence(self, words, entries, values, dist, n_evidence: int) -> dict[str, list[Neighbour]]:  # noqa: ANN001
+    def _evidence(self, words, entries, values, dist, n_evidence: int) -> dict[str, list[Neighbour]]:
         """For each kNN answer, its nearest `n_evidence` neighbours with their sentences."""
         if not words:
             return {}

@@ -74,8 +74,13 @@ class TfidfIndex:
             shape=(n_docs, len(hashes)),
         )
         mat.sort_indices()
-        return cls(hashes.astype(np.uint32), mat.indptr.astype(np.int64), mat.indices.astype(np.int32),
-                   mat.data.astype(np.float32), n_docs)
+        return cls(
+            hashes.astype(np.uint32),
+            mat.indptr.astype(np.int64),
+            mat.indices.astype(np.int32),
+            mat.data.astype(np.float32),
+            n_docs,
+        )
 
     def save(self, directory: str | Path) -> None:
         """Write the index as .npy files (each written to a temporary name, then renamed)."""
@@ -93,7 +98,9 @@ class TfidfIndex:
         directory = Path(directory)
         missing = [n for n in (*FILES, "tfidf_ndocs.txt") if not (directory / n).is_file()]
         if missing:
-            raise FileNotFoundError(f"{directory} has no IR index ({', '.join(missing)} missing): rerun `bertknn build`")
+            raise FileNotFoundError(
+                f"{directory} has no IR index ({', '.join(missing)} missing): rerun `bertknn build`"
+            )
         arrays = [np.load(directory / n, mmap_mode="r") for n in FILES]
         return cls(*arrays, int((directory / "tfidf_ndocs.txt").read_text()))
 

@@ -103,7 +103,7 @@ def validate_corpus(path: str | Path) -> int:
 
 
 @lru_cache(maxsize=1)
-def _segmenter():  # noqa: ANN202 - pysbd has no type hints
+def _segmenter():
     import pysbd
 
     return pysbd.Segmenter(language="en", clean=False)
@@ -119,7 +119,7 @@ def is_content_word(word: str) -> bool:
     return any(ch.isalnum() for ch in word) and word.lower() not in STOPWORDS
 
 
-def tokenize_sentences(tokenizer, sentences: list[str], max_length: int = 128) -> list[Sentence]:  # noqa: ANN001
+def tokenize_sentences(tokenizer, sentences: list[str], max_length: int = 128) -> list[Sentence]:
     """Tokenize sentences once each and find their targets: one-token, non-stopword, non-punctuation words."""
     if not sentences:
         return []
@@ -157,5 +157,7 @@ def mask_count_error(text: str, mask: str = MASK) -> str | None:
     if n == 1:
         return None
     if n == 0:
-        return f"the question has no {mask}: write the word to predict as {mask}, e.g. 'Paris is the capital of {mask}.'"
+        return (
+            f"the question has no {mask}: write the word to predict as {mask}, e.g. 'Paris is the capital of {mask}.'"
+        )
     return f"the question has {n} {mask} tokens; BERT-kNN predicts exactly one {mask} per question"

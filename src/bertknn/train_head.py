@@ -24,7 +24,8 @@ from bertknn.default_model import base_model_dir, load_base
 from bertknn.text import Sentence, iter_corpus, normalize_title, split_sentences, tokenize_sentences
 
 HELDOUT_PERCENT = 20
-LORA_TARGETS = r".*encoder\.layer\.\d+\.(attention\.self\.(query|key|value)|attention\.output\.dense|intermediate\.dense|output\.dense)"
+LORA_TARGETS = r".*encoder\.layer\.\d+\."  # every linear layer of the transformer blocks
+LORA_TARGETS += r"(attention\.self\.(query|key|value)|attention\.output\.dense|intermediate\.dense|output\.dense)"
 
 
 def is_heldout(title: str) -> bool:
@@ -33,7 +34,7 @@ def is_heldout(title: str) -> bool:
     return int.from_bytes(digest[:4], "big") % 100 < HELDOUT_PERCENT
 
 
-def load_split(corpus: str | Path, tokenizer, max_length: int) -> tuple[list[Sentence], list[Sentence]]:  # noqa: ANN001
+def load_split(corpus: str | Path, tokenizer, max_length: int) -> tuple[list[Sentence], list[Sentence]]:
     """Tokenized sentences with at least one target, split into (train, held-out) by document title."""
     parts: dict[bool, list[str]] = {False: [], True: []}
     for doc in iter_corpus(corpus):
@@ -45,7 +46,7 @@ def load_split(corpus: str | Path, tokenizer, max_length: int) -> tuple[list[Sen
     return out[0], out[1]
 
 
-def _mask_batch(batch: list[Sentence], mask_id: int, rng: random.Random, p_content: float, p_other: float):  # noqa: ANN202
+def _mask_batch(batch: list[Sentence], mask_id: int, rng: random.Random, p_content: float, p_other: float):
     """Pad a batch and choose mask positions: content targets with p_content, other tokens with p_other."""
     width = max(len(s.input_ids) for s in batch)
     ids = torch.zeros((len(batch), width), dtype=torch.long)
@@ -68,7 +69,7 @@ def _mask_batch(batch: list[Sentence], mask_id: int, rng: random.Random, p_conte
 
 
 @torch.no_grad()
-def evaluate(model, sentences: list[Sentence], mask_id: int, seed: int = 0, batch_size: int = 64) -> dict:  # noqa: ANN001
+def evaluate(model, sentences: list[Sentence], mask_id: int, seed: int = 0, batch_size: int = 64) -> dict:
     """Top-1/top-10 accuracy with one [MASK] per sentence: on a random wordpiece, and on a random content word."""
     rng = random.Random(seed)
     model.eval()
@@ -82,7 +83,9 @@ def evaluate(model, sentences: list[Sentence], mask_id: int, seed: int = 0, batc
             pos = []
             for i, s in enumerate(batch):
                 ids[i, : len(s.input_ids)] = torch.from_numpy(s.input_ids)
-                pos.append(rng.choice(s.positions.tolist()) if kind == "content" else rng.randrange(1, len(s.input_ids) - 1))
+                pos.append(
+                    rng.choice(s.positions.tolist()) if kind == "content" else rng.randrange(1, len(s.input_ids) - 1)
+                )
             rows, cols = torch.arange(len(batch)), torch.tensor(pos)
             gold = ids[rows, cols].clone()
             ids[rows, cols] = mask_id
@@ -96,7 +99,7 @@ def evaluate(model, sentences: list[Sentence], mask_id: int, seed: int = 0, batc
     return scores
 
 
-def _export(model, out: Path, mask_id: int, scaling: float, info: dict) -> None:  # noqa: ANN001
+def _export(model, out: Path, mask_id: int, scaling: float, info: dict) -> None:
     """Write the trained head, [MASK] embedding and LoRA factors as one safetensors file (fp32)."""
     tensors = {}
     for name, param in model.named_parameters():
@@ -126,7 +129,7 @@ def train_head(
     p_other: float = 0.05,
     eval_sentences: int = 2000,
     seed: int = 0,
-    log=print,  # noqa: ANN001
+    log=print,
 ) -> dict:
     """Train the default head on the non-held-out documents of `corpus`, save it to `out`, return its metrics."""
     from peft import LoraConfig, get_peft_model
@@ -142,7 +145,9 @@ def train_head(
     log(f"{len(train):,} training sentences, {len(held):,} held-out for evaluation ({time.time() - t0:.0f}s)")
 
     model = load_base()
-    model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.05, target_modules=LORA_TARGETS))
+    model = get_peft_model(
+        model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.05, target_modules=LORA_TARGETS)
+    )
     emb = model.base_model.model.bert.embeddings.word_embeddings.weight
     emb.requires_grad_(True)
     row = torch.zeros((emb.shape[0], 1))
@@ -154,7 +159,9 @@ def train_head(
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / (steps - warmup))))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / (steps - warmup)))
+    )
     head = model.base_model.model.cls
     model.train()
     before = evaluate(model, held[:500], mask_id, seed)

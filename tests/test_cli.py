@@ -1,0 +1,78 @@
+"""The command line through typer's runner: build, ask, demo, and the errors a user sees."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from bertknn import cli
+from bertknn.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    """Render as on a 200-column terminal so that lines are not wrapped."""
+    monkeypatch.setattr(cli.console, "width", 200)
+
+
+@pytest.fixture()
+def store_dir(tmp_path, small_corpus, tiny_model_dir):
+    out = tmp_path / "store"
+    result = runner.invoke(
+        app, ["build", str(small_corpus), "--out", str(out), "--model", str(tiny_model_dir), "--threads", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "5 documents" in result.output and "layer 3" in result.output
+    return out
+
+
+def test_ask_prints_three_lists_and_evidence(store_dir):
+    result = runner.invoke(
+        app,
+        [
+            "ask",
+            str(store_dir),
+            "Quellbrook is a town in [MASK] .",
+            "--subject",
+            "quellbrook",
+            "--top-k",
+            "3",
+            "--threads",
+            "1",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    for heading in ("BERT", "kNN", "BERT-kNN", "evidence", "documents: Quellbrook", "Quellbrook is a town in Norway."):
+        assert heading in result.output
+
+
+def test_ask_reports_a_question_without_mask(store_dir):
+    result = runner.invoke(app, ["ask", str(store_dir), "Quellbrook is a town.", "--threads", "1"])
+    assert result.exit_code == 2 and "has no [MASK]" in result.output
+
+
+def test_build_reports_the_bad_line(tmp_path, tiny_model_dir):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "title": "A", "text": "ok"}\n{"id": "b"}\n', encoding="utf-8")
+    result = runner.invoke(app, ["build", str(corpus), "--out", str(tmp_path / "o"), "--model", str(tiny_model_dir)])
+    assert result.exit_code == 2 and "c.jsonl:2" in result.output and "missing 'title'" in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_ask_on_a_missing_datastore(tmp_path):
+    result = runner.invoke(app, ["ask", str(tmp_path), "A [MASK] ."])
+    assert result.exit_code == 2 and "not a datastore" in result.output
+
+
+def test_demo_runs_and_caches(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("BERTKNN_CACHE", str(tmp_path / "cache"))
+    args = ["demo", "--model", str(tiny_model_dir), "--threads", "1"]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "Ilsa Varnhold was born in [MASK] ." in first.output and "questions answered right" in first.output
+    (cached,) = (tmp_path / "cache").iterdir()
+    mtime = (cached / "keys.f16").stat().st_mtime_ns
+    assert runner.invoke(app, args).exit_code == 0
+    assert (cached / "keys.f16").stat().st_mtime_ns == mtime  # the second run reuses the datastore

@@ -1,0 +1,171 @@
+"""Datastore stage: contents against direct computation, resumable builds, refusals and corruption."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from itertools import pairwise
+
+import numpy as np
+import pytest
+import torch
+
+from bertknn import datastore as ds
+from bertknn.datastore import Datastore, DatastoreError
+from bertknn.encoder import Encoder
+from bertknn.text import CorpusError, iter_corpus, split_sentences, tokenize_sentences
+
+from .conftest import SMALL_DOCS, write_corpus
+
+KEY_ATOL = 5e-3  # keys are stored as float16: ~1e-3 relative error on values of magnitude <= 4
+
+
+def test_entry_count_equals_eligible_targets(tmp_path, small_corpus, encoder, tokenizer):
+    store = ds.build(small_corpus, tmp_path / "s", encoder)
+    sentences = [s for d in iter_corpus(small_corpus) for p in d.passages for s in split_sentences(p)]
+    expected = sum(len(s.positions) for s in tokenize_sentences(tokenizer, sentences))
+    assert store.size == expected > 30
+    assert store.n_documents == 5 and store.complete
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    assert manifest["entries"] == expected and manifest["dtype"] == "float16" and manifest["layer"] == 3
+    assert (tmp_path / "s" / "keys.f16").stat().st_size == expected * 32 * 2
+
+
+def test_every_key_is_the_layer_state_of_its_masked_sentence(tmp_path, small_corpus, encoder, tokenizer):
+    store = ds.build(small_corpus, tmp_path / "s", encoder)
+    for entry in range(store.size):
+        (ev,) = store.evidence([entry])
+        enc = tokenizer(ev.sentence, return_offsets_mapping=True)
+        pos = [tuple(o) for o in enc["offset_mapping"]].index(ev.span)
+        ids = torch.tensor([enc["input_ids"]])
+        assert int(ids[0, pos]) == int(store.values[entry])  # the value is the target's own token
+        ids[0, pos] = tokenizer.mask_token_id
+        with torch.no_grad():
+            states = encoder.model(input_ids=ids, output_hidden_states=True).hidden_states
+        np.testing.assert_allclose(store.keys[entry].astype(np.float32), states[3][0, pos].numpy(), atol=KEY_ATOL)
+
+
+def test_documents_own_contiguous_ranges(tmp_path, small_corpus, encoder):
+    store = ds.build(small_corpus, tmp_path / "s", encoder)
+    ranges = store.document_ranges(list(range(5)))
+    assert ranges[0][0] == 0 and ranges[-1][1] == store.size
+    assert all(a[1] == b[0] for a, b in pairwise(ranges))
+    for doc, (start, end) in enumerate(ranges):
+        titles = {e.title for e in store.evidence(list(range(start, end)))}
+        assert titles == {SMALL_DOCS[doc]["title"]}
+
+
+def _tables(path) -> dict:
+    with sqlite3.connect(path / "store.sqlite") as db:
+        return {
+            t: db.execute(f"SELECT * FROM {t} ORDER BY idx").fetchall() for t in ("documents", "sentences", "entries")
+        }
+
+
+def assert_same_store(a, b) -> None:
+    sa, sb = Datastore(a), Datastore(b)
+    assert sa.size == sb.size and sa.complete and sb.complete
+    assert np.array_equal(np.asarray(sa.keys), np.asarray(sb.keys))
+    assert np.array_equal(np.asarray(sa.values), np.asarray(sb.values))
+    assert _tables(a) == _tables(b)
+
+
+def test_crash_between_keys_and_commit_resumes_exactly(tmp_path, encoder, monkeypatch):
+    corpus = write_corpus(tmp_path / "c.jsonl", SMALL_DOCS * 1 + [dict(d, id=d["id"] + "b") for d in SMALL_DOCS])
+    ds.build(corpus, tmp_path / "clean", encoder, chunk_entries=8)
+    calls = {"n": 0}
+    real = Datastore._commit_rows
+
+    def crash_on_third(self, *args):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("killed after writing keys, before the commit")
+        return real(self, *args)
+
+    monkeypatch.setattr(Datastore, "_commit_rows", crash_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        ds.build(corpus, tmp_path / "resumed", encoder, chunk_entries=8)
+    partial = Datastore(tmp_path / "resumed")
+    assert not partial.complete and partial.size > 0
+    assert (tmp_path / "resumed" / "keys.f16").stat().st_size > partial.size * 64  # uncommitted bytes are ignored
+    monkeypatch.setattr(Datastore, "_commit_rows", real)
+    ds.build(corpus, tmp_path / "resumed", encoder, chunk_entries=8)
+    assert_same_store(tmp_path / "clean", tmp_path / "resumed")
+
+
+BUILD_SCRIPT = """
+import sys, time, torch
+torch.set_num_threads(1)
+from bertknn import datastore as ds
+from bertknn.encoder import Encoder
+ds.build(sys.argv[1], sys.argv[2], Encoder.load(sys.argv[3]), chunk_entries=8,
+         progress=lambda done, n: time.sleep(0.3))
+"""
+
+
+def test_kill_9_mid_build_then_rerun_equals_uninterrupted_build(tmp_path, tiny_model_dir, encoder):
+    docs = [dict(d, id=f"{d['id']}-{i}") for i in range(3) for d in SMALL_DOCS]
+    corpus = write_corpus(tmp_path / "c.jsonl", docs)
+    ds.build(corpus, tmp_path / "clean", encoder, chunk_entries=8)
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", BUILD_SCRIPT, str(corpus), str(out), str(tiny_model_dir)])
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if Datastore(out).size > 0:
+                break
+        except (DatastoreError, sqlite3.Error, FileNotFoundError):
+            pass
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not Datastore(out).complete
+    ds.build(corpus, out, encoder, chunk_entries=8)
+    assert_same_store(tmp_path / "clean", out)
+
+
+def test_malformed_corpus_writes_nothing(tmp_path, encoder):
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text('{"id": "a", "title": "A", "text": "Lisbon is big."}\n{"id": "b", "title": \n', encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"bad.jsonl:2: not valid JSON"):
+        ds.build(corpus, tmp_path / "out", encoder)
+    assert not (tmp_path / "out").exists()
+    corpus.write_text("\n\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match="the corpus is empty"):
+        ds.build(corpus, tmp_path / "out", encoder)
+    assert not (tmp_path / "out").exists()
+
+
+def test_refuses_another_model_or_layer(tmp_path, small_corpus, encoder, tiny_model_dir, tokenizer):
+    store = ds.build(small_corpus, tmp_path / "s", encoder)
+    other = Encoder(type(encoder.model)(encoder.model.config), tokenizer, "other-random-bert")
+    with pytest.raises(DatastoreError, match=r"was built with model .* but the given model 'other-random-bert'"):
+        store.check_encoder(other)
+    with pytest.raises(DatastoreError, match="holds layer-3 keys, but the model reads layer 2"):
+        store.check_encoder(Encoder.load(str(tiny_model_dir), layer=2))
+    with pytest.raises(DatastoreError, match="was built with model"):
+        ds.build(small_corpus, tmp_path / "s", other)
+
+
+def test_another_corpus_in_the_same_directory_is_refused(tmp_path, small_corpus, encoder):
+    ds.build(small_corpus, tmp_path / "s", encoder)
+    other = write_corpus(tmp_path / "other.jsonl", SMALL_DOCS[:2])
+    with pytest.raises(DatastoreError, match="another corpus"):
+        ds.build(other, tmp_path / "s", encoder)
+
+
+def test_corrupt_and_truncated_datastores_are_reported(tmp_path, small_corpus, encoder):
+    ds.build(small_corpus, tmp_path / "s", encoder)
+    keys = tmp_path / "s" / "keys.f16"
+    keys.write_bytes(keys.read_bytes()[:-10])
+    with pytest.raises(DatastoreError, match=r"keys.f16 is truncated .* rebuild it"):
+        Datastore(tmp_path / "s")
+    (tmp_path / "s" / "manifest.json").write_text("{not json")
+    with pytest.raises(DatastoreError, match="corrupt"):
+        Datastore(tmp_path / "s")
+    with pytest.raises(DatastoreError, match="not a datastore"):
+        Datastore(tmp_path)

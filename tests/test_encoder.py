@@ -1,0 +1,57 @@
+"""Encoder stage: loading, refusing a headless checkpoint, one pass for logits and states, the truncated trunk."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bertknn.encoder import Encoder, ModelError, QuestionError
+
+
+def test_headless_checkpoint_is_refused(headless_model_dir):
+    with pytest.raises(ModelError, match=r"has no trained masked-LM head .*cls.predictions"):
+        Encoder.load(str(headless_model_dir))
+
+
+def test_unknown_model_is_refused(tmp_path):
+    with pytest.raises(ModelError, match=r"cannot load model .* neither a local directory"):
+        Encoder.load(str(tmp_path / "no-such-model"))
+
+
+def test_layer_must_exist(tiny_model_dir):
+    with pytest.raises(ModelError, match=r"layer 5 does not exist: .* has blocks 1..4"):
+        Encoder.load(str(tiny_model_dir), layer=5)
+
+
+def test_default_layer_is_second_to_last_and_trunk_stops_there(encoder):
+    assert encoder.layer == 3
+    assert encoder.trunk is not None and len(encoder.trunk.encoder.layer) == 3
+    assert len(encoder.base.encoder.layer) == 4  # the model itself is untouched
+
+
+def test_query_gives_lm_distribution_and_layer_state_in_one_pass(encoder, tokenizer):
+    text = "Dante was born in [MASK] ."
+    probs, states = encoder.query([text, "The capital of Portugal is [MASK] ."])
+    ids = tokenizer(text.replace("[MASK]", tokenizer.mask_token), return_tensors="pt")["input_ids"]
+    pos = int((ids[0] == tokenizer.mask_token_id).nonzero())
+    with torch.no_grad():
+        out = encoder.model(input_ids=ids, output_hidden_states=True)
+    np.testing.assert_allclose(probs[0], torch.softmax(out.logits[0, pos], -1).numpy(), atol=1e-6)
+    np.testing.assert_allclose(states[0], out.hidden_states[3][0, pos].numpy(), atol=1e-5)
+    assert probs.shape == (2, tokenizer.vocab_size) and np.allclose(probs.sum(1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("Dante was born in Florence.", "has no \\[MASK\\]"), ("[MASK] was born in [MASK].", "has 2 \\[MASK\\] tokens")],
+)
+def test_bad_questions(encoder, text, message):
+    with pytest.raises(QuestionError, match=message):
+        encoder.query([text])
+
+
+def test_weights_hash_tells_models_apart(encoder, tokenizer):
+    other = Encoder(type(encoder.model)(encoder.model.config), tokenizer, "other")
+    assert encoder.weights_hash != other.weights_hash
+    assert len(encoder.weights_hash) == 64

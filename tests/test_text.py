@@ -1,0 +1,91 @@
+"""Text stage: corpus reading and its errors, sentence splitting, target selection."""
+
+from __future__ import annotations
+
+import pytest
+from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+from bertknn.text import (
+    CorpusError,
+    iter_corpus,
+    mask_count_error,
+    split_sentences,
+    tokenize_sentences,
+    validate_corpus,
+)
+
+
+def reference_targets(tokenizer, sentence: str) -> list[str]:
+    """Targets by a different route: pre-tokenize into words, keep words that are one wordpiece and content."""
+    normalized = tokenizer.backend_tokenizer.normalizer.normalize_str(sentence)
+    words = [w for w, _ in tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str(normalized)]
+    return [
+        w
+        for w in words
+        if len(tokenizer.tokenize(w)) == 1
+        and tokenizer.convert_tokens_to_ids(w) != tokenizer.unk_token_id
+        and w not in ENGLISH_STOP_WORDS
+        and any(c.isalnum() for c in w)
+    ]
+
+
+def test_sentence_splitter_keeps_abbreviations_and_decimals():
+    text = "He moved to the U.S. in 1990. It cost 3.5 dollars. Dr. Smith agreed."
+    assert split_sentences(text) == ["He moved to the U.S. in 1990.", "It cost 3.5 dollars.", "Dr. Smith agreed."]
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "Allan Peiper (born 26 April 1960 in Alexandra, Australia) is a former professional cyclist.",
+        "The café in São Paulo opened in 1911; Zürich's embassy-staff disagreed.",
+        "Dante wrote the Divine Comedy, an epic poem, in Italian.",
+    ],
+)
+def test_targets_match_a_word_level_reference(tokenizer, sentence):
+    (sent,) = tokenize_sentences(tokenizer, [sentence])
+    assert tokenizer.convert_ids_to_tokens(sent.target_ids.tolist()) == reference_targets(tokenizer, sentence)
+    for (a, b), token_id in zip(sent.spans, sent.target_ids):  # spans point at the original characters
+        assert tokenizer.tokenize(sentence[a:b]) == tokenizer.convert_ids_to_tokens([int(token_id)])
+
+
+def test_targets_exclude_continuations_stopwords_and_punctuation(tokenizer):
+    (sent,) = tokenize_sentences(tokenizer, ["The peiper of Alexandra, the cyclist."])
+    tokens = tokenizer.convert_ids_to_tokens(sent.target_ids.tolist())
+    assert tokens == ["alexandra", "cyclist"]  # "peiper" is two pieces, "the"/"of" stopwords, "," "." punctuation
+
+
+def test_reads_text_and_sentence_lists(small_corpus):
+    docs = list(iter_corpus(small_corpus))
+    assert [d.id for d in docs] == ["d1", "d2", "d3", "d4", "d5"]
+    assert docs[3].passages == ("Paris is the capital of France.", "The U.S. embassy is near the river.")
+    assert validate_corpus(small_corpus) == 5
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("", "the corpus is empty"),
+        ('{"id": "a", "title": "A", "text": "x"}\n{"id": "b", "title": "B", "text": "y"\n', ":2: not valid JSON"),
+        ('{"id": "a", "title": "A", "text": "   "}\n', ":1: document 'a' has no text"),
+        ('{"title": "A", "text": "x"}\n', ":1: missing or empty 'id'"),
+        ('{"id": "a", "text": "x"}\n', ":1: missing 'title'"),
+        ('{"id": "a", "title": "A", "text": 3}\n', ":1: 'text' must be a string"),
+        ("[1, 2]\n", ":1: expected a JSON object"),
+        (
+            '{"id": "a", "title": "A", "text": "x"}\n{"id": "a", "title": "B", "text": "y"}\n',
+            ":2: duplicate document id",
+        ),
+    ],
+)
+def test_bad_corpus_lines_are_named(tmp_path, content, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(CorpusError, match=message.replace("(", r"\(")):
+        validate_corpus(path)
+
+
+def test_mask_count_messages():
+    assert mask_count_error("Dante was born in [MASK].") is None
+    assert "has no [MASK]" in mask_count_error("Dante was born in Florence.")
+    assert "has 2 [MASK] tokens" in mask_count_error("[MASK] was born in [MASK].")
