@@ -18,7 +18,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=false
-case "${1:-demo}" in
+[ $# -gt 0 ] || set -- demo
+case "$1" in
   test) shift; exec .venv/bin/python -m pytest "$@" ;;
   *) exec .venv/bin/bertknn "$@" ;;
 esac
