@@ -50,9 +50,15 @@ def _build(corpus: Path, out: Path, model: str | Encoder, layer: int | None, **h
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("build", total=total, entries=0, rate="")
 
+        start: list[int] = []  # entries already stored when this run began (a resumed build)
+
         def update(done: int, entries: int) -> None:
+            if not start:
+                start.append(entries)
+                progress.reset(task, completed=done, entries=entries, rate="")
+                return
             elapsed = progress.tasks[0].elapsed or 1e-9
-            progress.update(task, completed=done, entries=entries, rate=f"{entries / elapsed:,.0f} ctx/s")
+            progress.update(task, completed=done, entries=entries, rate=f"{(entries - start[0]) / elapsed:,.0f} ctx/s")
 
         return BertKNN.build(corpus, out, model, layer, progress=update, **hparams)
 
@@ -98,6 +104,9 @@ def build(
         knn = _build(corpus, out, model, layer)
     except USER_ERRORS as err:
         raise _fail(err) from None
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted[/]: what was committed is kept; rerun the same command to resume {out}")
+        raise typer.Exit(130) from None
     console.print(
         f"datastore {out}: {knn.store.n_documents:,} documents, {knn.store.size:,} contexts, "
         f"model {knn.encoder.name}, layer {knn.store.layer}"

@@ -239,9 +239,10 @@ def create(path: str | Path, encoder: Encoder, corpus: dict | None = None) -> Da
     if (path / "manifest.json").exists():
         store = Datastore(path)
         store.check_encoder(encoder)
-        if corpus and store.manifest.get("corpus", corpus) != corpus:
+        known = store.manifest.get("corpus") or {}
+        if corpus and known and known.get("sha256") != corpus["sha256"]:
             raise DatastoreError(
-                f"{path} holds a datastore of another corpus ({store.manifest['corpus']['path']}); "
+                f"{path} holds a datastore of another corpus ({known.get('path')}); "
                 "choose another --out directory or delete this one"
             )
         return store
@@ -282,6 +283,8 @@ def build(
     store = create(out, encoder, {"path": str(corpus.resolve()), "sha256": _file_sha256(corpus), "documents": n_docs})
     if not store.complete:
         done = store.n_documents
+        if progress:
+            progress(done, store.size)
         chunk: list[Document] = []
         pending = 0
         for i, doc in enumerate(iter_corpus(corpus)):

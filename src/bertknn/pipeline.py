@@ -160,8 +160,8 @@ class BertKNN:
 
 
 def set_threads(n: int) -> None:
-    """Use n threads for PyTorch and the BLAS/OpenMP pools (two pools on 2 cores stall each other)."""
+    """Give PyTorch n threads and numpy's BLAS one: two busy pools on few cores stall each other."""
     from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(n)
-    threadpool_limits(n)
+    threadpool_limits(1, user_api="blas")
