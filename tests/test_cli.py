@@ -24,7 +24,7 @@ def store_dir(tmp_path, small_corpus, tiny_model_dir):
         app, ["build", str(small_corpus), "--out", str(out), "--model", str(tiny_model_dir), "--threads", "1"]
     )
     assert result.exit_code == 0, result.output
-    assert "5 documents" in result.output and "layer 3" in result.output
+    assert "5 documents (5 embedded)" in result.output and "layer 3" in result.output
     return out
 
 

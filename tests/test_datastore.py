@@ -78,7 +78,7 @@ def test_crash_between_keys_and_commit_resumes_exactly(tmp_path, encoder, monkey
     corpus = write_corpus(tmp_path / "c.jsonl", SMALL_DOCS * 1 + [dict(d, id=d["id"] + "b") for d in SMALL_DOCS])
     ds.build(corpus, tmp_path / "clean", encoder, chunk_entries=8)
     calls = {"n": 0}
-    real = Datastore._commit_rows
+    real = Datastore._commit_entries
 
     def crash_on_third(self, *args):
         calls["n"] += 1
@@ -86,13 +86,13 @@ def test_crash_between_keys_and_commit_resumes_exactly(tmp_path, encoder, monkey
             raise KeyboardInterrupt("killed after writing keys, before the commit")
         return real(self, *args)
 
-    monkeypatch.setattr(Datastore, "_commit_rows", crash_on_third)
+    monkeypatch.setattr(Datastore, "_commit_entries", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
         ds.build(corpus, tmp_path / "resumed", encoder, chunk_entries=8)
     partial = Datastore(tmp_path / "resumed")
     assert not partial.complete and partial.size > 0
     assert (tmp_path / "resumed" / "keys.f16").stat().st_size > partial.size * 64  # uncommitted bytes are ignored
-    monkeypatch.setattr(Datastore, "_commit_rows", real)
+    monkeypatch.setattr(Datastore, "_commit_entries", real)
     ds.build(corpus, tmp_path / "resumed", encoder, chunk_entries=8)
     assert_same_store(tmp_path / "clean", tmp_path / "resumed")
 
@@ -103,7 +103,7 @@ torch.set_num_threads(1)
 from bertknn import datastore as ds
 from bertknn.encoder import Encoder
 ds.build(sys.argv[1], sys.argv[2], Encoder.load(sys.argv[3]), chunk_entries=8,
-         progress=lambda done, n: time.sleep(0.3))
+         progress=lambda phase, done, n: time.sleep(0.3))
 """
 
 

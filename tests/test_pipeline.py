@@ -102,3 +102,17 @@ def test_incomplete_datastore_is_refused(tmp_path, encoder):
     store = ds.create(tmp_path / "s", encoder)
     with pytest.raises(DatastoreError, match="incomplete: rerun `bertknn build`"):
         BertKNN(encoder, store)
+
+
+def test_lazy_store_embeds_only_what_retrieval_picks(tmp_path, small_corpus, encoder, built):
+    lazy = BertKNN.build(small_corpus, tmp_path / "lazy", encoder, lazy=True)
+    assert lazy.store.lazy and lazy.store.size == 0 and lazy.index.n_docs == 5
+    p = lazy.predict("Ilsa Varnhold was born in [MASK] .", subject="Ilsa Varnhold")
+    assert lazy.store.pending() == [1, 2, 3, 4]
+    full = built.predict("Ilsa Varnhold was born in [MASK] .", subject="Ilsa Varnhold")
+    assert [t.token for t in p.knn] == [t.token for t in full.knn]
+    np.testing.assert_allclose(p.p, full.p, atol=1e-4)
+    (start, end), (fstart, fend) = lazy.store.document_ranges([0])[0], built.store.document_ranges([0])[0]
+    np.testing.assert_allclose(lazy.store.keys[start:end], built.store.keys[fstart:fend], atol=5e-3)
+    again = BertKNN.load(tmp_path / "lazy")
+    assert again.store.lazy and again.store.size == end - start  # what was embedded is kept

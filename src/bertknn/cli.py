@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -32,35 +35,42 @@ def _threads(threads: int) -> None:
     set_threads(threads or os.cpu_count() or 1)
 
 
-def _build(corpus: Path, out: Path, model: str | Encoder, layer: int | None, **hparams: float) -> BertKNN:
-    """Build with a progress bar (documents, entries, rate and ETA)."""
-    from bertknn.text import validate_corpus
-
-    total = validate_corpus(corpus)
+@contextlib.contextmanager
+def phase_progress() -> Iterator[Callable[[str, int, int], None]]:
+    """Progress bars for long work: `report(phase, done, total)` draws one bar per phase, with rate and ETA."""
     columns = (
-        TextColumn("[bold]embedding"),
+        TextColumn("[bold]{task.description:<10}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("docs"),
-        TextColumn("{task.fields[entries]:,} contexts"),
         TextColumn("{task.fields[rate]}"),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("build", total=total, entries=0, rate="")
+    with Progress(*columns, console=console) as progress:
+        tasks: dict[str, tuple[int, int, float]] = {}
 
-        start: list[int] = []  # entries already stored when this run began (a resumed build)
-
-        def update(done: int, entries: int) -> None:
-            if not start:
-                start.append(entries)
-                progress.reset(task, completed=done, entries=entries, rate="")
+        def report(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:  # the first report of a phase says where a resumed run starts
+                tasks[phase] = (progress.add_task(phase, total=total, completed=done, rate=""), done, time.time())
                 return
-            elapsed = progress.tasks[0].elapsed or 1e-9
-            progress.update(task, completed=done, entries=entries, rate=f"{(entries - start[0]) / elapsed:,.0f} ctx/s")
+            task, first, began = tasks[phase]
+            rate = (done - first) / max(time.time() - began, 1e-9)
+            progress.update(task, completed=done, total=total, rate=f"{rate:,.1f}/s")
 
-        return BertKNN.build(corpus, out, model, layer, progress=update, **hparams)
+        yield report
+
+
+def _build(corpus: Path, out: Path, model: str | Encoder, layer: int | None, lazy: bool = False) -> BertKNN:
+    """Build with progress bars (reading, then embedding documents)."""
+    began = time.time()
+    with phase_progress() as report:
+        knn = BertKNN.build(corpus, out, model, layer, lazy=lazy, progress=report)
+    store = knn.store
+    console.print(
+        f"datastore {out}: {store.n_documents:,} documents ({store.n_documents - len(store.pending()):,} embedded), "
+        f"{store.size:,} contexts, model {knn.encoder.name}, layer {store.layer} ({time.time() - began:,.0f}s)"
+    )
+    return knn
 
 
 def _prob(p: float) -> str:
@@ -96,21 +106,18 @@ def build(
     out: Annotated[Path, typer.Option("--out", "-o", help="datastore directory to create (or resume)")],
     model: Annotated[str, typer.Option(help="HF masked LM: hub name or local directory")] = DEFAULT_MODEL,
     layer: Annotated[int | None, typer.Option(help="block whose states are keys [default: second-to-last]")] = None,
+    lazy: Annotated[bool, typer.Option(help="embed each document only when retrieval first picks it")] = False,
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
 ) -> None:
     """Embed every target word of a corpus into a datastore and index its documents. Rerun to resume."""
     _threads(threads)
     try:
-        knn = _build(corpus, out, model, layer)
+        _build(corpus, out, model, layer, lazy)
     except USER_ERRORS as err:
         raise _fail(err) from None
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted[/]: what was committed is kept; rerun the same command to resume {out}")
         raise typer.Exit(130) from None
-    console.print(
-        f"datastore {out}: {knn.store.n_documents:,} documents, {knn.store.size:,} contexts, "
-        f"model {knn.encoder.name}, layer {knn.store.layer}"
-    )
 
 
 @app.command()

@@ -32,7 +32,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS documents (
     idx INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, title TEXT NOT NULL, norm_title TEXT NOT NULL,
-    start INTEGER NOT NULL, end INTEGER NOT NULL);
+    start INTEGER, end INTEGER);  -- the entry range [start, end); NULL until the document is embedded
 CREATE INDEX IF NOT EXISTS documents_title ON documents (norm_title);
 CREATE TABLE IF NOT EXISTS sentences (idx INTEGER PRIMARY KEY, doc INTEGER NOT NULL, text TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS entries (
@@ -116,8 +116,13 @@ class Datastore:
 
     @property
     def complete(self) -> bool:
-        """True once every document of the build's corpus is in."""
+        """True once every document of the corpus is embedded."""
         return self.manifest.get("status") == "complete"
+
+    @property
+    def lazy(self) -> bool:
+        """True for a datastore whose documents are embedded on demand (`bertknn build --lazy`)."""
+        return self.manifest.get("status") == "lazy"
 
     @property
     def layer(self) -> int:
@@ -183,49 +188,96 @@ class Datastore:
         for (text,) in self.db.execute(query):
             yield text
 
-    def append(self, docs: list[Document], encoder: Encoder, token_budget: int = 8192) -> int:
-        """Embed and append whole documents as one committed chunk; return the number of new entries."""
-        sentence_texts = [[s for p in doc.passages for s in split_sentences(p)] for doc in docs]
-        flat = tokenize_sentences(encoder.tokenizer, [s for group in sentence_texts for s in group])
+    def register(self, docs: list[Document]) -> None:
+        """Add documents and their sentences (text only, not yet embedded) in one transaction."""
+        sent_idx = self.db.execute("SELECT count(*) FROM sentences").fetchone()[0]
+        with self.db:
+            for doc_idx, doc in enumerate(docs, self.n_documents):
+                self.db.execute(
+                    "INSERT INTO documents VALUES (?, ?, ?, ?, NULL, NULL)",
+                    (doc_idx, doc.id, doc.title, normalize_title(doc.title)),
+                )
+                sentences = [s for p in doc.passages for s in split_sentences(p)]
+                self.db.executemany(
+                    "INSERT INTO sentences VALUES (?, ?, ?)",
+                    [(sent_idx + i, doc_idx, t) for i, t in enumerate(sentences)],
+                )
+                sent_idx += len(sentences)
+        self.n_documents += len(docs)
+
+    def pending(self, docs: list[int] | None = None) -> list[int]:
+        """The documents (of `docs`, or all) whose entries are not embedded yet, in index order."""
+        rows = self.db.execute("SELECT idx FROM documents WHERE start IS NULL ORDER BY idx").fetchall()
+        todo = [r[0] for r in rows]
+        return todo if docs is None else sorted(set(todo) & set(docs))
+
+    def embed(
+        self,
+        docs: list[int],
+        encoder: Encoder,
+        chunk_entries: int = 4096,
+        token_budget: int = 8192,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Embed the given documents that are not embedded yet; return how many entries were added.
+
+        Documents are taken in index order and committed in chunks of whole documents that end once they hold about
+        `chunk_entries` sentences' worth of words; `progress(documents_done)` is called after each chunk.
+        """
+        added, chunk, words, done = 0, [], 0, 0
+        todo = self.pending(docs)
+        for i, doc in enumerate(todo):
+            chunk.append(doc)
+            words += self.db.execute("SELECT sum(length(text)) FROM sentences WHERE doc = ?", (doc,)).fetchone()[0] // 6
+            if words >= chunk_entries or i == len(todo) - 1:
+                added += self._embed_chunk(chunk, encoder, token_budget)
+                done += len(chunk)
+                chunk, words = [], 0
+                if progress:
+                    progress(done)
+        if added and self.manifest.get("status") != "building":
+            embedded = self.n_documents - len(self.pending())
+            status = "complete" if embedded == self.n_documents else "lazy"
+            self.set_manifest(status=status, embedded=embedded, entries=self.size)
+        return added
+
+    def _embed_chunk(self, docs: list[int], encoder: Encoder, token_budget: int) -> int:
+        """Embed whole documents: append keys and values (fsynced), then commit their rows and the new count."""
+        rows = self.db.execute(
+            f"SELECT idx, doc, text FROM sentences WHERE doc IN ({','.join('?' * len(docs))}) ORDER BY doc, idx", docs
+        ).fetchall()
+        flat = tokenize_sentences(encoder.tokenizer, [r[2] for r in rows])
         keys = encoder.embed(flat, token_budget).astype(np.float16)
         values = np.concatenate([s.target_ids for s in flat]) if flat else np.zeros(0, np.int32)
         start = self.size
-        for name, array in (("keys.f16", keys), ("values.i32", values)):
+        for name, array, width in (("keys.f16", keys, 2 * self.dim), ("values.i32", values, 4)):
             with (self.path / name).open("r+b" if (self.path / name).exists() else "wb") as handle:
-                handle.truncate(start * array.itemsize * (self.dim if array.ndim == 2 else 1))
+                handle.truncate(start * width)  # drop bytes of a chunk that was never committed
                 handle.seek(0, os.SEEK_END)
                 handle.write(np.ascontiguousarray(array).tobytes())
                 handle.flush()
                 os.fsync(handle.fileno())
-        self._commit_rows(docs, sentence_texts, flat, start)
+        entry, first = start, {}
+        entry_rows = []
+        for (sent_idx, doc, _), sent in zip(rows, flat):
+            first.setdefault(doc, entry)
+            entry_rows += [(entry + j, sent_idx, int(a), int(b)) for j, (a, b) in enumerate(sent.spans)]
+            entry += len(sent.spans)
+        self._commit_entries(docs, first, entry_rows, start, entry)
         self._map()
-        return len(values)
+        return entry - start
 
-    def _commit_rows(self, docs: list[Document], sentence_texts: list[list[str]], flat: list, start: int) -> None:
-        sent_idx = self.db.execute("SELECT count(*) FROM sentences").fetchone()[0]
-        doc_idx, entry, k = self.n_documents, start, 0
-        with self.db:  # one transaction: all rows of the chunk and the new entry count, or none
-            for doc, texts in zip(docs, sentence_texts):
-                first = entry
-                for _ in texts:
-                    sent = flat[k]
-                    self.db.execute("INSERT INTO sentences VALUES (?, ?, ?)", (sent_idx, doc_idx, sent.text))
-                    self.db.executemany(
-                        "INSERT INTO entries VALUES (?, ?, ?, ?)",
-                        [(entry + j, sent_idx, int(a), int(b)) for j, (a, b) in enumerate(sent.spans)],
-                    )
-                    entry += len(sent.spans)
-                    sent_idx, k = sent_idx + 1, k + 1
-                self.db.execute(
-                    "INSERT INTO documents VALUES (?, ?, ?, ?, ?, ?)",
-                    (doc_idx, doc.id, doc.title, normalize_title(doc.title), first, entry),
-                )
-                doc_idx += 1
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('entries', ?)", (str(entry),))
-
-    def has_document(self, doc_id: str) -> bool:
-        """True when a document with this id is already stored."""
-        return self.db.execute("SELECT 1 FROM documents WHERE id = ?", (doc_id,)).fetchone() is not None
+    def _commit_entries(self, docs: list[int], first: dict[int, int], rows: list, start: int, end: int) -> None:
+        """One transaction: the chunk's entry rows, each document's [start, end) range and the new entry count."""
+        with self.db:
+            self.db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?)", rows)
+            bounds = [first.get(d, start) for d in docs]  # every document of a chunk has >= 1 sentence
+            ends = [*bounds[1:], end]
+            self.db.executemany(
+                "UPDATE documents SET start = ?, end = ? WHERE idx = ?",
+                [(a, b, d) for d, a, b in zip(docs, bounds, ends)],
+            )
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('entries', ?)", (str(end),))
 
     def set_manifest(self, **changes: object) -> None:
         """Update the manifest atomically."""
@@ -269,33 +321,39 @@ def build(
     corpus: str | Path,
     out: str | Path,
     encoder: Encoder,
+    lazy: bool = False,
     chunk_entries: int = 4096,
     token_budget: int = 8192,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> Datastore:
-    """Build (or resume building) the datastore of a JSONL corpus; `progress(done_docs, entries)` after each chunk.
+    """Build (or resume building) the datastore of a JSONL corpus.
 
-    The corpus is validated in full first, so a malformed line fails before anything is written. Chunks hold whole
-    documents and end at fixed points, so a resumed build gives exactly the entries of an uninterrupted one.
+    Documents are first registered (text and sentences, in chunks of 500 documents), then embedded in chunks
+    (`Datastore.embed`); with `lazy`, embedding is left for later and done per document on demand.
+    `progress(phase, done, total)` reports both phases. The corpus is validated in full first, so a malformed line
+    fails before anything is written; a resumed build gives exactly the entries of an uninterrupted one.
     """
     corpus = Path(corpus)
     n_docs = validate_corpus(corpus)
     store = create(out, encoder, {"path": str(corpus.resolve()), "sha256": _file_sha256(corpus), "documents": n_docs})
-    if not store.complete:
-        done = store.n_documents
-        if progress:
-            progress(done, store.size)
-        chunk: list[Document] = []
-        pending = 0
-        for i, doc in enumerate(iter_corpus(corpus)):
-            if i < done:
-                continue
-            chunk.append(doc)
-            pending += sum(len(p) for p in doc.passages) // 6  # rough word count: the chunk's end point
-            if pending >= chunk_entries or i == n_docs - 1:
-                store.append(chunk, encoder, token_budget)
-                chunk, pending = [], 0
-                if progress:
-                    progress(i + 1, store.size)
-        store.set_manifest(status="complete", documents=store.n_documents, entries=store.size)
+    report = progress or (lambda phase, done, total: None)
+    chunk: list[Document] = []
+    report("reading", store.n_documents, n_docs)
+    for i, doc in enumerate(iter_corpus(corpus)):
+        if i < store.n_documents:
+            continue
+        chunk.append(doc)
+        if len(chunk) == 500 or i == n_docs - 1:
+            store.register(chunk)
+            chunk = []
+            report("reading", store.n_documents, n_docs)
+    if not lazy:
+        todo = store.pending()
+        done = n_docs - len(todo)
+        report("embedding", done, n_docs)
+        store.embed(todo, encoder, chunk_entries, token_budget, lambda d: report("embedding", done + d, n_docs))
+    embedded = n_docs - len(store.pending())
+    store.set_manifest(
+        status="complete" if embedded == n_docs else "lazy", documents=n_docs, embedded=embedded, entries=store.size
+    )
     return store

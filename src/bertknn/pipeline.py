@@ -60,7 +60,7 @@ class BertKNN:
             raise TypeError(f"unknown hyperparameter(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
         self.hparams = {**DEFAULTS, **hparams}
         _check_hparams(**self.hparams)
-        if not store.complete:
+        if not (store.complete or store.lazy):
             raise DatastoreError(f"the datastore at {store.path} is incomplete: rerun `bertknn build` to finish it")
         store.check_encoder(encoder)
         self.encoder, self.store = encoder, store
@@ -83,12 +83,16 @@ class BertKNN:
         out: str | Path,
         model: str | Encoder = DEFAULT_MODEL,
         layer: int | None = None,
-        progress: Callable[[int, int], None] | None = None,
+        lazy: bool = False,
+        progress: Callable[[str, int, int], None] | None = None,
         **hparams: float,
     ) -> BertKNN:
-        """Embed a JSONL corpus into a datastore at `out` (resuming an interrupted build), index it, and load it."""
+        """Embed a JSONL corpus into a datastore at `out` (resuming an interrupted build), index it, and load it.
+
+        With `lazy`, documents are only registered and indexed; each is embedded the first time retrieval picks it.
+        """
         encoder = model if isinstance(model, Encoder) else Encoder.load(model, layer)
-        store = ds.build(corpus, out, encoder, progress=progress)
+        store = ds.build(corpus, out, encoder, lazy=lazy, progress=progress)
         return cls(encoder, store, ensure_index(store), **hparams)
 
     def predict(self, text: str, subject: str | None = None, top_k: int = 10, evidence: int = 3) -> Prediction:
@@ -123,6 +127,8 @@ class BertKNN:
     ) -> Prediction:
         h = self.hparams
         docs = select_documents(self.store, self.index, text, subject, int(h["n_docs"]))
+        if self.store.lazy:
+            self.store.embed(docs, self.encoder)
         entries, dist = nearest(self.store.keys, candidates(self.store.document_ranges(docs)), state, int(h["k"]))
         values = np.asarray(self.store.values[entries]) if len(entries) else np.zeros(0, np.int32)
         p_knn = knn_distribution(values, dist, h["temperature"], len(p_bert)) if len(entries) else None
