@@ -76,3 +76,37 @@ def test_demo_runs_and_caches(tmp_path, tiny_model_dir, monkeypatch):
     mtime = (cached / "keys.f16").stat().st_mtime_ns
     assert runner.invoke(app, args).exit_code == 0
     assert (cached / "keys.f16").stat().st_mtime_ns == mtime  # the second run reuses the datastore
+
+
+def test_eval_lama_and_tune_on_a_crafted_probe(tmp_path, small_corpus, tiny_model_dir, lama_dir, monkeypatch):
+    monkeypatch.setenv("BERTKNN_CACHE", str(tmp_path / "cache"))
+    common = ["--corpus", str(small_corpus), "--model", str(tiny_model_dir), "--data", str(lama_dir), "--threads", "1"]
+    result = runner.invoke(app, ["eval", "lama", *common, "--out", str(tmp_path / "rep"), "--layers", "2,3"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("not found; ConceptNet skipped") == 1  # reported once, never a crash
+    report = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Layer ablation" in report and "| 2 |" in report and "layer: 3 of 4" in report
+    assert "(the paper's)" in report
+    tuned = runner.invoke(
+        app,
+        [
+            "tune",
+            *common,
+            "--out",
+            str(tmp_path / "tune"),
+            "--dev-per-relation",
+            "1",
+            "--exclude-sample-per-relation",
+            "0",
+        ],
+    )
+    assert tuned.exit_code == 0, tuned.output
+    assert "best: {'n_docs':" in tuned.output and (tmp_path / "tune" / "grid.md").is_file()
+    again = runner.invoke(app, ["eval", "lama", *common, "--out", str(tmp_path / "rep2")])
+    assert "(tuned, stored with the datastore)" in (tmp_path / "rep2" / "report.md").read_text(), again.output
+
+
+def test_data_lama_verify_only_reports_modified_files(tmp_path):
+    (tmp_path / "data").mkdir()
+    result = runner.invoke(app, ["data", "lama", "--dest", str(tmp_path), "--verify-only"])
+    assert result.exit_code == 1 and "missing" in result.output

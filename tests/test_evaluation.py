@@ -2,48 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 from bertknn.evaluation import fact_metrics, load_lama, macro_metrics, rank_of, sample_per_relation
-
-
-def _jsonl(path, rows):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-
-
-@pytest.fixture()
-def lama_dir(tmp_path):
-    data = tmp_path / "data"
-    _jsonl(data / "relations.jsonl", [{"relation": "P19", "template": "[X] was born in [Y] ."}])
-    _jsonl(
-        data / "TREx" / "P19.jsonl",
-        [
-            {"sub_label": "Dante Alighieri", "obj_label": "Florence"},
-            {"sub_label": "Dante Alighieri", "obj_label": "Florence"},  # duplicate (subject, object): kept once
-            {"sub_label": "Allan Peiper", "obj_label": "Alexandra Victoria"},  # two tokens: skipped
-            {"sub_label": "Someone", "obj_label": ""},  # missing label: skipped
-            {"sub_label": "Ilsa Varnhold", "obj_label": "Lisbon"},
-        ],
-    )
-    yes, no = {"judgment": "yes"}, {"judgment": "no"}
-    _jsonl(
-        data / "Google_RE" / "place_of_birth_test.jsonl",
-        [
-            {"sub_label": "Khatchig Mouradian", "obj_label": "Lebanon", "judgments": [yes, yes, no]},
-            {"sub_label": "Peter Martin", "obj_label": "Newport", "judgments": [no, no, yes]},  # raters said no
-        ],
-    )
-    for rel in ("date_of_birth", "place_of_death"):
-        _jsonl(data / "Google_RE" / f"{rel}_test.jsonl", [])
-    _jsonl(
-        data / "Squad" / "test.jsonl",
-        [{"sub_label": "Squad", "obj_label": "gold", "masked_sentences": ["The [MASK] color was used."]}],
-    )
-    return tmp_path
 
 
 def test_filters_templates_and_lowercasing(lama_dir, tokenizer):

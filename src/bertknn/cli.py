@@ -1,8 +1,9 @@
-"""Command line: `bertknn build`, `bertknn ask`, `bertknn demo`, `bertknn train-head`."""
+"""Command line: build, ask, demo, data lama, eval lama, tune, train-head."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,12 @@ from bertknn.encoder import Encoder
 from bertknn.pipeline import DEFAULTS, BertKNN, set_threads
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+data_app = typer.Typer(no_args_is_help=True, help="Get and verify evaluation data.")
+eval_app = typer.Typer(no_args_is_help=True, help="Evaluate BERT, kNN and BERT-kNN.")
+app.add_typer(data_app, name="data")
+app.add_typer(eval_app, name="eval")
+TUNED = "default: the datastore's tuned value, else "
+DATA_DIR = Path(os.environ.get("BERTKNN_DATA", "../shared/data")) / "lama"
 console = Console()
 USER_ERRORS = (ValueError, FileNotFoundError)
 
@@ -126,10 +133,12 @@ def ask(
     question: Annotated[str, typer.Argument(help="cloze question with exactly one [MASK]")],
     subject: Annotated[str | None, typer.Option(help="subject of a knowledge-base question (steers retrieval)")] = None,
     top_k: Annotated[int, typer.Option(help="answers to list")] = 10,
-    n_docs: Annotated[int, typer.Option(help="documents retrieved")] = DEFAULTS["n_docs"],
-    k: Annotated[int, typer.Option(help="nearest neighbours")] = DEFAULTS["k"],
-    temperature: Annotated[float, typer.Option(help="kNN temperature l in exp(-d/l)")] = DEFAULTS["temperature"],
-    lam: Annotated[float, typer.Option("--lambda", help="weight of p_kNN")] = DEFAULTS["lam"],
+    n_docs: Annotated[int | None, typer.Option(help=f"documents retrieved [{TUNED}{DEFAULTS['n_docs']}]")] = None,
+    k: Annotated[int | None, typer.Option(help=f"nearest neighbours [{TUNED}{DEFAULTS['k']}]")] = None,
+    temperature: Annotated[
+        float | None, typer.Option(help=f"kNN temperature l in exp(-d/l) [{TUNED}{DEFAULTS['temperature']}]")
+    ] = None,
+    lam: Annotated[float | None, typer.Option("--lambda", help=f"weight of p_kNN [{TUNED}{DEFAULTS['lam']}]")] = None,
     model: Annotated[str | None, typer.Option(help="model [default: the datastore's]")] = None,
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
 ) -> None:
@@ -149,7 +158,8 @@ def demo(
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
 ) -> None:
     """Build the embedded demo corpus's datastore (cached) and answer its questions."""
-    from bertknn.demo import DEMO_CORPUS, cache_dir, demo_questions, fixed_by_knn
+    from bertknn.datastore import cache_dir
+    from bertknn.demo import DEMO_CORPUS, demo_questions, fixed_by_knn
 
     _threads(threads)
     try:
@@ -198,3 +208,169 @@ def train_head_cmd(
     except USER_ERRORS as err:
         raise _fail(err) from None
     console.print(f"wrote {out}: held-out {info['heldout_metrics']}")
+
+
+@data_app.command("lama")
+def data_lama(
+    dest: Annotated[Path, typer.Option(help="directory for LAMA's data (it gets data/TREx/... inside)")] = DATA_DIR,
+    verify_only: Annotated[bool, typer.Option(help="only check the files against LAMA's git blob hashes")] = False,
+) -> None:
+    """Download LAMA's official data.zip and verify every file against the shipped list of git blob hashes."""
+    from bertknn.lama_data import LamaDataError, download, report_lines, verify
+
+    try:
+        result = verify(dest) if verify_only else verify(download(dest, console=console))
+    except (LamaDataError, OSError) as err:
+        raise _fail(err) from None
+    for line in report_lines(result):
+        console.print(escape(line))
+    if not result.passed:
+        raise typer.Exit(1)
+
+
+def _layers(spec: str | None, default: int) -> list[int]:
+    return [int(x) for x in spec.split(",")] if spec else [default]
+
+
+@eval_app.command("lama")
+def eval_lama(
+    corpus: Annotated[Path, typer.Option(help="JSONL corpus the datastore is built from (lazily)")],
+    model: Annotated[str, typer.Option(help="HF masked LM")] = DEFAULT_MODEL,
+    data: Annotated[Path, typer.Option(help="LAMA directory (official layout)")] = DATA_DIR,
+    sample_per_relation: Annotated[int | None, typer.Option(help="facts per relation [default: all]")] = None,
+    seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
+    groups: Annotated[str, typer.Option(help="comma-separated LAMA groups")] = "T-REx,Google-RE,ConceptNet,SQuAD",
+    vocab: Annotated[str, typer.Option(help="ranking vocabulary: full (the paper) or common (LAMA's)")] = "full",
+    layers: Annotated[str | None, typer.Option(help="blocks to compare, e.g. 4,5,6 [default: second-to-last]")] = None,
+    heldout_only: Annotated[bool, typer.Option(help="only facts whose subject the default head never saw")] = False,
+    out: Annotated[Path, typer.Option(help="report directory (results there are resumed)")] = Path("lama-report"),
+    threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
+) -> None:
+    """LAMA probe: BERT, kNN and BERT-kNN side by side; writes report.md, report.json and p_at_k.png."""
+    from bertknn import evaluation as ev
+    from bertknn.report import write_report
+    from bertknn.train_head import is_heldout
+
+    _threads(threads)
+    began = time.time()
+    try:
+        if vocab not in ("full", "common"):
+            raise ValueError(f"--vocab must be 'full' or 'common', not {vocab!r}")
+        encoder = Encoder.load(model)
+        tok = encoder.tokenizer
+        common = ev.common_vocab(data, tok) if vocab == "common" else None
+        facts = ev.load_lama(data, tok, [g.strip() for g in groups.split(",")], common, warn=console.print)
+        if heldout_only:
+            facts = [f for f in facts if f.group not in ev.KB_GROUPS or is_heldout(f.subject)]
+        if sample_per_relation:
+            facts = ev.sample_per_relation(facts, sample_per_relation, seed)
+        if not facts:
+            raise ValueError(f"no LAMA facts to evaluate in {data} for groups {groups}")
+        out.mkdir(parents=True, exist_ok=True)
+        runs = {}
+        for layer in _layers(layers, encoder.layer):
+            enc = encoder if layer == encoder.layer else Encoder(encoder.model, tok, model, layer)
+            with phase_progress() as report:
+                knn = ev.lama_knn(corpus, enc, progress=report)
+                rows = ev.evaluate_facts(
+                    knn, facts, out / f"results-L{layer}.jsonl", ev.vocab_ids(common, tok), progress=report
+                )
+            runs[layer] = (ev.summarize(rows), rows, knn)
+    except USER_ERRORS as err:
+        raise _fail(err) from None
+    main = encoder.layer if encoder.layer in runs else next(iter(runs))
+    summary, rows, knn = runs[main]
+    if len(runs) > 1:
+        summary["layers"] = {str(layer): run[0]["sets"].get("LAMA", {}).get("metrics") for layer, run in runs.items()}
+    kind = "offline default, a weaker stand-in for bert-base-uncased" if model == DEFAULT_MODEL else "as given"
+    sample = f"sample of {sample_per_relation} per relation, seed {seed}" if sample_per_relation else "all"
+    tuned = " (tuned, stored with the datastore)" if knn.store.manifest.get("tuned") else " (the paper's)"
+    setting = {
+        "model": f"{model} ({kind})",
+        "layer": f"{main} of {encoder.model.config.num_hidden_layers}",
+        "corpus": f"{corpus} ({knn.store.n_documents:,} documents; {knn.store.size:,} contexts embedded so far). "
+        "Results depend on the corpus: the paper used full English Wikipedia",
+        "datastore": str(knn.store.path),
+        "facts": f"{len(facts):,} ({sample}{', subjects held out from head training only' if heldout_only else ''})",
+        "ranking vocabulary": "LAMA common vocabulary" if common else f"full model vocabulary ({encoder.vocab_size:,})",
+        "hyperparameters": ", ".join(f"{k}={v}" for k, v in knn.hparams.items()) + tuned,
+        "LAMA-UHN": "string-match filter applied; person-name filter not applied (it needs a cased BERT)",
+        "wall time": f"{time.time() - began:,.0f} s (this run; cached embeddings and results are reused)",
+    }
+    path = write_report(out, summary, rows, setting)
+    console.print(f"report: {path}")
+    sets = summary["sets"]
+    table = Table(title="P@1 (macro over relations)")
+    for col in ("set", "facts", "BERT", "kNN", "BERT-kNN", "ceiling"):
+        table.add_column(col)
+    for name, s in sets.items():
+        table.add_row(
+            name,
+            str(s["facts"]),
+            *(f"{100 * s['metrics'][m]['P@1']:.1f}" for m in ("bert", "knn", "bert_knn")),
+            f"{100 * s['ceiling']:.1f}",
+        )
+    console.print(table)
+
+
+@app.command()
+def tune(
+    corpus: Annotated[Path, typer.Option(help="JSONL corpus the datastore is built from (lazily)")],
+    model: Annotated[str, typer.Option(help="HF masked LM")] = DEFAULT_MODEL,
+    data: Annotated[Path, typer.Option(help="LAMA directory (official layout)")] = DATA_DIR,
+    dev_per_relation: Annotated[int, typer.Option(help="dev facts per T-REx/Google-RE relation")] = 10,
+    exclude_sample_per_relation: Annotated[int, typer.Option(help="eval sample to keep out of dev")] = 30,
+    seed: Annotated[int, typer.Option(help="seed of that eval sample (dev uses seed + 1)")] = 0,
+    out: Annotated[Path, typer.Option(help="where grid.json and grid.md go")] = Path("lama-tune"),
+    threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
+) -> None:
+    """Grid search of n_docs, lambda, k and temperature on a dev split; the best is stored with the datastore."""
+    from bertknn import evaluation as ev
+    from bertknn.tune import cache_facts, grid_search
+
+    _threads(threads)
+    try:
+        encoder = Encoder.load(model)
+        facts = ev.load_lama(data, encoder.tokenizer, ("T-REx", "Google-RE", "SQuAD"), warn=console.print)
+        kb = [f for f in facts if f.group != "SQuAD"]
+        held = {ev.fact_key(f) for f in ev.sample_per_relation(kb, exclude_sample_per_relation, seed)}
+        dev = ev.sample_per_relation([f for f in kb if ev.fact_key(f) not in held], dev_per_relation, seed + 1)
+        dev += [f for f in facts if f.group == "SQuAD"]
+        with phase_progress() as report:
+            knn = ev.lama_knn(corpus, encoder, progress=report)
+            docs = sorted({d for f in dev for d in knn.retrieve(f.question, ev.ir_subject(f), n_docs=5)})
+            pending = knn.store.pending(docs)
+            report("embedding", 0, len(pending))
+            knn.store.embed(pending, encoder, progress=lambda n: report("embedding", n, len(pending)))
+            report("caching", 0, len(dev))
+            cache = cache_facts(knn, dev, progress=lambda n: report("caching", n, len(dev)))
+        grid = grid_search(dev, cache)
+    except USER_ERRORS as err:
+        raise _fail(err) from None
+    best = grid[0]
+    description = (
+        f"{len(dev)} dev facts: SQuAD + {dev_per_relation} per T-REx/Google-RE relation (seed {seed + 1}), "
+        f"disjoint from the eval sample of {exclude_sample_per_relation} per relation (seed {seed})"
+    )
+    hparams = {k: best[k] for k in ("n_docs", "k", "temperature", "lam")}
+    knn.store.set_manifest(tuned={"hparams": hparams, "dev": description, "P@1": best["P@1"]})
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "grid.json").write_text(json.dumps({"dev": description, "grid": grid}, indent=1), encoding="utf-8")
+    lines = [
+        f"# Grid search ({description})",
+        "",
+        "| n_docs | k | temperature | lambda | P@1 | P@10 | MRR |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['n_docs']} | {r['k']} | {r['temperature']} | {r['lam']} | {100 * r['P@1']:.1f} | "
+        f"{100 * r['P@10']:.1f} | {100 * r['MRR']:.1f} |"
+        for r in grid
+    ]
+    (out / "grid.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    paper = next(r for r in grid if (r["n_docs"], r["k"], r["temperature"], r["lam"]) == (3, 128, 6.0, 0.3))
+    console.print(f"{len(grid):,} settings scored on {description}")
+    console.print(
+        f"best: {hparams} P@1 {100 * best['P@1']:.1f} (the paper's 3/128/6/0.3: {100 * paper['P@1']:.1f}); "
+        f"stored in {knn.store.path / 'manifest.json'}; whole grid in {out / 'grid.md'}"
+    )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from importlib.resources import files
 from pathlib import Path
 
@@ -11,13 +10,6 @@ from bertknn.combine import Prediction
 
 DEMO_CORPUS = Path(str(files("bertknn") / "data" / "demo_corpus.jsonl"))
 DEMO_QUESTIONS = Path(str(files("bertknn") / "data" / "demo_questions.json"))
-
-
-def cache_dir() -> Path:
-    """Where bertknn caches built datastores: $BERTKNN_CACHE, else $XDG_CACHE_HOME/bertknn or ~/.cache/bertknn."""
-    if os.environ.get("BERTKNN_CACHE"):
-        return Path(os.environ["BERTKNN_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bertknn"
 
 
 def demo_questions() -> list[dict]:

@@ -4,12 +4,15 @@ Questions: the relation's template with [X] = subject and [Y] = [MASK] (lowercas
 carries its own masked sentence. A fact is skipped when a label is missing, when its object is not one token of the
 model's vocabulary after the model's own normalisation, when it is outside the common vocabulary (if one is given),
 and, for Google-RE, when more raters said "no" than "yes". Template questions keep one fact per (subject, object).
-Metrics: the rank of the gold token (1 + the number of tokens scored strictly higher), P@1/5/10 and MRR per fact,
+Metrics: the rank of the gold token (1 + the number of tokens scored strictly higher; a gold token with probability 0
+is never a hit), P@1/5/10 and MRR per fact,
 averaged per relation, then over relations (macro).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import random
 from collections import defaultdict
@@ -58,22 +61,36 @@ def _answer_id(tokenizer, answer: str, common: set[str] | None) -> int | None:
     return tokenizer.convert_tokens_to_ids(pieces[0])
 
 
-def _raw_facts(root: Path, groups: Iterable[str]) -> Iterable[tuple[str, str, dict, str | None]]:
-    """(group, relation, line, template) for every line of the requested groups."""
+def _group_files(data: Path, group: str) -> list[tuple[str, Path, str | None]]:
+    """(relation, file, template or None when the lines carry their own masked sentence) of a LAMA group."""
+    if group == "T-REx":
+        relations = _read_jsonl(data / "relations.jsonl") if (data / "relations.jsonl").is_file() else []
+        return [
+            (r["relation"], data / "TREx" / f"{r['relation']}.jsonl", r["template"])
+            for r in relations
+            if (data / "TREx" / f"{r['relation']}.jsonl").is_file()
+        ]
+    if group == "Google-RE":
+        return [(rel, data / "Google_RE" / f"{rel}_test.jsonl", t) for rel, t in GOOGLE_RE.items()]
+    if group == "ConceptNet":
+        return [("conceptnet", data / "ConceptNet" / "test.jsonl", None)]
+    if group == "SQuAD":
+        return [("squad", data / "Squad" / "test.jsonl", None)]
+    raise ValueError(f"unknown LAMA group {group!r}; known: T-REx, Google-RE, ConceptNet, SQuAD")
+
+
+def _raw_facts(root: Path, groups: Iterable[str], warn) -> Iterable[tuple[str, str, dict, str | None]]:
+    """(group, relation, line, template) for every line of the requested groups; a missing group is reported once."""
     data = root / "data" if (root / "data").is_dir() else root
     for group in groups:
-        if group == "T-REx":
-            for rel in _read_jsonl(data / "relations.jsonl"):
-                path = data / "TREx" / f"{rel['relation']}.jsonl"
-                if path.is_file():
-                    yield from ((group, rel["relation"], f, rel["template"]) for f in _read_jsonl(path))
-        elif group == "Google-RE":
-            for rel, template in GOOGLE_RE.items():
-                yield from ((group, rel, f, template) for f in _read_jsonl(data / "Google_RE" / f"{rel}_test.jsonl"))
-        elif group == "SQuAD":
-            yield from ((group, "squad", f, None) for f in _read_jsonl(data / "Squad" / "test.jsonl"))
-        else:
-            raise ValueError(f"unknown LAMA group {group!r}; known: T-REx, Google-RE, SQuAD")
+        files = _group_files(data, group)
+        missing = [f for _, f, _ in files if not f.is_file()]
+        if not files or missing:
+            warn(f"LAMA {group}: {', '.join(map(str, missing)) or data} not found; {group} skipped")
+            continue
+        for relation, path, template in files:
+            for line in _read_jsonl(path):
+                yield group, line.get("pred", relation) if group == "ConceptNet" else relation, line, template
 
 
 def load_lama(
@@ -81,12 +98,13 @@ def load_lama(
     tokenizer,
     groups: Iterable[str] = ("T-REx", "Google-RE", "SQuAD"),
     common_vocab: set[str] | None = None,
+    warn=print,
 ) -> list[Fact]:
     """The LAMA facts that pass the filters, as questions for a model with this tokenizer."""
     lowercase = bool(getattr(tokenizer, "do_lower_case", False)) or tokenizer.tokenize("A") == ["a"]
     seen: set[tuple[str, str, str]] = set()
     facts = []
-    for group, relation, line, template in _raw_facts(Path(root), groups):
+    for group, relation, line, template in _raw_facts(Path(root), groups, warn):
         subject, answer = line.get("sub_label"), line.get("obj_label")
         if not subject or not answer:
             continue
@@ -98,7 +116,7 @@ def load_lama(
         if answer_id is None:
             continue
         if template is None:
-            question = line["masked_sentences"][0]
+            question = (line.get("masked_sentences") or [""])[0]
             if question.count(MASK) != 1:
                 continue
         else:
@@ -120,9 +138,14 @@ def sample_per_relation(facts: list[Fact], n: int, seed: int = 0) -> list[Fact]:
     return [f for i, f in enumerate(facts) if i in keep]
 
 
-def rank_of(p: np.ndarray, gold: int) -> int:
-    """1 + the number of tokens with a strictly higher score than the gold token."""
-    return 1 + int(np.count_nonzero(p > p[gold]))
+UNRANKED = 10**9  # the rank of a gold token with probability 0, or with no distribution: never a hit
+
+
+def rank_of(p: np.ndarray | None, gold: int, vocab: np.ndarray | None = None) -> int:
+    """1 + the number of tokens (of `vocab`, default all) scored strictly higher than the gold token."""
+    if p is None or p[gold] <= 0:
+        return UNRANKED
+    return 1 + int(np.count_nonzero((p if vocab is None else p[vocab]) > p[gold]))
 
 
 def fact_metrics(rank: int) -> dict[str, float]:
@@ -149,3 +172,155 @@ def macro_metrics(facts: list[Fact], ranks: list[int]) -> dict:
         "groups": {g: mean_over([k for k in relations if k[0] == g]) for g in groups},
         "macro": mean_over(list(relations)),
     }
+
+
+KB_GROUPS = ("T-REx", "Google-RE", "ConceptNet")
+METHODS = ("bert", "knn", "bert_knn")
+
+
+def fact_key(fact: Fact) -> str:
+    """A stable identifier of a fact (its group, relation, subject, answer and question)."""
+    return "\t".join((fact.group, fact.relation, fact.subject, fact.answer, fact.question))
+
+
+def ir_subject(fact: Fact) -> str | None:
+    """The IR query subject: the fact's subject for knowledge-base groups, none for free questions (SQuAD)."""
+    return fact.subject if fact.group in KB_GROUPS else None
+
+
+def uhn_string_match(fact: Fact) -> bool:
+    """LAMA-UHN filter (a): True when the lowercased answer is a substring of the lowercased subject (dropped)."""
+    return fact.answer.lower() in fact.subject.lower()
+
+
+def subject_has_answer(fact: Fact, tokenizer) -> bool:
+    """Baseline: is the answer one of the tokens of the subject's name?"""
+    return tokenizer.convert_ids_to_tokens(fact.answer_id) in tokenizer.tokenize(fact.subject)
+
+
+def _top3(ranked_list) -> list[list]:
+    return [[t.token, round(t.probability, 4)] for t in ranked_list[:3]]
+
+
+def evaluate_facts(
+    knn,
+    facts: list[Fact],
+    results_path: str | Path,
+    vocab: np.ndarray | None = None,
+    batch_size: int = 32,
+    progress=None,
+) -> list[dict]:
+    """Rank every fact's gold token under BERT, kNN, BERT-kNN and the frequency baseline; resumable.
+
+    Each fact's result is appended to `results_path` (JSON lines) as soon as it is computed; a rerun skips the facts
+    already there. In a lazy datastore the documents retrieval picks are embedded first, in one pass.
+    """
+    results_path = Path(results_path)
+    done: dict[str, dict] = {}
+    if results_path.exists():
+        for line in results_path.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):  # a line cut by a kill is recomputed
+                row = json.loads(line)
+                done[row["key"]] = row
+    todo = [f for f in facts if fact_key(f) not in done]
+    report = progress or (lambda phase, n, total: None)
+    docs_of = {fact_key(f): knn.retrieve(f.question, ir_subject(f)) for f in todo}
+    if knn.store.lazy:
+        pending = knn.store.pending(sorted({d for docs in docs_of.values() for d in docs}))
+        report("embedding", 0, len(pending))
+        knn.store.embed(pending, knn.encoder, progress=lambda n: report("embedding", n, len(pending)))
+    report("predicting", 0, len(todo))
+    with results_path.open("a", encoding="utf-8") as out:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start : start + batch_size]
+            preds = knn.predict_batch([f.question for f in batch], [ir_subject(f) for f in batch], top_k=3, evidence=0)
+            for fact, pred in zip(batch, preds):
+                values = np.asarray(knn.store.values[knn.candidates(docs_of[fact_key(fact)])])
+                counts = np.bincount(values, minlength=len(pred.p_bert)).astype(np.float64) if len(values) else None
+                row = {
+                    "key": fact_key(fact),
+                    "group": fact.group,
+                    "relation": fact.relation,
+                    "subject": fact.subject,
+                    "answer": fact.answer,
+                    "question": fact.question,
+                    "documents": pred.documents,
+                    "ranks": {
+                        "bert": rank_of(pred.p_bert, fact.answer_id, vocab),
+                        "knn": rank_of(pred.p_knn, fact.answer_id, vocab),
+                        "bert_knn": rank_of(pred.p, fact.answer_id, vocab),
+                        "frequency": rank_of(counts, fact.answer_id, vocab),
+                    },
+                    "top3": {"bert": _top3(pred.bert), "knn": _top3(pred.knn), "bert_knn": _top3(pred.bert_knn)},
+                    "ceiling": bool(len(values)) and bool(np.any(values == fact.answer_id)),
+                    "subject_token": subject_has_answer(fact, knn.encoder.tokenizer),
+                    "uhn_string_match": uhn_string_match(fact),
+                }
+                out.write(json.dumps(row) + "\n")
+                done[row["key"]] = row
+            out.flush()
+            report("predicting", min(start + batch_size, len(todo)), len(todo))
+    return [done[fact_key(f)] for f in facts]
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Macro metrics per method for each group, for LAMA (T-REx + Google-RE) and LAMA-UHN, plus per relation."""
+
+    def macro(selected: list[dict], method: str) -> dict:
+        facts = [Fact(r["group"], r["relation"], r["subject"], r["answer"], r["question"], 0) for r in selected]
+        return macro_metrics(facts, [r["ranks"][method] for r in selected]) if selected else {}
+
+    def share(selected: list[dict], field: str) -> float:
+        return float(np.mean([r[field] for r in selected])) if selected else 0.0
+
+    lama = [r for r in rows if r["group"] in ("T-REx", "Google-RE")]
+    uhn = [r for r in lama if not r["uhn_string_match"]]
+    sets = {g: [r for r in rows if r["group"] == g] for g in sorted({r["group"] for r in rows})}
+    sets |= {"LAMA": lama, "LAMA-UHN": uhn}
+    methods = (*METHODS, "frequency")
+    out = {"sets": {}, "relations": {}}
+    for name, selected in sets.items():
+        if not selected:
+            continue
+        results = {m: macro(selected, m) for m in methods}
+        out["sets"][name] = {
+            "facts": len(selected),
+            "relations": len({(r["group"], r["relation"]) for r in selected}),
+            "metrics": {m: results[m]["macro"] for m in methods},
+            "ceiling": share(selected, "ceiling"),
+            "subject_token": share(selected, "subject_token"),
+        }
+    for method in methods:
+        for rel, values in macro(rows, method)["relations"].items():
+            out["relations"].setdefault(rel, {"facts": values["facts"]})[method] = {
+                k: v for k, v in values.items() if k != "facts"
+            }
+    return out
+
+
+def common_vocab(root: str | Path, tokenizer) -> set[str]:
+    """LAMA's common vocabulary for this tokenizer (the lowercased list for uncased models)."""
+    root = Path(root)
+    lowercase = tokenizer.tokenize("A") == ["a"]
+    path = root / ("common_vocab_lowercased.txt" if lowercase else "common_vocab_cased.txt")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: the common-vocabulary setting needs LAMA's common_vocab files")
+    return {w.strip() for w in path.read_text(encoding="utf-8").splitlines() if w.strip()}
+
+
+def vocab_ids(words: set[str] | None, tokenizer) -> np.ndarray | None:
+    """Token ids of a word list (None means the full vocabulary)."""
+    if words is None:
+        return None
+    return np.unique(np.asarray(tokenizer.convert_tokens_to_ids(sorted(words)), dtype=np.int64))
+
+
+def lama_knn(corpus: str | Path, encoder, directory: str | Path | None = None, progress=None):
+    """A BertKNN over a lazy datastore of `corpus` for this model and layer, cached for later runs."""
+    from bertknn.datastore import cache_dir
+    from bertknn.pipeline import BertKNN
+
+    if directory is None:
+        digest = hashlib.sha256(str(Path(corpus).resolve()).encode()).hexdigest()[:10]
+        directory = cache_dir() / f"lazy-{Path(corpus).stem}-{digest}-{encoder.weights_hash[:12]}-L{encoder.layer}"
+    return BertKNN.build(corpus, directory, encoder, lazy=True, progress=progress)

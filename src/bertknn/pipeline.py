@@ -51,14 +51,17 @@ class BertKNN:
     """A masked LM plus a datastore: `predict("Dante was born in [MASK].", subject="Dante")`.
 
     Hyperparameters (the paper's defaults): n_docs=3 documents from IR, k=128 neighbours, temperature=6 (the l of
-    exp(-d/l), d the squared distance) and lam=0.3 (weight of p_kNN). The layer is the datastore's.
+    exp(-d/l), d the squared distance) and lam=0.3 (weight of p_kNN). Values tuned by `bertknn tune` and stored
+    with the datastore replace the defaults; arguments given here (not None) replace both. The layer is the
+    datastore's.
     """
 
     def __init__(self, encoder: Encoder, store: Datastore, index: TfidfIndex | None = None, **hparams: float) -> None:
         unknown = set(hparams) - set(DEFAULTS)
         if unknown:
             raise TypeError(f"unknown hyperparameter(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
-        self.hparams = {**DEFAULTS, **hparams}
+        tuned = store.manifest.get("tuned", {}).get("hparams", {})  # set by `bertknn tune`
+        self.hparams = {**DEFAULTS, **tuned, **{k: v for k, v in hparams.items() if v is not None}}
         _check_hparams(**self.hparams)
         if not (store.complete or store.lazy):
             raise DatastoreError(f"the datastore at {store.path} is incomplete: rerun `bertknn build` to finish it")
@@ -122,14 +125,23 @@ class BertKNN:
                 out.append(self._predict_one(texts[start + j], subjects[start + j], p_bert, state, top_k, evidence))
         return out
 
+    def retrieve(self, text: str, subject: str | None = None, n_docs: int | None = None) -> list[int]:
+        """Indices of the documents searched for a question (title shortcut, else TF-IDF top n_docs)."""
+        return select_documents(self.store, self.index, text, subject, int(n_docs or self.hparams["n_docs"]))
+
+    def candidates(self, docs: list[int]) -> np.ndarray:
+        """The entries of the given documents (embedding them first in a lazy datastore)."""
+        if self.store.lazy:
+            self.store.embed(docs, self.encoder)
+        return candidates(self.store.document_ranges(docs))
+
     def _predict_one(
         self, text: str, subject: str | None, p_bert: np.ndarray, state: np.ndarray, top_k: int, n_evidence: int
     ) -> Prediction:
         h = self.hparams
-        docs = select_documents(self.store, self.index, text, subject, int(h["n_docs"]))
-        if self.store.lazy:
-            self.store.embed(docs, self.encoder)
-        entries, dist = nearest(self.store.keys, candidates(self.store.document_ranges(docs)), state, int(h["k"]))
+        docs = self.retrieve(text, subject)
+        found = self.candidates(docs)  # first: in a lazy datastore this embeds, and the key memmap grows
+        entries, dist = nearest(self.store.keys, found, state, int(h["k"]))
         values = np.asarray(self.store.values[entries]) if len(entries) else np.zeros(0, np.int32)
         p_knn = knn_distribution(values, dist, h["temperature"], len(p_bert)) if len(entries) else None
         p = interpolate(p_bert.astype(np.float64), p_knn, h["lam"])

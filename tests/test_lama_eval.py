@@ -1,0 +1,100 @@
+"""LAMA evaluation end to end on the tiny BERT: ranks, resumption, summary, report; the tuning grid's exact ranks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bertknn import evaluation as ev
+from bertknn.report import write_report
+from bertknn.tune import FactCache, cache_facts, grid_search
+
+
+@pytest.fixture()
+def facts(lama_dir, tokenizer):
+    return ev.load_lama(lama_dir, tokenizer)
+
+
+def test_ranks_equal_a_direct_computation(built, facts, tmp_path):
+    rows = ev.evaluate_facts(built, facts, tmp_path / "results.jsonl")
+    assert [r["key"] for r in rows] == [ev.fact_key(f) for f in facts]
+    for fact, row in zip(facts, rows):
+        pred = built.predict(fact.question, subject=ev.ir_subject(fact))
+        assert row["ranks"]["bert"] == ev.rank_of(pred.p_bert, fact.answer_id)
+        assert row["ranks"]["bert_knn"] == ev.rank_of(pred.p, fact.answer_id)
+        assert row["ranks"]["knn"] == ev.rank_of(pred.p_knn, fact.answer_id)
+    lisbon = rows[1]  # Ilsa Varnhold: the titled document says "born in Lisbon"
+    assert lisbon["documents"] == ["Ilsa Varnhold"] and lisbon["ceiling"] is True
+    squad = rows[3]  # retrieval by the question's words finds nothing in the small corpus: BERT alone answers
+    assert squad["documents"] == [] and squad["ranks"]["knn"] == ev.UNRANKED
+    assert squad["ranks"]["bert_knn"] == squad["ranks"]["bert"] and squad["ceiling"] is False
+
+
+def test_interrupted_evaluation_resumes_without_recomputing(built, facts, tmp_path, monkeypatch):
+    path = tmp_path / "results.jsonl"
+    first = ev.evaluate_facts(built, facts[:2], path)
+    with path.open("a") as handle:
+        handle.write('{"key": "cut by a ki')  # a line cut mid-write by a kill
+    asked = []
+    real = type(built).predict_batch
+
+    def counting(self, texts, *args, **kwargs):
+        asked.extend(texts)
+        return real(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(type(built), "predict_batch", counting)
+    rows = ev.evaluate_facts(built, facts, path)
+    assert asked == [f.question for f in facts[2:]]
+    assert rows[:2] == first
+
+
+def test_summary_and_report(built, facts, tmp_path):
+    rows = ev.evaluate_facts(built, facts, tmp_path / "results.jsonl")
+    summary = ev.summarize(rows)
+    assert set(summary["sets"]) == {"T-REx", "Google-RE", "SQuAD", "LAMA", "LAMA-UHN"}
+    assert summary["sets"]["LAMA"]["facts"] == 3 and summary["sets"]["LAMA"]["relations"] == 2
+    expected = np.mean(
+        [np.mean([r["ranks"]["bert"] == 1 for r in rows if r["relation"] == rel]) for rel in ("P19", "place_of_birth")]
+    )
+    assert summary["sets"]["LAMA"]["metrics"]["bert"]["P@1"] == pytest.approx(expected)
+    md = write_report(tmp_path / "report", summary, rows, {"model": "tiny"})
+    text = md.read_text()
+    for heading in ("## LAMA and LAMA-UHN", "## Per group", "| T-REx/P19 |", "## Examples", "- model: tiny"):
+        assert heading in text
+    assert (tmp_path / "report" / "p_at_k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "report" / "report.json").read_text())["setting"] == {"model": "tiny"}
+
+
+def test_uhn_string_match_drops_rome_in_romeo():
+    fact = ev.Fact("T-REx", "P19", "Romeo Ferraris", "Rome", "romeo ferraris was born in [MASK] .", 0)
+    assert ev.uhn_string_match(fact)
+    assert not ev.uhn_string_match(ev.Fact("T-REx", "P19", "Dante", "Florence", "q", 0))
+
+
+def dense_rank(c: FactCache, n_docs: int, k: int, temperature: float, lam: float) -> int:
+    """The BERT-kNN rank computed the slow way, on the full vocabulary."""
+    values, dist = c.neighbours[n_docs][0][:k], c.neighbours[n_docs][1][:k]
+    p = c.p_bert.copy()
+    if len(values):
+        w = np.exp(-(dist - dist.min()) / temperature)
+        q = np.bincount(values, weights=w / w.sum(), minlength=len(p))
+        p = lam * q + (1 - lam) * c.p_bert
+    return 1 + int(np.count_nonzero(p > p[c.gold]))
+
+
+def test_grid_ranks_equal_the_dense_computation(built, facts):
+    cache = cache_facts(built, facts)
+    lambdas = np.array([0.2, 0.5, 0.8])
+    for c in cache:
+        for n_docs, k, temperature in ((1, 64, 6.0), (3, 4, 0.5), (5, 512, 30.0)):
+            got = c.ranks(n_docs, k, temperature, lambdas)
+            assert got.tolist() == [dense_rank(c, n_docs, k, temperature, lam) for lam in lambdas]
+
+
+def test_grid_search_orders_settings_and_includes_the_paper(built, facts):
+    grid = grid_search(facts, cache_facts(built, facts))
+    assert [r["P@1"] for r in grid] == sorted((r["P@1"] for r in grid), reverse=True)
+    assert any((r["n_docs"], r["k"], r["temperature"], r["lam"]) == (3, 128, 6.0, 0.3) for r in grid)
+    assert len(grid) == 5 * 3 * 7 * len({r["temperature"] for r in grid})
