@@ -332,10 +332,10 @@ def tune(
     try:
         encoder = Encoder.load(model)
         facts = ev.load_lama(data, encoder.tokenizer, ("T-REx", "Google-RE", "SQuAD"), warn=console.print)
-        kb = [f for f in facts if f.group != "SQuAD"]
-        held = {ev.fact_key(f) for f in ev.sample_per_relation(kb, exclude_sample_per_relation, seed)}
-        dev = ev.sample_per_relation([f for f in kb if ev.fact_key(f) not in held], dev_per_relation, seed + 1)
-        dev += [f for f in facts if f.group == "SQuAD"]
+        held = {ev.fact_key(f) for f in ev.sample_per_relation(facts, exclude_sample_per_relation, seed)}
+        rest = [f for f in facts if ev.fact_key(f) not in held]
+        dev = ev.sample_per_relation([f for f in rest if f.group != "SQuAD"], dev_per_relation, seed + 1)
+        dev += [f for f in rest if f.group == "SQuAD"]
         with phase_progress() as report:
             knn = ev.lama_knn(corpus, encoder, progress=report)
             docs = sorted({d for f in dev for d in knn.retrieve(f.question, ev.ir_subject(f), n_docs=5)})

@@ -235,7 +235,8 @@ def evaluate_facts(
             batch = todo[start : start + batch_size]
             preds = knn.predict_batch([f.question for f in batch], [ir_subject(f) for f in batch], top_k=3, evidence=0)
             for fact, pred in zip(batch, preds):
-                values = np.asarray(knn.store.values[knn.candidates(docs_of[fact_key(fact)])])
+                found = knn.candidates(docs_of[fact_key(fact)])  # embeds first in a lazy datastore
+                values = np.asarray(knn.store.values[found])
                 counts = np.bincount(values, minlength=len(pred.p_bert)).astype(np.float64) if len(values) else None
                 row = {
                     "key": fact_key(fact),
