@@ -35,6 +35,7 @@ CREATE TABLE IF NOT EXISTS documents (
     start INTEGER, end INTEGER);  -- the entry range [start, end); NULL until the document is embedded
 CREATE INDEX IF NOT EXISTS documents_title ON documents (norm_title);
 CREATE TABLE IF NOT EXISTS sentences (idx INTEGER PRIMARY KEY, doc INTEGER NOT NULL, text TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS sentences_doc ON sentences (doc);
 CREATE TABLE IF NOT EXISTS entries (
     idx INTEGER PRIMARY KEY, sentence INTEGER NOT NULL, start INTEGER NOT NULL, end INTEGER NOT NULL);
 """
@@ -214,9 +215,15 @@ class Datastore:
 
     def pending(self, docs: list[int] | None = None) -> list[int]:
         """The documents (of `docs`, or all) whose entries are not embedded yet, in index order."""
-        rows = self.db.execute("SELECT idx FROM documents WHERE start IS NULL ORDER BY idx").fetchall()
-        todo = [r[0] for r in rows]
-        return todo if docs is None else sorted(set(todo) & set(docs))
+        query = "SELECT idx FROM documents WHERE start IS NULL"
+        if docs is None:
+            return [r[0] for r in self.db.execute(f"{query} ORDER BY idx")]
+        docs = sorted(set(docs))
+        found: set[int] = set()
+        for i in range(0, len(docs), 900):  # SQLite caps the number of parameters of one statement
+            part = docs[i : i + 900]
+            found |= {r[0] for r in self.db.execute(f"{query} AND idx IN ({','.join('?' * len(part))})", part)}
+        return [d for d in docs if d in found]
 
     def embed(
         self,
