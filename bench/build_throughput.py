@@ -1,0 +1,97 @@
+"""Datastore build throughput: bertknn's embedding path vs the reference approach, same sentences, same process.
+
+    python bench/build_throughput.py [--contexts 600] [--rounds 2] [--threads 2]
+
+Model: bert-base-shaped (12 blocks, 768 wide, random weights; speed does not depend on the weights) with the real
+bert-base-uncased tokenizer. Sentences: the evidence corpus ($BERTKNN_DATA/wiki, default ../shared/data/wiki).
+Reference approach (as the authors' code does it): one full masked-LM forward per context, logits at every position,
+contexts in corpus order in batches of 124. bertknn: blocks 1..L only, no head, contexts sorted by length and
+batched under a token budget. Runs alternate; the last line prints the speed ratio. The keys of both are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+from bertknn.default_model import base_model_dir
+from bertknn.encoder import Encoder
+from bertknn.pipeline import set_threads
+from bertknn.text import split_sentences, tokenize_sentences
+
+
+def load_sentences(tokenizer, n_contexts: int) -> list:
+    """Tokenized sentences from the evidence corpus, enough to hold n_contexts targets."""
+    path = Path(os.environ.get("BERTKNN_DATA", "../shared/data")) / "wiki" / "lama_evidence_docs.jsonl"
+    out, total = [], 0
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            doc = json.loads(line)
+            for s in tokenize_sentences(tokenizer, [x for p in doc["sentences"] for x in split_sentences(p)]):
+                out.append(s)
+                total += len(s.positions)
+            if total >= n_contexts:
+                return out
+    return out
+
+
+@torch.inference_mode()
+def reference_keys(model, sentences: list, layer: int, mask_id: int, batch: int = 124) -> np.ndarray:
+    """The reference approach: full MLM forward (logits everywhere), corpus order, batches of 124, padded."""
+    contexts = [(s, int(p)) for s in sentences for p in s.positions]
+    keys = []
+    for start in range(0, len(contexts), batch):
+        part = contexts[start : start + batch]
+        width = max(len(s.input_ids) for s, _ in part)
+        ids = torch.zeros((len(part), width), dtype=torch.long)
+        attention = torch.zeros_like(ids)
+        for i, (s, p) in enumerate(part):
+            ids[i, : len(s.input_ids)] = torch.from_numpy(s.input_ids)
+            attention[i, : len(s.input_ids)] = 1
+            ids[i, p] = mask_id
+        out = model(input_ids=ids, attention_mask=attention, output_hidden_states=True)
+        out.logits.sum()  # the logits at every position are computed, as in the reference
+        rows = torch.arange(len(part))
+        keys.append(out.hidden_states[layer][rows, torch.tensor([p for _, p in part])].numpy())
+    return np.concatenate(keys)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--contexts", type=int, default=600)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    set_threads(args.threads)
+    tokenizer = AutoTokenizer.from_pretrained(base_model_dir())
+    torch.manual_seed(0)
+    model = BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size)).eval()  # bert-base shape
+    encoder = Encoder(model, tokenizer, "bert-base-shaped-random")
+    sentences = load_sentences(tokenizer, args.contexts)
+    n = sum(len(s.positions) for s in sentences)
+    print(f"{n} contexts from {len(sentences)} sentences; layer {encoder.layer}; {args.threads} threads")
+    times = {"reference": [], "bertknn": []}
+    for _ in range(args.rounds):
+        t = time.perf_counter()
+        ref = reference_keys(model, sentences, encoder.layer, tokenizer.mask_token_id)
+        times["reference"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        ours = encoder.embed(sentences)
+        times["bertknn"].append(time.perf_counter() - t)
+    rates = {k: n / min(v) for k, v in times.items()}
+    diff = float(np.abs(ours - ref).max())
+    cos = float(np.min((ours * ref).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(ref, axis=1)))
+    print(f"reference: {rates['reference']:.1f} contexts/s; bertknn: {rates['bertknn']:.1f} contexts/s")
+    print(f"keys: max |bertknn - reference| = {diff:.2e} (float32, before float16 storage); min cosine {cos:.6f}")
+    print(f"build throughput ratio bertknn/reference: {rates['bertknn'] / rates['reference']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
