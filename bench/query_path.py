@@ -1,0 +1,154 @@
+"""Query path: bertknn's BERT-kNN answer vs the reference path, same questions, same datastore, same process.
+
+    python bench/query_path.py [--docs 40] [--questions 64] [--threads 2]
+
+Model: bert-base-shaped (12 blocks, 768 wide, random weights) with the real tokenizer; datastore: the first --docs
+documents of the evidence corpus. Questions: LAMA T-REx template questions whose subject titles one of those
+documents (so retrieval takes the title shortcut and kNN has candidates).
+Reference path (as the authors' code does it): three copies of the model, two forward passes per batch (one for the
+logits, one for the hidden states), and per question a new flat FAISS index built from float32 keys read from disk.
+bertknn: one forward pass (head on the mask only), exact search on the float16 memmap. Prints single-question
+latency p50/p99, batched questions/s, the share of IR + kNN + combine in bertknn's time, and the ratio last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import faiss
+import numpy as np
+import torch
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+from bertknn import evaluation as ev
+from bertknn.combine import interpolate
+from bertknn.default_model import base_model_dir
+from bertknn.encoder import Encoder
+from bertknn.knn import knn_distribution
+from bertknn.pipeline import BertKNN, set_threads
+
+
+def make_store(encoder: Encoder, docs: int, where: Path) -> BertKNN:
+    data = Path(os.environ.get("BERTKNN_DATA", "../shared/data"))
+    with (data / "wiki" / "lama_evidence_docs.jsonl").open(encoding="utf-8") as handle:
+        rows = (json.loads(line) for line in handle)
+        tdocs = [d for d, _ in zip((d for d in rows if d["source"].startswith("trex")), range(docs))]
+    corpus = where / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in tdocs), encoding="utf-8")
+    return BertKNN.build(corpus, where / "store", encoder)
+
+
+class Reference:
+    """The reference query path: 3 model copies, 2 forward passes per batch, a FAISS flat index per question."""
+
+    def __init__(self, model, tokenizer, layer: int, knn: BertKNN) -> None:
+        self.lm, self.hidden, self.third = model, copy.deepcopy(model), copy.deepcopy(model)
+        self.tokenizer, self.layer, self.knn = tokenizer, layer, knn
+        self.f32 = knn.store.path / "keys.f32"
+        np.asarray(knn.store.keys, np.float32).tofile(self.f32)
+
+    @torch.inference_mode()
+    def answer(self, questions: list[str], subjects: list[str]) -> list[np.ndarray]:
+        enc = self.tokenizer(
+            [q.replace("[MASK]", self.tokenizer.mask_token) for q in questions], padding=True, return_tensors="pt"
+        )
+        logits = self.lm(**enc).logits
+        states = self.hidden(**enc, output_hidden_states=True).hidden_states[self.layer]
+        pos = (enc["input_ids"] == self.tokenizer.mask_token_id).nonzero()
+        out = []
+        dim = states.shape[-1]
+        for (row, col), subject, q in zip(pos.tolist(), subjects, questions):
+            p_bert = torch.softmax(logits[row, col], -1).numpy()
+            docs = self.knn.retrieve(q, subject)
+            ranges = self.knn.store.document_ranges(docs)
+            keys = (
+                np.concatenate(
+                    [
+                        np.fromfile(self.f32, np.float32, (b - a) * dim, offset=a * dim * 4).reshape(-1, dim)
+                        for a, b in ranges
+                    ]
+                )
+                if ranges
+                else np.zeros((0, dim), np.float32)
+            )
+            if len(keys):
+                index = faiss.IndexFlatL2(dim)
+                index.add(keys)
+                dist, ids = index.search(states[row, col].numpy()[None], min(128, len(keys)))
+                values = np.concatenate([np.asarray(self.knn.store.values[a:b]) for a, b in ranges])[ids[0]]
+                p = interpolate(p_bert, knn_distribution(values, dist[0], 6.0, len(p_bert)), 0.3)
+            else:
+                p = p_bert
+            out.append(p)
+        return out
+
+
+def timed(fn, *args) -> float:
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--docs", type=int, default=40)
+    parser.add_argument("--questions", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    set_threads(args.threads)
+    faiss.omp_set_num_threads(1)
+    tokenizer = AutoTokenizer.from_pretrained(base_model_dir())
+    torch.manual_seed(0)
+    model = BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size)).eval()
+    encoder = Encoder(model, tokenizer, "bert-base-shaped-random")
+    with tempfile.TemporaryDirectory() as tmp:
+        knn = make_store(encoder, args.docs, Path(tmp))
+        titles = {t.lower() for t in knn.store.titles(list(range(knn.store.n_documents)))}
+        facts = [
+            f
+            for f in ev.load_lama(
+                Path(os.environ.get("BERTKNN_DATA", "../shared/data")) / "lama",
+                tokenizer,
+                ("T-REx",),
+                warn=lambda m: None,
+            )
+            if f.subject.lower() in titles
+        ]
+        facts = (facts * (1 + args.questions // max(len(facts), 1)))[: args.questions]
+        qs, subs = [f.question for f in facts], [f.subject for f in facts]
+        ref = Reference(model, tokenizer, encoder.layer, knn)
+        print(f"{knn.store.size} contexts, {knn.store.n_documents} documents, {len(qs)} questions")
+        for q, s in zip(qs[:4], subs[:4]):  # the same answers (up to float16 keys)
+            ours, theirs = knn.predict(q, s).p, ref.answer([q], [s])[0]
+            assert np.argmax(ours) == np.argmax(theirs)
+        single = {"reference": [], "bertknn": []}
+        for q, s in zip(qs, subs):
+            single["reference"].append(timed(ref.answer, [q], [s]))
+            single["bertknn"].append(timed(knn.predict, q, s))
+        batches = [(qs[i : i + 32], subs[i : i + 32]) for i in range(0, len(qs), 32)]
+        batched = {"reference": [], "bertknn": []}
+        for _ in range(2):
+            batched["reference"].append(timed(lambda: [ref.answer(q, s) for q, s in batches]))
+            batched["bertknn"].append(timed(knn.predict_batch, qs, subs))
+        forward = [timed(encoder.query, [q]) for q in qs]
+        for name in single:
+            p50, p99 = np.percentile(single[name], [50, 99]) * 1000
+            rate = len(qs) / min(batched[name])
+            print(f"{name}: single question p50 {p50:.1f} ms, p99 {p99:.1f} ms; batched {rate:.1f} questions/s")
+        forward_ms = np.median(forward) * 1000
+        rest = np.median(single["bertknn"]) * 1000 - forward_ms
+        print(
+            f"bertknn: forward p50 {forward_ms:.1f} ms; IR + kNN + combine {rest:.1f} ms ({100 * rest / forward_ms:.0f}%)"
+        )
+        ratio = min(batched["reference"]) / min(batched["bertknn"])
+        print(f"query throughput ratio bertknn/reference (batched): {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
