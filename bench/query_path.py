@@ -143,9 +143,8 @@ def main() -> None:
             print(f"{name}: single question p50 {p50:.1f} ms, p99 {p99:.1f} ms; batched {rate:.1f} questions/s")
         forward_ms = np.median(forward) * 1000
         rest = np.median(single["bertknn"]) * 1000 - forward_ms
-        print(
-            f"bertknn: forward p50 {forward_ms:.1f} ms; IR + kNN + combine {rest:.1f} ms ({100 * rest / forward_ms:.0f}%)"
-        )
+        share = 100 * rest / forward_ms
+        print(f"bertknn: forward p50 {forward_ms:.1f} ms; IR + kNN + combine {rest:.1f} ms ({share:.0f}% of it)")
         ratio = min(batched["reference"]) / min(batched["bertknn"])
         print(f"query throughput ratio bertknn/reference (batched): {ratio:.2f}x")
 
