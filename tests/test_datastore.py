@@ -169,3 +169,15 @@ def test_corrupt_and_truncated_datastores_are_reported(tmp_path, small_corpus, e
         Datastore(tmp_path / "s")
     with pytest.raises(DatastoreError, match="not a datastore"):
         Datastore(tmp_path)
+
+
+def test_copied_registration_serves_another_layer(tmp_path, small_corpus, encoder, tiny_model_dir):
+    ds.build(small_corpus, tmp_path / "l3", encoder)
+    layer2 = Encoder.load(str(tiny_model_dir), layer=2)
+    copied = ds.copy_registration(tmp_path / "l3", tmp_path / "l2", layer2)
+    assert copied.size == 0 and copied.pending() == [0, 1, 2, 3, 4] and copied.layer == 2
+    assert _tables(tmp_path / "l3")["sentences"] == _tables(tmp_path / "l2")["sentences"]
+    fresh = ds.build(small_corpus, tmp_path / "fresh2", layer2)
+    resumed = ds.build(small_corpus, tmp_path / "l2", layer2)  # registration found complete: only embedding runs
+    assert resumed.complete
+    assert_same_store(tmp_path / "fresh2", tmp_path / "l2")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -63,7 +64,8 @@ class Evidence:
     span: tuple[int, int]
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, read in blocks."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -315,7 +317,12 @@ def create(path: str | Path, encoder: Encoder, corpus: dict | None = None) -> Da
     if path.exists() and any(path.iterdir()):
         raise DatastoreError(f"{path} exists and is not a datastore; choose an empty or new directory")
     path.mkdir(parents=True, exist_ok=True)
-    manifest = {
+    _write_json(path / "manifest.json", _new_manifest(encoder, corpus))
+    return Datastore(path)
+
+
+def _new_manifest(encoder: Encoder, corpus: dict | None) -> dict:
+    return {
         "format": FORMAT,
         "version": VERSION,
         "model": encoder.name,
@@ -327,7 +334,29 @@ def create(path: str | Path, encoder: Encoder, corpus: dict | None = None) -> Da
         "status": "building",
         "corpus": corpus,
     }
-    _write_json(path / "manifest.json", manifest)
+
+
+def copy_registration(source: str | Path, path: str | Path, encoder: Encoder) -> Datastore:
+    """A new, empty datastore for `encoder` at `path` with the documents, sentences and IR index of `source`.
+
+    Registration (sentence splitting and indexing) does not depend on the model, so a datastore of another model or
+    layer over the same corpus can start from it; nothing is embedded.
+    """
+    source, path = Path(source), Path(path)
+    src = Datastore(source)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with sqlite3.connect(tmp / "store.sqlite") as db:
+        src.db.backup(db)
+        db.execute("UPDATE documents SET start = NULL, end = NULL")
+        db.execute("DELETE FROM entries")
+        db.execute("DELETE FROM meta")
+    for name in source.glob("tfidf_*"):
+        shutil.copyfile(name, tmp / name.name)
+    manifest = _new_manifest(encoder, src.manifest.get("corpus"))
+    _write_json(tmp / "manifest.json", manifest)
+    tmp.replace(path)
     return Datastore(path)
 
 
@@ -349,7 +378,7 @@ def build(
     """
     corpus = Path(corpus)
     n_docs = validate_corpus(corpus)
-    store = create(out, encoder, {"path": str(corpus.resolve()), "sha256": _file_sha256(corpus), "documents": n_docs})
+    store = create(out, encoder, {"path": str(corpus.resolve()), "sha256": file_sha256(corpus), "documents": n_docs})
     report = progress or (lambda phase, done, total: None)
     chunk: list[Document] = []
     report("reading", store.n_documents, n_docs)

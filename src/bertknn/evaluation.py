@@ -317,11 +317,23 @@ def vocab_ids(words: set[str] | None, tokenizer) -> np.ndarray | None:
 
 
 def lama_knn(corpus: str | Path, encoder, directory: str | Path | None = None, progress=None):
-    """A BertKNN over a lazy datastore of `corpus` for this model and layer, cached for later runs."""
-    from bertknn.datastore import cache_dir
+    """A BertKNN over a lazy datastore of `corpus` for this model and layer, cached for later runs.
+
+    A new one starts from the registered documents and IR index of a cached datastore of the same corpus (another
+    model or layer), since those do not depend on the model.
+    """
+    from bertknn.datastore import Datastore, cache_dir, copy_registration, file_sha256
     from bertknn.pipeline import BertKNN
 
+    stem = f"lazy-{Path(corpus).stem}-{hashlib.sha256(str(Path(corpus).resolve()).encode()).hexdigest()[:10]}"
     if directory is None:
-        digest = hashlib.sha256(str(Path(corpus).resolve()).encode()).hexdigest()[:10]
-        directory = cache_dir() / f"lazy-{Path(corpus).stem}-{digest}-{encoder.weights_hash[:12]}-L{encoder.layer}"
+        directory = cache_dir() / f"{stem}-{encoder.weights_hash[:12]}-L{encoder.layer}"
+    if not Path(directory).exists():
+        sha = file_sha256(Path(corpus))
+        for other in sorted(cache_dir().glob(f"{stem}-*")):
+            with contextlib.suppress(Exception):  # any unusable candidate is simply not a source
+                known = Datastore(other).manifest.get("corpus") or {}
+                if known.get("sha256") == sha and Datastore(other).n_documents == known.get("documents"):
+                    copy_registration(other, directory, encoder)
+                    break
     return BertKNN.build(corpus, directory, encoder, lazy=True, progress=progress)
