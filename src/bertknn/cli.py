@@ -273,7 +273,7 @@ def eval_lama(
             with phase_progress() as report:
                 knn = ev.lama_knn(corpus, enc, progress=report)
                 rows = ev.evaluate_facts(
-                    knn, facts, out / f"results-L{layer}.jsonl", ev.vocab_ids(common, tok), progress=report
+                    knn, facts, out / ev.results_name(knn, vocab), ev.vocab_ids(common, tok), progress=report
                 )
             runs[layer] = (ev.summarize(rows), rows, knn)
     except USER_ERRORS as err:

@@ -202,6 +202,12 @@ def _top3(ranked_list) -> list[list]:
     return [[t.token, round(t.probability, 4)] for t in ranked_list[:3]]
 
 
+def results_name(knn, vocab: str) -> str:
+    """File name of a run's per-fact results: one file per layer, hyperparameters and ranking vocabulary."""
+    h = knn.hparams
+    return f"results-L{knn.store.layer}-n{h['n_docs']}-k{h['k']}-T{h['temperature']}-l{h['lam']}-{vocab}.jsonl"
+
+
 def evaluate_facts(
     knn,
     facts: list[Fact],
