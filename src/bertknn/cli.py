@@ -319,6 +319,9 @@ def tune(
     model: Annotated[str, typer.Option(help="HF masked LM")] = DEFAULT_MODEL,
     data: Annotated[Path, typer.Option(help="LAMA directory (official layout)")] = DATA_DIR,
     dev_per_relation: Annotated[int, typer.Option(help="dev facts per T-REx/Google-RE relation")] = 10,
+    squad_dev: Annotated[
+        int | None, typer.Option(help="SQuAD dev questions [default: all not in the eval sample]")
+    ] = None,
     exclude_sample_per_relation: Annotated[int, typer.Option(help="eval sample to keep out of dev")] = 30,
     seed: Annotated[int, typer.Option(help="seed of that eval sample (dev uses seed + 1)")] = 0,
     out: Annotated[Path, typer.Option(help="where grid.json and grid.md go")] = Path("lama-tune"),
@@ -335,7 +338,7 @@ def tune(
         held = {ev.fact_key(f) for f in ev.sample_per_relation(facts, exclude_sample_per_relation, seed)}
         rest = [f for f in facts if ev.fact_key(f) not in held]
         dev = ev.sample_per_relation([f for f in rest if f.group != "SQuAD"], dev_per_relation, seed + 1)
-        dev += [f for f in rest if f.group == "SQuAD"]
+        dev += [f for f in rest if f.group == "SQuAD"][:squad_dev]
         with phase_progress() as report:
             knn = ev.lama_knn(corpus, encoder, progress=report)
             docs = sorted({d for f in dev for d in knn.retrieve(f.question, ev.ir_subject(f), n_docs=5)})
@@ -349,7 +352,8 @@ def tune(
         raise _fail(err) from None
     best = grid[0]
     description = (
-        f"{len(dev)} dev facts: SQuAD + {dev_per_relation} per T-REx/Google-RE relation (seed {seed + 1}), "
+        f"{len(dev)} dev facts: {sum(f.group == 'SQuAD' for f in dev)} SQuAD + {dev_per_relation} per T-REx/Google-RE "
+        f"relation (seed {seed + 1}), "
         f"disjoint from the eval sample of {exclude_sample_per_relation} per relation (seed {seed})"
     )
     hparams = {k: best[k] for k in ("n_docs", "k", "temperature", "lam")}
