@@ -322,6 +322,8 @@ def tune(
     squad_dev: Annotated[
         int | None, typer.Option(help="SQuAD dev questions [default: all not in the eval sample]")
     ] = None,
+    heldout_only: Annotated[bool, typer.Option(help="as in `eval lama`: subjects the default head never saw")] = False,
+    embedded_only: Annotated[bool, typer.Option(help="only dev facts whose documents are embedded already")] = False,
     exclude_sample_per_relation: Annotated[int, typer.Option(help="eval sample to keep out of dev")] = 30,
     seed: Annotated[int, typer.Option(help="seed of that eval sample (dev uses seed + 1)")] = 0,
     out: Annotated[Path, typer.Option(help="where grid.json and grid.md go")] = Path("lama-tune"),
@@ -329,18 +331,25 @@ def tune(
 ) -> None:
     """Grid search of n_docs, lambda, k and temperature on a dev split; the best is stored with the datastore."""
     from bertknn import evaluation as ev
+    from bertknn.train_head import is_heldout
     from bertknn.tune import cache_facts, grid_search
 
     _threads(threads)
     try:
         encoder = Encoder.load(model)
         facts = ev.load_lama(data, encoder.tokenizer, ("T-REx", "Google-RE", "SQuAD"), warn=console.print)
+        if heldout_only:
+            facts = [f for f in facts if f.group not in ev.KB_GROUPS or is_heldout(f.subject)]
         held = {ev.fact_key(f) for f in ev.sample_per_relation(facts, exclude_sample_per_relation, seed)}
         rest = [f for f in facts if ev.fact_key(f) not in held]
-        dev = ev.sample_per_relation([f for f in rest if f.group != "SQuAD"], dev_per_relation, seed + 1)
-        dev += [f for f in rest if f.group == "SQuAD"][:squad_dev]
         with phase_progress() as report:
             knn = ev.lama_knn(corpus, encoder, progress=report)
+            if embedded_only:  # dev facts whose documents are embedded already: tuning costs no embedding
+                rest = [f for f in rest if not knn.store.pending(knn.retrieve(f.question, ev.ir_subject(f), n_docs=5))]
+            dev = ev.sample_per_relation([f for f in rest if f.group != "SQuAD"], dev_per_relation, seed + 1)
+            dev += [f for f in rest if f.group == "SQuAD"][:squad_dev]
+            if not dev:
+                raise ValueError("no dev facts left to tune on (see --embedded-only and --exclude-sample-per-relation)")
             docs = sorted({d for f in dev for d in knn.retrieve(f.question, ev.ir_subject(f), n_docs=5)})
             pending = knn.store.pending(docs)
             report("embedding", 0, len(pending))
@@ -353,7 +362,8 @@ def tune(
     best = grid[0]
     description = (
         f"{len(dev)} dev facts: {sum(f.group == 'SQuAD' for f in dev)} SQuAD + {dev_per_relation} per T-REx/Google-RE "
-        f"relation (seed {seed + 1}), "
+        f"relation (seed {seed + 1}){', documents already embedded' if embedded_only else ''}"
+        f"{', held-out subjects' if heldout_only else ''}, "
         f"disjoint from the eval sample of {exclude_sample_per_relation} per relation (seed {seed})"
     )
     hparams = {k: best[k] for k in ("n_docs", "k", "temperature", "lam")}

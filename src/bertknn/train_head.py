@@ -114,6 +114,7 @@ def _export(model, out: Path, mask_id: int, scaling: float, info: dict) -> None:
     meta = {"lora_scaling": str(scaling), "mask_token_id": str(mask_id), "info": json.dumps(info)}
     tmp = out.with_suffix(".tmp")
     save_file(tensors, str(tmp), metadata=meta)
+    tmp.chmod(0o644)  # package data: readable by every user
     tmp.replace(out)
 
 
