@@ -177,7 +177,7 @@ def test_copied_registration_serves_another_layer(tmp_path, small_corpus, encode
     copied = ds.copy_registration(tmp_path / "l3", tmp_path / "l2", layer2)
     assert copied.size == 0 and copied.pending() == [0, 1, 2, 3, 4] and copied.layer == 2
     assert _tables(tmp_path / "l3")["sentences"] == _tables(tmp_path / "l2")["sentences"]
-    fresh = ds.build(small_corpus, tmp_path / "fresh2", layer2)
+    ds.build(small_corpus, tmp_path / "fresh2", layer2)
     resumed = ds.build(small_corpus, tmp_path / "l2", layer2)  # registration found complete: only embedding runs
     assert resumed.complete
     assert_same_store(tmp_path / "fresh2", tmp_path / "l2")

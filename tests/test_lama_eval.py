@@ -46,8 +46,14 @@ def test_interrupted_evaluation_resumes_without_recomputing(built, facts, tmp_pa
 
     monkeypatch.setattr(type(built), "predict_batch", counting)
     rows = ev.evaluate_facts(built, facts, path)
-    assert asked == [f.question for f in facts[2:]]
-    assert rows[:2] == first
+    assert sorted(asked) == sorted(f.question for f in facts[2:])
+    assert rows[:2] == first and len(rows) == len(facts)
+
+
+def test_a_time_limit_gives_a_random_subset_that_a_rerun_completes(built, facts, tmp_path):
+    path = tmp_path / "results.jsonl"
+    assert ev.evaluate_facts(built, facts, path, max_seconds=1e-9, batch_size=1) == []  # the deadline has passed
+    assert len(ev.evaluate_facts(built, facts, path, batch_size=1)) == len(facts)
 
 
 def test_summary_and_report(built, facts, tmp_path):

@@ -244,6 +244,9 @@ def eval_lama(
     layers: Annotated[str | None, typer.Option(help="blocks to compare, e.g. 4,5,6 [default: second-to-last]")] = None,
     heldout_only: Annotated[bool, typer.Option(help="only facts whose subject the default head never saw")] = False,
     out: Annotated[Path, typer.Option(help="report directory (results there are resumed)")] = Path("lama-report"),
+    max_minutes: Annotated[
+        float | None, typer.Option(help="stop starting new facts after this long; report those done (a random subset)")
+    ] = None,
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
 ) -> None:
     """LAMA probe: BERT, kNN and BERT-kNN side by side; writes report.md, report.json and p_at_k.png."""
@@ -273,7 +276,13 @@ def eval_lama(
             with phase_progress() as report:
                 knn = ev.lama_knn(corpus, enc, progress=report)
                 rows = ev.evaluate_facts(
-                    knn, facts, out / ev.results_name(knn, vocab), ev.vocab_ids(common, tok), progress=report
+                    knn,
+                    facts,
+                    out / ev.results_name(knn, vocab),
+                    ev.vocab_ids(common, tok),
+                    progress=report,
+                    max_seconds=max_minutes * 60 if max_minutes else None,
+                    seed=seed,
                 )
             runs[layer] = (ev.summarize(rows), rows, knn)
     except USER_ERRORS as err:
@@ -291,7 +300,9 @@ def eval_lama(
         "corpus": f"{corpus} ({knn.store.n_documents:,} documents; {knn.store.size:,} contexts embedded so far). "
         "Results depend on the corpus: the paper used full English Wikipedia",
         "datastore": str(knn.store.path),
-        "facts": f"{len(facts):,} ({sample}{', subjects held out from head training only' if heldout_only else ''})",
+        "facts": f"{len(rows):,} evaluated of {len(facts):,} ({sample}"
+        f"{', subjects held out from head training only' if heldout_only else ''})"
+        + ("" if len(rows) == len(facts) else "; PARTIAL: a random subset, rerun the same command to complete it"),
         "ranking vocabulary": "LAMA common vocabulary" if common else f"full model vocabulary ({encoder.vocab_size:,})",
         "hyperparameters": ", ".join(f"{k}={v}" for k, v in knn.hparams.items()) + tuned,
         "LAMA-UHN": "string-match filter applied; person-name filter not applied (it needs a cased BERT)",

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import random
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -215,11 +216,15 @@ def evaluate_facts(
     vocab: np.ndarray | None = None,
     batch_size: int = 32,
     progress=None,
+    max_seconds: float | None = None,
+    seed: int = 0,
 ) -> list[dict]:
     """Rank every fact's gold token under BERT, kNN, BERT-kNN and the frequency baseline; resumable.
 
-    Each fact's result is appended to `results_path` (JSON lines) as soon as it is computed; a rerun skips the facts
-    already there. In a lazy datastore the documents retrieval picks are embedded first, in one pass.
+    Facts are taken in a seeded random order, a batch at a time: the batch's documents are embedded (in a lazy
+    datastore), then its results are appended to `results_path` (JSON lines). A rerun skips the facts already there,
+    and a run stopped early (a kill, or `max_seconds` spent) holds a random subsample of the facts. Returns the
+    results of the facts done, in the order of `facts`.
     """
     results_path = Path(results_path)
     done: dict[str, dict] = {}
@@ -229,16 +234,18 @@ def evaluate_facts(
                 row = json.loads(line)
                 done[row["key"]] = row
     todo = [f for f in facts if fact_key(f) not in done]
+    todo = random.Random(seed).sample(todo, len(todo))
     report = progress or (lambda phase, n, total: None)
-    docs_of = {fact_key(f): knn.retrieve(f.question, ir_subject(f)) for f in todo}
-    if knn.store.lazy:
-        pending = knn.store.pending(sorted({d for docs in docs_of.values() for d in docs}))
-        report("embedding", 0, len(pending))
-        knn.store.embed(pending, knn.encoder, progress=lambda n: report("embedding", n, len(pending)))
-    report("predicting", 0, len(todo))
+    deadline = time.time() + max_seconds if max_seconds else None
+    report("facts", len(facts) - len(todo), len(facts))
     with results_path.open("a", encoding="utf-8") as out:
         for start in range(0, len(todo), batch_size):
+            if deadline and time.time() >= deadline:
+                break
             batch = todo[start : start + batch_size]
+            docs_of = {fact_key(f): knn.retrieve(f.question, ir_subject(f)) for f in batch}
+            if knn.store.lazy:
+                knn.store.embed(sorted({d for docs in docs_of.values() for d in docs}), knn.encoder)
             preds = knn.predict_batch([f.question for f in batch], [ir_subject(f) for f in batch], top_k=3, evidence=0)
             for fact, pred in zip(batch, preds):
                 found = knn.candidates(docs_of[fact_key(fact)])  # embeds first in a lazy datastore
@@ -266,8 +273,8 @@ def evaluate_facts(
                 out.write(json.dumps(row) + "\n")
                 done[row["key"]] = row
             out.flush()
-            report("predicting", min(start + batch_size, len(todo)), len(todo))
-    return [done[fact_key(f)] for f in facts]
+            report("facts", len(facts) - len(todo) + min(start + batch_size, len(todo)), len(facts))
+    return [done[fact_key(f)] for f in facts if fact_key(f) in done]
 
 
 def summarize(rows: list[dict]) -> dict:
