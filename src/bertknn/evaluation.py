@@ -49,6 +49,11 @@ def _read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
+def is_uncased(tokenizer) -> bool:
+    """True for a tokenizer that lowercases its input (an uncased model)."""
+    return tokenizer.tokenize("A") == ["a"]
+
+
 def _question(template: str, subject: str, lowercase: bool) -> str:
     text = template.replace("[X]", subject)
     return text.lower().replace("[y]", MASK) if lowercase else text.replace("[Y]", MASK)
@@ -102,7 +107,7 @@ def load_lama(
     warn=print,
 ) -> list[Fact]:
     """The LAMA facts that pass the filters, as questions for a model with this tokenizer."""
-    lowercase = bool(getattr(tokenizer, "do_lower_case", False)) or tokenizer.tokenize("A") == ["a"]
+    lowercase = is_uncased(tokenizer)
     seen: set[tuple[str, str, str]] = set()
     facts = []
     for group, relation, line, template in _raw_facts(Path(root), groups, warn):
@@ -315,7 +320,7 @@ def summarize(rows: list[dict]) -> dict:
 def common_vocab(root: str | Path, tokenizer) -> set[str]:
     """LAMA's common vocabulary for this tokenizer (the lowercased list for uncased models)."""
     root = Path(root)
-    lowercase = tokenizer.tokenize("A") == ["a"]
+    lowercase = is_uncased(tokenizer)
     path = root / ("common_vocab_lowercased.txt" if lowercase else "common_vocab_cased.txt")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: the common-vocabulary setting needs LAMA's common_vocab files")
