@@ -181,3 +181,13 @@ def test_copied_registration_serves_another_layer(tmp_path, small_corpus, encode
     resumed = ds.build(small_corpus, tmp_path / "l2", layer2)  # registration found complete: only embedding runs
     assert resumed.complete
     assert_same_store(tmp_path / "fresh2", tmp_path / "l2")
+
+
+def test_pack_is_recorded_used_and_must_match_on_resume(tmp_path, small_corpus, encoder, tokenizer):
+    store = ds.build(small_corpus, tmp_path / "p", encoder, pack=2)
+    assert store.pack == 2 and json.loads((tmp_path / "p" / "manifest.json").read_text())["pack"] == 2
+    sentences = [s for d in iter_corpus(small_corpus) for p in d.passages for s in split_sentences(p)]
+    expected = encoder.embed(tokenize_sentences(tokenizer, sentences), pack=2)
+    np.testing.assert_allclose(store.keys.astype(np.float32), expected, atol=KEY_ATOL)
+    with pytest.raises(DatastoreError, match=r"keys computed with pack=2; resume it with the same --pack"):
+        ds.build(small_corpus, tmp_path / "p", encoder)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+from itertools import pairwise
+
 import numpy as np
 import pytest
 import torch
 
-from bertknn.encoder import Encoder, ModelError, QuestionError
+from bertknn.encoder import Encoder, ModelError, QuestionError, mask_groups
+from bertknn.text import tokenize_sentences
 
 
 def test_headless_checkpoint_is_refused(headless_model_dir):
@@ -55,3 +59,34 @@ def test_weights_hash_tells_models_apart(encoder, tokenizer):
     other = Encoder(type(encoder.model)(encoder.model.config), tokenizer, "other")
     assert encoder.weights_hash != other.weights_hash
     assert len(encoder.weights_hash) == 64
+
+
+@pytest.mark.parametrize("n", range(0, 12))
+@pytest.mark.parametrize("pack", [1, 2, 3, 4])
+def test_mask_groups_cover_every_target_once_never_adjacent(n, pack):
+    groups = mask_groups(n, pack)
+    assert sorted(j for g in groups for j in g) == list(range(n))
+    assert all(1 <= len(g) <= pack for g in groups)
+    assert all(b - a >= 2 for g in groups for a, b in pairwise(g))  # another target lies between
+    passes = n if pack == 1 else max(math.ceil(n / pack), min(n, 2))  # the fewest that keep targets apart
+    assert len(groups) == passes
+
+
+def test_packed_keys_are_the_states_of_their_jointly_masked_sentence(encoder, tokenizer):
+    sentences = tokenize_sentences(
+        tokenizer, ["Dante Alighieri was an Italian poet born in Florence in the year 1265.", "Rome is big."]
+    )
+    exact = encoder.embed(sentences)
+    assert np.array_equal(encoder.embed(sentences, pack=1, token_budget=64), exact)
+    packed = encoder.embed(sentences, pack=3)
+    row = 0
+    for s in sentences:
+        for group in mask_groups(len(s.positions), 3):
+            ids = torch.tensor(s.input_ids).unsqueeze(0).clone()
+            ids[0, s.positions[group]] = tokenizer.mask_token_id
+            with torch.no_grad():
+                states = encoder.model(input_ids=ids, output_hidden_states=True).hidden_states[3][0]
+            for j in group:
+                np.testing.assert_allclose(packed[row + j], states[s.positions[j]].numpy(), atol=1e-5)
+        row += len(s.positions)
+    assert len(sentences[0].positions) > 3 and not np.allclose(packed, exact, atol=1e-3)  # approximate, not exact

@@ -67,11 +67,23 @@ def phase_progress() -> Iterator[Callable[[str, int, int], None]]:
         yield report
 
 
-def _build(corpus: Path, out: Path, model: str | Encoder, layer: int | None, lazy: bool = False) -> BertKNN:
+PackOption = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="targets masked per encoder pass: 1 = exact keys (the paper); m > 1 = up to m non-adjacent targets per "
+        "pass, fewer passes, approximate keys (bench/README.md gives the fidelity)",
+    ),
+]
+
+
+def _build(
+    corpus: Path, out: Path, model: str | Encoder, layer: int | None, lazy: bool = False, pack: int = 1
+) -> BertKNN:
     """Build with progress bars (reading, then embedding documents)."""
     began = time.time()
     with phase_progress() as report:
-        knn = BertKNN.build(corpus, out, model, layer, lazy=lazy, progress=report)
+        knn = BertKNN.build(corpus, out, model, layer, lazy=lazy, pack=pack, progress=report)
     store = knn.store
     console.print(
         f"datastore {out}: {store.n_documents:,} documents ({store.n_documents - len(store.pending()):,} embedded), "
@@ -114,12 +126,13 @@ def build(
     model: Annotated[str, typer.Option(help="HF masked LM: hub name or local directory")] = DEFAULT_MODEL,
     layer: Annotated[int | None, typer.Option(help="block whose states are keys [default: second-to-last]")] = None,
     lazy: Annotated[bool, typer.Option(help="embed each document only when retrieval first picks it")] = False,
+    pack: PackOption = 1,
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
 ) -> None:
     """Embed every target word of a corpus into a datastore and index its documents. Rerun to resume."""
     _threads(threads)
     try:
-        _build(corpus, out, model, layer, lazy)
+        _build(corpus, out, model, layer, lazy, pack)
     except USER_ERRORS as err:
         raise _fail(err) from None
     except KeyboardInterrupt:
@@ -247,6 +260,7 @@ def eval_lama(
     max_minutes: Annotated[
         float | None, typer.Option(help="stop starting new facts after this long; report those done (a random subset)")
     ] = None,
+    pack: PackOption = 1,
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
 ) -> None:
     """LAMA probe: BERT, kNN and BERT-kNN side by side; writes report.md, report.json and p_at_k.png."""
@@ -274,7 +288,7 @@ def eval_lama(
         for layer in _layers(layers, encoder.layer):
             enc = encoder if layer == encoder.layer else Encoder(encoder.model, tok, model, layer)
             with phase_progress() as report:
-                knn = ev.lama_knn(corpus, enc, progress=report)
+                knn = ev.lama_knn(corpus, enc, progress=report, pack=pack)
                 rows = ev.evaluate_facts(
                     knn,
                     facts,
@@ -300,6 +314,9 @@ def eval_lama(
         "corpus": f"{corpus} ({knn.store.n_documents:,} documents; {knn.store.size:,} contexts embedded so far). "
         "Results depend on the corpus: the paper used full English Wikipedia",
         "datastore": str(knn.store.path),
+        "keys": "exact (one masked target per pass)"
+        if knn.store.pack == 1
+        else f"approximate: up to {knn.store.pack} non-adjacent targets masked per pass (--pack)",
         "facts": f"{len(rows):,} evaluated of {len(facts):,} ({sample}"
         f"{', subjects held out from head training only' if heldout_only else ''})"
         + ("" if len(rows) == len(facts) else "; PARTIAL: a random subset, rerun the same command to complete it"),
@@ -338,6 +355,7 @@ def tune(
     exclude_sample_per_relation: Annotated[int, typer.Option(help="eval sample to keep out of dev")] = 30,
     seed: Annotated[int, typer.Option(help="seed of that eval sample (dev uses seed + 1)")] = 0,
     out: Annotated[Path, typer.Option(help="where grid.json and grid.md go")] = Path("lama-tune"),
+    pack: PackOption = 1,
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
 ) -> None:
     """Grid search of n_docs, lambda, k and temperature on a dev split; the best is stored with the datastore."""
@@ -354,7 +372,7 @@ def tune(
         held = {ev.fact_key(f) for f in ev.sample_per_relation(facts, exclude_sample_per_relation, seed)}
         rest = [f for f in facts if ev.fact_key(f) not in held]
         with phase_progress() as report:
-            knn = ev.lama_knn(corpus, encoder, progress=report)
+            knn = ev.lama_knn(corpus, encoder, progress=report, pack=pack)
             if embedded_only:  # dev facts whose documents are embedded already: tuning costs no embedding
                 rest = [f for f in rest if not knn.store.pending(knn.retrieve(f.question, ev.ir_subject(f), n_docs=5))]
             dev = ev.sample_per_relation([f for f in rest if f.group != "SQuAD"], dev_per_relation, seed + 1)

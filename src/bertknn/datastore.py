@@ -135,6 +135,11 @@ class Datastore:
         return self.manifest.get("status") == "lazy"
 
     @property
+    def pack(self) -> int:
+        """How many non-adjacent targets of a sentence were masked per pass when its keys were computed (1 = exact)."""
+        return int(self.manifest.get("pack", 1))
+
+    @property
     def layer(self) -> int:
         """The block whose states are the keys."""
         return int(self.manifest["layer"])
@@ -232,7 +237,7 @@ class Datastore:
         docs: list[int],
         encoder: Encoder,
         chunk_entries: int = 4096,
-        token_budget: int = 8192,
+        token_budget: int = 1024,
         progress: Callable[[int], None] | None = None,
     ) -> int:
         """Embed the given documents that are not embedded yet; return how many entries were added.
@@ -263,7 +268,7 @@ class Datastore:
             f"SELECT idx, doc, text FROM sentences WHERE doc IN ({','.join('?' * len(docs))}) ORDER BY doc, idx", docs
         ).fetchall()
         flat = tokenize_sentences(encoder.tokenizer, [r[2] for r in rows])
-        keys = encoder.embed(flat, token_budget).astype(np.float16)
+        keys = encoder.embed(flat, token_budget, self.pack).astype(np.float16)
         values = np.concatenate([s.target_ids for s in flat]) if flat else np.zeros(0, np.int32)
         start = self.size
         for name, array, width in (("keys.f16", keys, 2 * self.dim), ("values.i32", values, 4)):
@@ -301,7 +306,7 @@ class Datastore:
         _write_json(self.path / "manifest.json", self.manifest)
 
 
-def create(path: str | Path, encoder: Encoder, corpus: dict | None = None) -> Datastore:
+def create(path: str | Path, encoder: Encoder, corpus: dict | None = None, pack: int = 1) -> Datastore:
     """Create an empty datastore directory for `encoder` (or reopen it when it was made for the same model)."""
     path = Path(path)
     if (path / "manifest.json").exists():
@@ -313,15 +318,20 @@ def create(path: str | Path, encoder: Encoder, corpus: dict | None = None) -> Da
                 f"{path} holds a datastore of another corpus ({known.get('path')}); "
                 "choose another --out directory or delete this one"
             )
+        if store.pack != pack:
+            raise DatastoreError(
+                f"{path} holds keys computed with pack={store.pack}; resume it with the same --pack, or choose "
+                "another --out directory"
+            )
         return store
     if path.exists() and any(path.iterdir()):
         raise DatastoreError(f"{path} exists and is not a datastore; choose an empty or new directory")
     path.mkdir(parents=True, exist_ok=True)
-    _write_json(path / "manifest.json", _new_manifest(encoder, corpus))
+    _write_json(path / "manifest.json", _new_manifest(encoder, corpus, pack))
     return Datastore(path)
 
 
-def _new_manifest(encoder: Encoder, corpus: dict | None) -> dict:
+def _new_manifest(encoder: Encoder, corpus: dict | None, pack: int) -> dict:
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -329,6 +339,7 @@ def _new_manifest(encoder: Encoder, corpus: dict | None) -> dict:
         "model_hash": encoder.weights_hash,
         "layer": encoder.layer,
         "dim": encoder.dim,
+        "pack": pack,
         "dtype": "float16",
         "value_dtype": "int32",
         "status": "building",
@@ -336,7 +347,7 @@ def _new_manifest(encoder: Encoder, corpus: dict | None) -> dict:
     }
 
 
-def copy_registration(source: str | Path, path: str | Path, encoder: Encoder) -> Datastore:
+def copy_registration(source: str | Path, path: str | Path, encoder: Encoder, pack: int = 1) -> Datastore:
     """A new, empty datastore for `encoder` at `path` with the documents, sentences and IR index of `source`.
 
     Registration (sentence splitting and indexing) does not depend on the model, so a datastore of another model or
@@ -354,7 +365,7 @@ def copy_registration(source: str | Path, path: str | Path, encoder: Encoder) ->
         db.execute("DELETE FROM meta")
     for name in source.glob("tfidf_*"):
         shutil.copyfile(name, tmp / name.name)
-    manifest = _new_manifest(encoder, src.manifest.get("corpus"))
+    manifest = _new_manifest(encoder, src.manifest.get("corpus"), pack)
     _write_json(tmp / "manifest.json", manifest)
     tmp.replace(path)
     return Datastore(path)
@@ -365,20 +376,23 @@ def build(
     out: str | Path,
     encoder: Encoder,
     lazy: bool = False,
+    pack: int = 1,
     chunk_entries: int = 4096,
-    token_budget: int = 8192,
+    token_budget: int = 1024,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Datastore:
     """Build (or resume building) the datastore of a JSONL corpus.
 
     Documents are first registered (text and sentences, in chunks of 500 documents), then embedded in chunks
     (`Datastore.embed`); with `lazy`, embedding is left for later and done per document on demand.
-    `progress(phase, done, total)` reports both phases. The corpus is validated in full first, so a malformed line
-    fails before anything is written; a resumed build gives exactly the entries of an uninterrupted one.
+    `pack` > 1 masks that many targets per pass (`Encoder.embed`). `progress(phase, done, total)` reports both
+    phases. The corpus is validated in full first, so a malformed line fails before anything is written; a resumed
+    build gives exactly the entries of an uninterrupted one.
     """
     corpus = Path(corpus)
     n_docs = validate_corpus(corpus)
-    store = create(out, encoder, {"path": str(corpus.resolve()), "sha256": file_sha256(corpus), "documents": n_docs})
+    corpus_info = {"path": str(corpus.resolve()), "sha256": file_sha256(corpus), "documents": n_docs}
+    store = create(out, encoder, corpus_info, pack)
     report = progress or (lambda phase, done, total: None)
     chunk: list[Document] = []
     report("reading", store.n_documents, n_docs)

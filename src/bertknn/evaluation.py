@@ -334,7 +334,7 @@ def vocab_ids(words: set[str] | None, tokenizer) -> np.ndarray | None:
     return np.unique(np.asarray(tokenizer.convert_tokens_to_ids(sorted(words)), dtype=np.int64))
 
 
-def lama_knn(corpus: str | Path, encoder, directory: str | Path | None = None, progress=None):
+def lama_knn(corpus: str | Path, encoder, directory: str | Path | None = None, progress=None, pack: int = 1):
     """A BertKNN over a lazy datastore of `corpus` for this model and layer, cached for later runs.
 
     A new one starts from the registered documents and IR index of a cached datastore of the same corpus (another
@@ -345,13 +345,14 @@ def lama_knn(corpus: str | Path, encoder, directory: str | Path | None = None, p
 
     stem = f"lazy-{Path(corpus).stem}-{hashlib.sha256(str(Path(corpus).resolve()).encode()).hexdigest()[:10]}"
     if directory is None:
-        directory = cache_dir() / f"{stem}-{encoder.weights_hash[:12]}-L{encoder.layer}"
+        suffix = f"-pack{pack}" if pack > 1 else ""
+        directory = cache_dir() / f"{stem}-{encoder.weights_hash[:12]}-L{encoder.layer}{suffix}"
     if not Path(directory).exists():
         sha = file_sha256(Path(corpus))
         for other in sorted(cache_dir().glob(f"{stem}-*")):
             with contextlib.suppress(Exception):  # any unusable candidate is simply not a source
                 known = Datastore(other).manifest.get("corpus") or {}
                 if known.get("sha256") == sha and Datastore(other).n_documents == known.get("documents"):
-                    copy_registration(other, directory, encoder)
+                    copy_registration(other, directory, encoder, pack)
                     break
-    return BertKNN.build(corpus, directory, encoder, lazy=True, progress=progress)
+    return BertKNN.build(corpus, directory, encoder, lazy=True, pack=pack, progress=progress)

@@ -87,15 +87,17 @@ class BertKNN:
         model: str | Encoder = DEFAULT_MODEL,
         layer: int | None = None,
         lazy: bool = False,
+        pack: int = 1,
         progress: Callable[[str, int, int], None] | None = None,
         **hparams: float,
     ) -> BertKNN:
         """Embed a JSONL corpus into a datastore at `out` (resuming an interrupted build), index it, and load it.
 
         With `lazy`, documents are only registered and indexed; each is embedded the first time retrieval picks it.
+        `pack` > 1 masks that many non-adjacent targets per pass: faster, approximate keys (`Encoder.embed`).
         """
         encoder = model if isinstance(model, Encoder) else Encoder.load(model, layer)
-        store = ds.build(corpus, out, encoder, lazy=lazy, progress=progress)
+        store = ds.build(corpus, out, encoder, lazy=lazy, pack=pack, progress=progress)
         return cls(encoder, store, ensure_index(store), **hparams)
 
     def predict(self, text: str, subject: str | None = None, top_k: int = 10, evidence: int = 3) -> Prediction:
