@@ -116,3 +116,18 @@ def test_lazy_store_embeds_only_what_retrieval_picks(tmp_path, small_corpus, enc
     np.testing.assert_allclose(lazy.store.keys[start:end], built.store.keys[fstart:fend], atol=5e-3)
     again = BertKNN.load(tmp_path / "lazy")
     assert again.store.lazy and again.store.size == end - start  # what was embedded is kept
+
+
+def test_per_call_hyperparameters_apply_to_that_call_only(built):
+    q, subject = "Ilsa Varnhold was born in [MASK] .", "Ilsa Varnhold"
+    base = built.predict(q, subject=subject)
+    lm_only = built.predict(q, subject=subject, lam=0.0)
+    np.testing.assert_allclose(lm_only.p, base.p_bert)
+    hot = built.predict(q, subject=subject, temperature=1e6, k=2)
+    assert np.count_nonzero(hot.p_knn) <= 2 and hot.p_knn.max() in (pytest.approx(0.5, abs=1e-4), pytest.approx(1.0))
+    assert built.hparams == {"n_docs": 3, "k": 128, "temperature": 6.0, "lam": 0.3}
+    np.testing.assert_allclose(built.predict(q, subject=subject).p, base.p)
+    with pytest.raises(TypeError, match="unknown hyperparameter"):
+        built.predict(q, alpha=1)
+    with pytest.raises(ValueError, match="lam must be in"):
+        built.predict(q, lam=2)

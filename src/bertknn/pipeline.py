@@ -35,6 +35,16 @@ def _check_hparams(n_docs: int, k: int, temperature: float, lam: float) -> None:
         raise ValueError("; ".join(problems))
 
 
+def merge_hparams(base: dict, overrides: dict) -> dict:
+    """`base` with the non-None `overrides`, checked: unknown names and out-of-range values raise."""
+    unknown = set(overrides) - set(DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown hyperparameter(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+    merged = {**base, **{k: v for k, v in overrides.items() if v is not None}}
+    _check_hparams(**merged)
+    return merged
+
+
 def ensure_index(store: Datastore) -> TfidfIndex:
     """The datastore's IR index, (re)built when it is missing or covers fewer documents than the store."""
     try:
@@ -57,12 +67,8 @@ class BertKNN:
     """
 
     def __init__(self, encoder: Encoder, store: Datastore, index: TfidfIndex | None = None, **hparams: float) -> None:
-        unknown = set(hparams) - set(DEFAULTS)
-        if unknown:
-            raise TypeError(f"unknown hyperparameter(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
         tuned = store.manifest.get("tuned", {}).get("hparams", {})  # set by `bertknn tune`
-        self.hparams = {**DEFAULTS, **tuned, **{k: v for k, v in hparams.items() if v is not None}}
-        _check_hparams(**self.hparams)
+        self.hparams = merge_hparams({**DEFAULTS, **tuned}, hparams)
         if not (store.complete or store.lazy):
             raise DatastoreError(f"the datastore at {store.path} is incomplete: rerun `bertknn build` to finish it")
         store.check_encoder(encoder)
@@ -100,9 +106,14 @@ class BertKNN:
         store = ds.build(corpus, out, encoder, lazy=lazy, pack=pack, progress=progress)
         return cls(encoder, store, ensure_index(store), **hparams)
 
-    def predict(self, text: str, subject: str | None = None, top_k: int = 10, evidence: int = 3) -> Prediction:
-        """Predict the [MASK] of one cloze question; `subject` (knowledge-base questions) steers retrieval."""
-        return self.predict_batch([text], [subject], top_k, evidence)[0]
+    def predict(
+        self, text: str, subject: str | None = None, top_k: int = 10, evidence: int = 3, **hparams: float
+    ) -> Prediction:
+        """Predict the [MASK] of one cloze question; `subject` (knowledge-base questions) steers retrieval.
+
+        Hyperparameters given here (n_docs, k, temperature, lam) apply to this call only.
+        """
+        return self.predict_batch([text], [subject], top_k, evidence, **hparams)[0]
 
     def predict_batch(
         self,
@@ -111,8 +122,10 @@ class BertKNN:
         top_k: int = 10,
         evidence: int = 3,
         batch_size: int = 32,
+        **hparams: float,
     ) -> list[Prediction]:
-        """Predict many questions, running the model in batches of `batch_size`."""
+        """Predict many questions, running the model in batches of `batch_size`; `hparams` as in `predict`."""
+        h = merge_hparams(self.hparams, hparams)
         subjects = list(subjects) if subjects is not None else [None] * len(texts)
         if len(subjects) != len(texts):
             raise ValueError(f"{len(texts)} questions but {len(subjects)} subjects")
@@ -124,7 +137,7 @@ class BertKNN:
         for start in range(0, len(texts), batch_size):
             probs, states = self.encoder.query(texts[start : start + batch_size])
             for j, (p_bert, state) in enumerate(zip(probs, states)):
-                out.append(self._predict_one(texts[start + j], subjects[start + j], p_bert, state, top_k, evidence))
+                out.append(self._predict_one(texts[start + j], subjects[start + j], p_bert, state, top_k, evidence, h))
         return out
 
     def retrieve(self, text: str, subject: str | None = None, n_docs: int | None = None) -> list[int]:
@@ -138,10 +151,16 @@ class BertKNN:
         return candidates(self.store.document_ranges(docs))
 
     def _predict_one(
-        self, text: str, subject: str | None, p_bert: np.ndarray, state: np.ndarray, top_k: int, n_evidence: int
+        self,
+        text: str,
+        subject: str | None,
+        p_bert: np.ndarray,
+        state: np.ndarray,
+        top_k: int,
+        n_evidence: int,
+        h: dict,
     ) -> Prediction:
-        h = self.hparams
-        docs = self.retrieve(text, subject)
+        docs = self.retrieve(text, subject, h["n_docs"])
         found = self.candidates(docs)  # first: in a lazy datastore this embeds, and the key memmap grows
         entries, dist = nearest(self.store.keys, found, state, int(h["k"]))
         values = np.asarray(self.store.values[entries]) if len(entries) else np.zeros(0, np.int32)
@@ -156,17 +175,19 @@ class BertKNN:
             bert=ranked(p_bert, tok, top_k),
             knn=knn_top,
             bert_knn=ranked(p, tok, top_k),
-            evidence=self._evidence(knn_top, entries, values, dist, n_evidence),
+            evidence=self._evidence(knn_top, entries, values, dist, n_evidence, h["temperature"]),
             p_bert=p_bert,
             p_knn=p_knn,
             p=p,
         )
 
-    def _evidence(self, words, entries, values, dist, n_evidence: int) -> dict[str, list[Neighbour]]:
+    def _evidence(
+        self, words, entries, values, dist, n_evidence: int, temperature: float
+    ) -> dict[str, list[Neighbour]]:
         """For each kNN answer, its nearest `n_evidence` neighbours with their sentences."""
         if not words:
             return {}
-        weights = neighbour_weights(dist, self.hparams["temperature"])
+        weights = neighbour_weights(dist, temperature)
         ids = self.encoder.tokenizer.convert_tokens_to_ids([w.token for w in words])
         out = {}
         for word, token_id in zip(words, ids):
