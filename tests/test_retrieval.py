@@ -6,6 +6,7 @@ import math
 import re
 from collections import Counter
 
+import numpy as np
 import pytest
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 from sklearn.utils import murmurhash3_32
@@ -82,3 +83,29 @@ def test_save_and_load_round_trip(tmp_path):
     assert loaded.top("Florence Tuscany", 3) == index.top("Florence Tuscany", 3)
     with pytest.raises(FileNotFoundError, match="no IR index"):
         TfidfIndex.load(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("split", [1, 3, 4])
+def test_an_index_built_in_segments_scores_like_one_built_at_once(tmp_path, split):
+    whole = TfidfIndex.build(DOCS)
+    TfidfIndex.build(DOCS[:split]).save(tmp_path)
+    TfidfIndex.build(DOCS[split:], first=split).save(tmp_path, first=split)
+    parts = TfidfIndex.load(tmp_path)
+    assert parts.n_docs == 5 and len(parts.segments) == 2
+    for query in ("Florence", "born in Florence", "Portugal Tagus", "Lisbon capital", "Spain"):
+        (d1, s1), (d2, s2) = whole.scores(query), parts.scores(query)
+        assert d1.tolist() == d2.tolist()
+        np.testing.assert_allclose(s1, s2, rtol=1e-6)
+        assert whole.top(query, 5) == parts.top(query, 5)
+
+
+def test_hidden_documents_are_never_returned():
+    index = TfidfIndex.build(DOCS)
+    assert index.top("Florence", 3, hidden=np.array([0])) == [1]
+    assert index.top("Florence", 3, hidden=np.array([0, 1])) == []
+
+
+def test_a_half_written_segment_is_ignored(tmp_path):
+    TfidfIndex.build(DOCS[:3]).save(tmp_path)
+    (tmp_path / "tfidf_add_000000003.tmp").mkdir()  # a crash before the rename
+    assert TfidfIndex.load(tmp_path).n_docs == 3

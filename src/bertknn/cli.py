@@ -1,4 +1,4 @@
-"""Command line: build, ask, demo, data lama, eval lama, tune, train-head."""
+"""Command line: build, ask, index, add, remove, demo, data lama, eval lama, tune, train-head."""
 
 from __future__ import annotations
 
@@ -152,6 +152,9 @@ def ask(
         float | None, typer.Option(help=f"kNN temperature l in exp(-d/l) [{TUNED}{DEFAULTS['temperature']}]")
     ] = None,
     lam: Annotated[float | None, typer.Option("--lambda", help=f"weight of p_kNN [{TUNED}{DEFAULTS['lam']}]")] = None,
+    retrieval: Annotated[
+        str, typer.Option(help="neighbours from: ir (the paper), faiss (whole datastore; `bertknn index`), ir+faiss")
+    ] = "ir",
     model: Annotated[str | None, typer.Option(help="model [default: the datastore's]")] = None,
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
 ) -> None:
@@ -159,10 +162,92 @@ def ask(
     _threads(threads)
     try:
         knn = BertKNN.load(datastore, model, n_docs=n_docs, k=k, temperature=temperature, lam=lam)
-        prediction = knn.predict(question, subject=subject, top_k=top_k)
+        prediction = knn.predict(question, subject=subject, top_k=top_k, retrieval=retrieval)
     except USER_ERRORS as err:
         raise _fail(err) from None
     console.print(render(prediction, top_k))
+
+
+@app.command()
+def index(
+    datastore: Annotated[Path, typer.Argument(help="datastore directory made by `bertknn build`")],
+    factory: Annotated[str, typer.Option(help="FAISS index factory string, e.g. Flat, IVF4096,PQ64, HNSW32")] = (
+        "IVF1024,PQ32"
+    ),
+    train_size: Annotated[int, typer.Option(min=1, help="random keys to train on")] = 100_000,
+    nprobe: Annotated[int, typer.Option(min=1, help="IVF lists searched per query")] = 16,
+    threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
+) -> None:
+    """Index every key of a datastore with FAISS (for `--retrieval faiss`). Rerun to resume."""
+    import faiss
+
+    from bertknn.datastore import Datastore
+    from bertknn.faiss_index import FaissIndex
+
+    _threads(threads)
+    faiss.omp_set_num_threads(threads or os.cpu_count() or 1)
+    began = time.time()
+    try:
+        store = Datastore(datastore)
+        with phase_progress() as report:
+            report("indexing", 0, store.size)
+            built = FaissIndex.build(
+                store, factory, train_size, nprobe, progress=lambda done, total: report("indexing", done, total)
+            )
+    except USER_ERRORS as err:
+        raise _fail(err) from None
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted[/]: what was saved is kept; rerun the same command to resume {datastore}")
+        raise typer.Exit(130) from None
+    console.print(
+        f"FAISS index {factory!r} over {built.index.ntotal:,} keys in {datastore / 'faiss.index'} "
+        f"({time.time() - began:,.0f}s); ask with --retrieval faiss"
+    )
+
+
+@app.command()
+def add(
+    datastore: Annotated[Path, typer.Argument(help="datastore directory made by `bertknn build`")],
+    corpus: Annotated[Path, typer.Argument(help="JSONL documents to add ({id, title, text} per line)")],
+    threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
+) -> None:
+    """Add documents: embedded and indexed in place, searchable at once. Rerun after a crash to complete it."""
+    from bertknn.text import iter_corpus
+
+    _threads(threads)
+    try:
+        docs = list(iter_corpus(corpus))  # the whole file is read first: a bad line changes nothing
+        knn = BertKNN.load(datastore)
+        known = knn.store.states([d.id for d in docs])
+        with phase_progress() as report:
+            added = knn.add_documents(docs, skip_existing=True, progress=lambda n: report("embedding", n, len(docs)))
+    except USER_ERRORS as err:
+        raise _fail(err) from None
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: nothing half-added is searchable; rerun the same command to finish")
+        raise typer.Exit(130) from None
+    skipped = sum(state == "live" for state in known.values())
+    console.print(
+        f"added {len(docs) - skipped:,} documents ({added:,} contexts) to {datastore}"
+        + (f"; {skipped:,} were there already" if skipped else "")
+    )
+
+
+@app.command()
+def remove(
+    datastore: Annotated[Path, typer.Argument(help="datastore directory made by `bertknn build`")],
+    doc: Annotated[list[str], typer.Option("--doc", help="id of a document to hide (repeatable)")],
+) -> None:
+    """Remove documents: hidden from IR, kNN and FAISS search at once (their stored rows are kept)."""
+    from bertknn.datastore import Datastore
+
+    try:
+        store = Datastore(datastore)
+        for doc_id in doc:
+            store.remove(doc_id)
+    except USER_ERRORS as err:
+        raise _fail(err) from None
+    console.print(f"removed {len(doc)} document(s) from {datastore}")
 
 
 @app.command()
@@ -417,3 +502,36 @@ def tune(
         f"best: {hparams} P@1 {100 * best['P@1']:.1f} (the paper's 3/128/6/0.3: {100 * paper['P@1']:.1f}); "
         f"stored in {knn.store.path / 'manifest.json'}; whole grid in {out / 'grid.md'}"
     )
+
+
+@app.command()
+def serve(
+    datastore: Annotated[
+        str, typer.Argument(help="datastore directory, or `demo` for the demo corpus's (built and cached on first use)")
+    ],
+    host: Annotated[str, typer.Option(help="interface to bind (loopback: this machine only)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    writable: Annotated[bool, typer.Option(help="allow POST /documents and DELETE /documents/{id}")] = False,
+    threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
+) -> None:
+    """Serve the HTTP API (OpenAPI at /docs) and the web page: ask a question, see the three answers and evidence."""
+    import uvicorn
+
+    from bertknn.demo import build_demo
+    from bertknn.service import create_app
+
+    _threads(threads)
+    try:
+        if datastore == "demo":
+            with phase_progress() as report:
+                knn = build_demo(progress=report)
+        else:
+            knn = BertKNN.load(datastore)
+    except USER_ERRORS as err:
+        raise _fail(err) from None
+    mode = "writable" if writable else "read-only"
+    console.print(
+        f"datastore {knn.store.path} ({knn.store.n_documents:,} documents, {knn.store.size:,} contexts, {mode}), "
+        f"model {knn.encoder.name}\nserving on [bold]http://{host}:{port}/[/] (Ctrl+C stops)"
+    )
+    uvicorn.run(create_app(knn, writable=writable), host=host, port=port, log_level="warning")

@@ -45,6 +45,7 @@ class Prediction:
     p_bert: np.ndarray = field(repr=False)
     p_knn: np.ndarray | None = field(repr=False)
     p: np.ndarray = field(repr=False)
+    retrieval: str = "ir"  # where the neighbours came from: "ir", "faiss" or "ir+faiss"
 
     def to_dict(self) -> dict:
         """JSON-ready form (without the full distributions)."""

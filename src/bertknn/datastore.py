@@ -4,7 +4,10 @@ Layout of a datastore directory:
 - manifest.json: format version, model name and weights hash, layer, dimension, dtype, counts, build status;
 - keys.f16: float16 keys, one row of `dim` values per entry, append-only (read through a numpy memmap);
 - values.i32: int32 token ids, one per entry;
-- store.sqlite: documents (each with one contiguous entry range), sentences and each entry's provenance.
+- store.sqlite: documents (each with one contiguous entry range and a state), sentences and each entry's provenance.
+
+A document's state is 'live' (searched), 'adding' (registered by `bertknn add` but not yet searchable: it becomes
+live in one transaction once its keys and index entries are all written) or 'removed' (hidden from every path).
 
 The build appends one chunk of documents at a time: keys and values are written and fsynced first, then SQLite
 commits the chunk's rows and the new entry count in one transaction. That count is the truth: a reader and a
@@ -33,7 +36,8 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS documents (
     idx INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, title TEXT NOT NULL, norm_title TEXT NOT NULL,
-    start INTEGER, end INTEGER);  -- the entry range [start, end); NULL until the document is embedded
+    start INTEGER, end INTEGER,  -- the entry range [start, end); NULL until the document is embedded
+    state TEXT NOT NULL DEFAULT 'live');
 CREATE INDEX IF NOT EXISTS documents_title ON documents (norm_title);
 CREATE TABLE IF NOT EXISTS sentences (idx INTEGER PRIMARY KEY, doc INTEGER NOT NULL, text TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS sentences_doc ON sentences (doc);
@@ -100,6 +104,10 @@ class Datastore:
         self.dim = int(self.manifest["dim"])
         self.db = sqlite3.connect(self.path / "store.sqlite", check_same_thread=False)
         self.db.executescript(SCHEMA)
+        if "state" not in {row[1] for row in self.db.execute("PRAGMA table_info(documents)")}:  # before add/remove
+            with self.db:
+                self.db.execute("ALTER TABLE documents ADD COLUMN state TEXT NOT NULL DEFAULT 'live'")
+        self.db.execute("CREATE INDEX IF NOT EXISTS documents_state ON documents (state)")
         self._map()
 
     def _map(self) -> None:
@@ -174,7 +182,8 @@ class Datastore:
     def find_title(self, subject: str) -> int | None:
         """Index of the first document whose title equals `subject` (case- and Unicode-insensitive), else None."""
         row = self.db.execute(
-            "SELECT idx FROM documents WHERE norm_title = ? ORDER BY idx LIMIT 1", (normalize_title(subject),)
+            "SELECT idx FROM documents WHERE norm_title = ? AND state = 'live' ORDER BY idx LIMIT 1",
+            (normalize_title(subject),),
         ).fetchone()
         return row[0] if row else None
 
@@ -194,23 +203,23 @@ class Datastore:
             out.append(Evidence(int(entry), row[0], row[1], row[2], (row[3], row[4])))
         return out
 
-    def iter_document_texts(self) -> Iterator[str]:
-        """Each document's sentences joined, in document order (what the IR index is built from)."""
+    def iter_document_texts(self, first: int = 0) -> Iterator[str]:
+        """Each document's sentences joined, in document order from `first` (what the IR index is built from)."""
         query = (
-            "SELECT group_concat(text, ' ') FROM (SELECT doc, text FROM sentences ORDER BY idx) "
+            "SELECT group_concat(text, ' ') FROM (SELECT doc, text FROM sentences WHERE doc >= ? ORDER BY idx) "
             "GROUP BY doc ORDER BY doc"
         )
-        for (text,) in self.db.execute(query):
+        for (text,) in self.db.execute(query, (first,)):
             yield text
 
-    def register(self, docs: list[Document]) -> None:
+    def register(self, docs: list[Document], state: str = "live") -> None:
         """Add documents and their sentences (text only, not yet embedded) in one transaction."""
         sent_idx = self.db.execute("SELECT count(*) FROM sentences").fetchone()[0]
         with self.db:
             for doc_idx, doc in enumerate(docs, self.n_documents):
                 self.db.execute(
-                    "INSERT INTO documents VALUES (?, ?, ?, ?, NULL, NULL)",
-                    (doc_idx, doc.id, doc.title, normalize_title(doc.title)),
+                    "INSERT INTO documents VALUES (?, ?, ?, ?, NULL, NULL, ?)",
+                    (doc_idx, doc.id, doc.title, normalize_title(doc.title), state),
                 )
                 sentences = [s for p in doc.passages for s in split_sentences(p)]
                 self.db.executemany(
@@ -219,6 +228,45 @@ class Datastore:
                 )
                 sent_idx += len(sentences)
         self.n_documents += len(docs)
+
+    def states(self, ids: list[str]) -> dict[str, str]:
+        """The state of each of the given document ids that the datastore holds."""
+        found = {}
+        for i in range(0, len(ids), 900):  # SQLite caps the number of parameters of one statement
+            part = ids[i : i + 900]
+            query = f"SELECT id, state FROM documents WHERE id IN ({','.join('?' * len(part))})"
+            found.update(dict(self.db.execute(query, part).fetchall()))
+        return found
+
+    def adding(self) -> list[int]:
+        """Documents registered by an add that has not been published yet."""
+        return [r[0] for r in self.db.execute("SELECT idx FROM documents WHERE state = 'adding' ORDER BY idx")]
+
+    def publish(self) -> int:
+        """Make every 'adding' document live, in one transaction; return how many."""
+        with self.db:
+            return self.db.execute("UPDATE documents SET state = 'live' WHERE state = 'adding'").rowcount
+
+    def remove(self, doc_id: str) -> None:
+        """Hide a live document from every search path, in one transaction; its id becomes free for a new one."""
+        with self.db:
+            changed = self.db.execute(
+                "UPDATE documents SET state = 'removed', id = id || '#removed-' || idx WHERE id = ? AND state = 'live'",
+                (doc_id,),
+            ).rowcount
+        if not changed:
+            raise DatastoreError(f"no document with id {doc_id!r} in {self.path}")
+
+    def hidden_documents(self) -> np.ndarray:
+        """Indices of the documents no search may return (being added, or removed)."""
+        rows = self.db.execute("SELECT idx FROM documents WHERE state != 'live'").fetchall()
+        return np.asarray([r[0] for r in rows], dtype=np.int64)
+
+    def documents_of(self, entries: np.ndarray) -> np.ndarray:
+        """The document index of each entry (entries must be committed)."""
+        rows = self.db.execute("SELECT start, idx FROM documents WHERE end > start ORDER BY start").fetchall()
+        starts, docs = np.asarray(rows, dtype=np.int64).reshape(-1, 2).T
+        return docs[np.searchsorted(starts, np.asarray(entries, np.int64), side="right") - 1]
 
     def pending(self, docs: list[int] | None = None) -> list[int]:
         """The documents (of `docs`, or all) whose entries are not embedded yet, in index order."""
@@ -364,7 +412,7 @@ def copy_registration(source: str | Path, path: str | Path, encoder: Encoder, pa
         db.execute("DELETE FROM entries")
         db.execute("DELETE FROM meta")
     for name in source.glob("tfidf_*"):
-        shutil.copyfile(name, tmp / name.name)
+        (shutil.copytree if name.is_dir() else shutil.copyfile)(name, tmp / name.name)
     manifest = _new_manifest(encoder, src.manifest.get("corpus"), pack)
     _write_json(tmp / "manifest.json", manifest)
     tmp.replace(path)

@@ -13,9 +13,10 @@ from bertknn.combine import Neighbour, Prediction, interpolate, ranked
 from bertknn.datastore import Datastore, DatastoreError
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder, QuestionError
+from bertknn.faiss_index import FaissIndex
 from bertknn.knn import candidates, knn_distribution, nearest, neighbour_weights
 from bertknn.retrieval import TfidfIndex, select_documents
-from bertknn.text import mask_count_error
+from bertknn.text import CorpusError, Document, mask_count_error, parse_document
 
 DEFAULTS = {"n_docs": 3, "k": 128, "temperature": 6.0, "lam": 0.3}
 
@@ -45,16 +46,23 @@ def merge_hparams(base: dict, overrides: dict) -> dict:
     return merged
 
 
+RETRIEVALS = ("ir", "faiss", "ir+faiss")
+
+
 def ensure_index(store: Datastore) -> TfidfIndex:
-    """The datastore's IR index, (re)built when it is missing or covers fewer documents than the store."""
+    """The datastore's IR index: built when missing, extended by a segment for documents it does not cover yet."""
     try:
         index = TfidfIndex.load(store.path)
-        if index.n_docs == store.n_documents:
-            return index
     except FileNotFoundError:
-        pass
-    TfidfIndex.build(store.iter_document_texts()).save(store.path)
-    return TfidfIndex.load(store.path)
+        TfidfIndex.build(store.iter_document_texts()).save(store.path)
+        return TfidfIndex.load(store.path)
+    first = index.n_docs
+    if first < store.n_documents:
+        TfidfIndex.build(store.iter_document_texts(first), first).save(store.path, first)
+        return TfidfIndex.load(store.path)
+    if first > store.n_documents:
+        raise DatastoreError(f"the IR index of {store.path} covers {first} documents but the store has fewer")
+    return index
 
 
 class BertKNN:
@@ -74,6 +82,7 @@ class BertKNN:
         store.check_encoder(encoder)
         self.encoder, self.store = encoder, store
         self.index = index or ensure_index(store)
+        self.faiss = FaissIndex.load(store)
 
     @classmethod
     def load(
@@ -107,13 +116,21 @@ class BertKNN:
         return cls(encoder, store, ensure_index(store), **hparams)
 
     def predict(
-        self, text: str, subject: str | None = None, top_k: int = 10, evidence: int = 3, **hparams: float
+        self,
+        text: str,
+        subject: str | None = None,
+        top_k: int = 10,
+        evidence: int = 3,
+        retrieval: str = "ir",
+        **hparams: float,
     ) -> Prediction:
         """Predict the [MASK] of one cloze question; `subject` (knowledge-base questions) steers retrieval.
 
-        Hyperparameters given here (n_docs, k, temperature, lam) apply to this call only.
+        `retrieval` picks where neighbours come from: "ir" (the paper: the documents IR selects), "faiss" (the whole
+        datastore through its FAISS index, `bertknn index`) or "ir+faiss" (both, merged by distance). Hyperparameters
+        given here (n_docs, k, temperature, lam) apply to this call only.
         """
-        return self.predict_batch([text], [subject], top_k, evidence, **hparams)[0]
+        return self.predict_batch([text], [subject], top_k, evidence, retrieval=retrieval, **hparams)[0]
 
     def predict_batch(
         self,
@@ -122,10 +139,17 @@ class BertKNN:
         top_k: int = 10,
         evidence: int = 3,
         batch_size: int = 32,
+        retrieval: str = "ir",
         **hparams: float,
     ) -> list[Prediction]:
-        """Predict many questions, running the model in batches of `batch_size`; `hparams` as in `predict`."""
+        """Predict many questions, running the model in batches of `batch_size`; options as in `predict`."""
         h = merge_hparams(self.hparams, hparams)
+        if retrieval not in RETRIEVALS:
+            raise ValueError(f"retrieval must be one of {', '.join(RETRIEVALS)}, not {retrieval!r}")
+        if retrieval != "ir" and self.faiss is None:
+            raise DatastoreError(
+                f"{self.store.path} has no FAISS index: create one with `bertknn index {self.store.path}`"
+            )
         subjects = list(subjects) if subjects is not None else [None] * len(texts)
         if len(subjects) != len(texts):
             raise ValueError(f"{len(texts)} questions but {len(subjects)} subjects")
@@ -137,7 +161,8 @@ class BertKNN:
         for start in range(0, len(texts), batch_size):
             probs, states = self.encoder.query(texts[start : start + batch_size])
             for j, (p_bert, state) in enumerate(zip(probs, states)):
-                out.append(self._predict_one(texts[start + j], subjects[start + j], p_bert, state, top_k, evidence, h))
+                question = (texts[start + j], subjects[start + j])
+                out.append(self._predict_one(*question, p_bert, state, top_k, evidence, h, retrieval))
         return out
 
     def retrieve(self, text: str, subject: str | None = None, n_docs: int | None = None) -> list[int]:
@@ -159,10 +184,9 @@ class BertKNN:
         top_k: int,
         n_evidence: int,
         h: dict,
+        retrieval: str,
     ) -> Prediction:
-        docs = self.retrieve(text, subject, h["n_docs"])
-        found = self.candidates(docs)  # first: in a lazy datastore this embeds, and the key memmap grows
-        entries, dist = nearest(self.store.keys, found, state, int(h["k"]))
+        docs, entries, dist = self._neighbours(text, subject, state, h, retrieval)
         values = np.asarray(self.store.values[entries]) if len(entries) else np.zeros(0, np.int32)
         p_knn = knn_distribution(values, dist, h["temperature"], len(p_bert)) if len(entries) else None
         p = interpolate(p_bert.astype(np.float64), p_knn, h["lam"])
@@ -172,6 +196,7 @@ class BertKNN:
             question=text,
             subject=subject,
             documents=self.store.titles(docs),
+            retrieval=retrieval,
             bert=ranked(p_bert, tok, top_k),
             knn=knn_top,
             bert_knn=ranked(p, tok, top_k),
@@ -180,6 +205,59 @@ class BertKNN:
             p_knn=p_knn,
             p=p,
         )
+
+    def _neighbours(
+        self, text: str, subject: str | None, state: np.ndarray, h: dict, retrieval: str
+    ) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """(documents searched, the k nearest entries, their squared distances) by the chosen retrieval path."""
+        k = int(h["k"])
+        docs = self.retrieve(text, subject, h["n_docs"]) if retrieval != "faiss" else []
+        found = self.candidates(docs)  # first: in a lazy datastore this embeds, and the key memmap grows
+        entries, dist = nearest(self.store.keys, found, state, k)
+        if retrieval == "ir":
+            return docs, entries, dist
+        more, more_dist = self.faiss.search(state, k, self.store.hidden_documents())
+        entries, first = np.unique(np.concatenate([entries, more]), return_index=True)
+        dist = np.concatenate([dist, more_dist])[first]
+        order = np.lexsort((entries, dist))[:k]
+        entries, dist = entries[order], dist[order]
+        if retrieval == "faiss":  # the documents the neighbours come from, nearest first
+            owners = self.store.documents_of(entries).tolist()
+            docs = list(dict.fromkeys(owners))
+        return docs, entries, dist
+
+    def add_documents(self, docs: list[dict | Document], skip_existing: bool = False, progress=None) -> int:
+        """Embed and index new documents ({id, title, text}) without rebuilding anything; return contexts added.
+
+        The documents are registered hidden, embedded (not in a lazy datastore: there on demand), given an IR index
+        segment and appended to the FAISS index, then made live in one transaction: a crash at any point leaves the
+        previous state queryable, and calling again (with any documents) completes the pending ones. Ids already in
+        the datastore raise DatastoreError, or are skipped with `skip_existing`.
+        """
+        parsed = [d if isinstance(d, Document) else parse_document(d, f"document {i + 1}") for i, d in enumerate(docs)]
+        ids = [d.id for d in parsed]
+        if len(set(ids)) != len(ids):
+            raise CorpusError(
+                f"duplicate document id(s) in the request: {sorted({i for i in ids if ids.count(i) > 1})}"
+            )
+        states = self.store.states(ids)
+        live = [i for i in ids if states.get(i) == "live"]
+        if live and not skip_existing:
+            raise DatastoreError(f"document id(s) already in the datastore: {live[:5]}; remove them first")
+        before = self.store.size
+        self.store.register([d for d in parsed if d.id not in states], state="adding")
+        if not self.store.lazy:
+            self.store.embed(self.store.adding(), self.encoder, progress=progress)
+        self.index = ensure_index(self.store)
+        if self.faiss is not None:
+            self.faiss.update()
+        self.store.publish()
+        self.store.set_manifest(documents=self.store.n_documents, entries=self.store.size)
+        return self.store.size - before
+
+    def remove_document(self, doc_id: str) -> None:
+        """Hide a document from every retrieval path (one transaction; DatastoreError for an unknown id)."""
+        self.store.remove(str(doc_id))
 
     def _evidence(
         self, words, entries, values, dist, n_evidence: int, temperature: float

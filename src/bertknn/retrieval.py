@@ -5,7 +5,8 @@ punctuation, hashed with unsigned murmur3 (scikit-learn's) modulo 2^24. A docume
 log1p(count) * idf, idf = max(0, log((N - Nt + .5) / (Nt + .5))); a query is weighted the same way and scored by
 the sparse dot product. The index stores log1p(count) per (feature, document) in compressed sparse columns over the
 features that occur, as .npy files opened with mmap; idf is computed from the column lengths at query time, so
-appending documents needs no re-weighting.
+appending documents (a new segment) needs no re-weighting. Documents that are being added or were removed are never
+returned.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +28,7 @@ from bertknn.text import MASK, STOPWORDS
 NUM_BUCKETS = 2**24
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")  # DrQA's simple tokenizer: runs of word characters, or one other character
 FILES = ("tfidf_hashes.npy", "tfidf_indptr.npy", "tfidf_docs.npy", "tfidf_logtf.npy")
+SEGMENT_PREFIX = "tfidf_add_"
 
 
 def tokenize(text: str) -> list[str]:
@@ -51,89 +54,121 @@ def question_query(question: str) -> str:
     return re.sub(r"[^\w\s]", " ", question.replace(MASK, " ")).strip()
 
 
-class TfidfIndex:
-    """Hashed TF-IDF over documents 0..N-1, stored column-wise (feature -> documents)."""
+@dataclass(frozen=True)
+class Segment:
+    """log1p(count) per (feature, document) for a run of documents, column-wise: feature -> documents."""
 
-    def __init__(self, hashes: np.ndarray, indptr: np.ndarray, docs: np.ndarray, logtf: np.ndarray, n_docs: int):
-        self.hashes, self.indptr, self.docs, self.logtf, self.n_docs = hashes, indptr, docs, logtf, n_docs
+    hashes: np.ndarray  # uint32, sorted: the features that occur
+    indptr: np.ndarray  # int64, column c holds docs[indptr[c]:indptr[c + 1]]
+    docs: np.ndarray  # int32 document indices (absolute)
+    logtf: np.ndarray  # float32
+
+    def lookup(self, qh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(column of each query feature, whether the segment has it)."""
+        if not len(self.hashes):
+            return np.zeros(len(qh), np.int64), np.zeros(len(qh), bool)
+        cols = np.minimum(np.searchsorted(self.hashes, qh), len(self.hashes) - 1)
+        return cols, self.hashes[cols] == qh
+
+
+class TfidfIndex:
+    """Hashed TF-IDF over documents 0..N-1: a base segment plus one segment per batch of added documents.
+
+    Added documents get their own segment (written once, never rewritten); idf sums the document frequencies of all
+    segments, so an index built in parts scores exactly like one built at once.
+    """
+
+    def __init__(self, segments: list[Segment], n_docs: int) -> None:
+        self.segments, self.n_docs = segments, n_docs
 
     @classmethod
-    def build(cls, texts: Iterable[str]) -> TfidfIndex:
-        """Index documents given in order (document i is the i-th text)."""
+    def build(cls, texts: Iterable[str], first: int = 0) -> TfidfIndex:
+        """Index documents given in order: the i-th text is document `first + i`."""
         rows, cols, counts = [], [], []
-        n_docs = 0
+        n = 0
         for i, text in enumerate(texts):
             counted = Counter(ngram_hashes(text))
             rows.extend([i] * len(counted))
             cols.extend(counted.keys())
             counts.extend(counted.values())
-            n_docs = i + 1
+            n = i + 1
         hashes, col = np.unique(np.asarray(cols, dtype=np.int64), return_inverse=True)
         mat = sparse.csc_matrix(
             (np.log1p(np.asarray(counts, dtype=np.float32)), (np.asarray(rows, dtype=np.int64), col)),
-            shape=(n_docs, len(hashes)),
+            shape=(n, len(hashes)),
         )
         mat.sort_indices()
-        return cls(
-            hashes.astype(np.uint32),
-            mat.indptr.astype(np.int64),
-            mat.indices.astype(np.int32),
-            mat.data.astype(np.float32),
-            n_docs,
+        segment = Segment(
+            hashes.astype(np.uint32), mat.indptr.astype(np.int64), (mat.indices + first).astype(np.int32), mat.data
         )
+        return cls([segment], first + n)
 
-    def save(self, directory: str | Path) -> None:
-        """Write the index as .npy files (each written to a temporary name, then renamed)."""
+    def save(self, directory: str | Path, first: int = 0) -> None:
+        """Write a one-segment index: documents from 0 as the base files, else as a segment folder (renamed whole)."""
+        (segment,) = self.segments
         directory = Path(directory)
-        for name, array in zip(FILES, (self.hashes, self.indptr, self.docs, self.logtf)):
-            tmp = directory / f"{name}.tmp"
+        target = directory if first == 0 else directory / f"{SEGMENT_PREFIX}{first:09d}"
+        out = target if first == 0 else target.with_name(target.name + ".tmp")
+        out.mkdir(exist_ok=True)
+        for name, array in zip(FILES, (segment.hashes, segment.indptr, segment.docs, segment.logtf)):
+            tmp = out / f"{name}.tmp"
             with tmp.open("wb") as handle:
                 np.save(handle, array)
-            tmp.replace(directory / name)
-        (directory / "tfidf_ndocs.txt").write_text(str(self.n_docs))
+            tmp.replace(out / name)
+        (out / "tfidf_ndocs.txt").write_text(str(self.n_docs))
+        if out != target:
+            out.replace(target)
 
     @classmethod
     def load(cls, directory: str | Path) -> TfidfIndex:
-        """Open a saved index with memory-mapped arrays."""
+        """Open a saved index (base files and any added segments) with memory-mapped arrays."""
         directory = Path(directory)
-        missing = [n for n in (*FILES, "tfidf_ndocs.txt") if not (directory / n).is_file()]
-        if missing:
-            raise FileNotFoundError(
-                f"{directory} has no IR index ({', '.join(missing)} missing): rerun `bertknn build`"
-            )
-        arrays = [np.load(directory / n, mmap_mode="r") for n in FILES]
-        return cls(*arrays, int((directory / "tfidf_ndocs.txt").read_text()))
+        parts = [directory, *sorted(p for p in directory.glob(f"{SEGMENT_PREFIX}*") if not p.name.endswith(".tmp"))]
+        segments, n_docs = [], 0
+        for part in parts:
+            missing = [n for n in (*FILES, "tfidf_ndocs.txt") if not (part / n).is_file()]
+            if missing:
+                raise FileNotFoundError(f"{part} has no IR index ({', '.join(missing)} missing): rerun `bertknn build`")
+            segments.append(Segment(*(np.load(part / n, mmap_mode="r") for n in FILES)))
+            n_docs = max(n_docs, int((part / "tfidf_ndocs.txt").read_text()))
+        return cls(segments, n_docs)
 
-    def idf(self, columns: np.ndarray) -> np.ndarray:
-        """idf of feature columns: max(0, log((N - Nt + .5) / (Nt + .5)))."""
-        nt = (self.indptr[columns + 1] - self.indptr[columns]).astype(np.float64)
+    def extend(self, other: TfidfIndex) -> None:
+        """Add the segments of an index of the documents that follow this one's."""
+        self.segments += other.segments
+        self.n_docs = other.n_docs
+
+    def idf(self, nt: np.ndarray) -> np.ndarray:
+        """idf from document frequencies: max(0, log((N - Nt + .5) / (Nt + .5)))."""
+        nt = np.asarray(nt, np.float64)
         return np.maximum(0.0, np.log((self.n_docs - nt + 0.5) / (nt + 0.5)))
 
     def scores(self, query: str) -> tuple[np.ndarray, np.ndarray]:
         """(documents, scores) of every document sharing a weighted feature with `query`, unsorted."""
         counted = Counter(ngram_hashes(query))
-        if not counted or not len(self.hashes):
+        if not counted:
             return np.zeros(0, np.int64), np.zeros(0)
         qh = np.fromiter(counted.keys(), np.int64)
-        qtf = np.fromiter(counted.values(), np.float64)
-        cols = np.minimum(np.searchsorted(self.hashes, qh), len(self.hashes) - 1)
-        found = self.hashes[cols] == qh
-        cols, qtf = cols[found], qtf[found]
-        idf = self.idf(cols)
+        found = [(seg, *seg.lookup(qh)) for seg in self.segments]
+        nt = sum(np.where(has, seg.indptr[cols + 1] - seg.indptr[cols], 0) for seg, cols, has in found)
+        weight = np.log1p(np.fromiter(counted.values(), np.float64)) * self.idf(nt) ** 2  # query weight x doc idf
         docs, vals = [], []
-        for c, weight in zip(cols, np.log1p(qtf) * idf * idf):  # query weight times document idf
-            lo, hi = self.indptr[c], self.indptr[c + 1]
-            docs.append(self.docs[lo:hi])
-            vals.append(self.logtf[lo:hi] * weight)
+        for seg, cols, has in found:
+            for c, w in zip(cols[has], weight[has]):
+                lo, hi = seg.indptr[c], seg.indptr[c + 1]
+                docs.append(seg.docs[lo:hi])
+                vals.append(seg.logtf[lo:hi] * w)
         if not docs:
             return np.zeros(0, np.int64), np.zeros(0)
         unique, inverse = np.unique(np.concatenate(docs), return_inverse=True)
         return unique.astype(np.int64), np.bincount(inverse, weights=np.concatenate(vals))
 
-    def top(self, query: str, n: int) -> list[int]:
-        """The `n` best-scoring documents (score > 0), best first, ties broken by document order."""
+    def top(self, query: str, n: int, hidden: np.ndarray | None = None) -> list[int]:
+        """The `n` best-scoring documents (score > 0, not `hidden`), best first, ties broken by document order."""
         docs, scores = self.scores(query)
         keep = scores > 0
+        if hidden is not None and len(hidden):
+            keep &= ~np.isin(docs, hidden)
         docs, scores = docs[keep], scores[keep]
         order = np.lexsort((docs, -scores))[:n]
         return docs[order].tolist()
@@ -148,4 +183,4 @@ def select_documents(store: Datastore, index: TfidfIndex, question: str, subject
         titled = store.find_title(subject)
         if titled is not None:
             return [titled]
-    return index.top(subject or question_query(question), n_docs)
+    return index.top(subject or question_query(question), n_docs, store.hidden_documents())

@@ -59,6 +59,11 @@ def _parse_line(line: str, where: str) -> Document:
         obj = json.loads(line)
     except json.JSONDecodeError as err:
         raise CorpusError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    return parse_document(obj, where)
+
+
+def parse_document(obj: object, where: str) -> Document:
+    """A Document from one corpus object {id, title, text | sentences}; CorpusError naming `where` otherwise."""
     if not isinstance(obj, dict):
         raise CorpusError(f"{where}: expected a JSON object with id, title and text")
     doc_id, title = obj.get("id"), obj.get("title")

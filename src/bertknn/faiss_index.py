@@ -1,0 +1,131 @@
+"""FAISS index over every key of a datastore: kNN without the IR step (SPEC §4).
+
+Any FAISS index factory string ("Flat", "IVF4096,PQ64", "HNSW32", ...) works. The index is trained on a random
+sample of keys, filled in entry order (so FAISS's sequential ids are entry indices) and saved beside the datastore
+as faiss.index (always replaced whole by a rename, so the file on disk is a consistent index) with its settings in
+faiss.json. Its `ntotal` says how far filling got: a build resumes there, and `update` appends entries added later.
+Candidates are re-ranked with exact distances from the stored float16 keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from bertknn.datastore import Datastore, DatastoreError
+from bertknn.knn import nearest
+
+INDEX_FILE, SETTINGS_FILE = "faiss.index", "faiss.json"
+
+
+def _settings(path: Path) -> dict | None:
+    file = path / SETTINGS_FILE
+    return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
+
+
+def _save(index: faiss.Index, path: Path) -> None:
+    """Write the index to a temporary file, then rename it over the old one."""
+    tmp = path / f"{INDEX_FILE}.tmp"
+    faiss.write_index(index, str(tmp))
+    tmp.replace(path / INDEX_FILE)
+
+
+def _set_nprobe(index: faiss.Index, nprobe: int) -> None:
+    with contextlib.suppress(RuntimeError):  # not an IVF index: nothing to probe
+        faiss.extract_index_ivf(index).nprobe = nprobe
+
+
+class FaissIndex:
+    """A trained FAISS index over a datastore's keys, with exact re-ranking."""
+
+    def __init__(self, index: faiss.Index, store: Datastore, settings: dict) -> None:
+        self.index, self.store, self.settings = index, store, settings
+        _set_nprobe(index, int(settings["nprobe"]))
+
+    @classmethod
+    def load(cls, store: Datastore) -> FaissIndex | None:
+        """The datastore's FAISS index, or None when it has none."""
+        settings = _settings(store.path)
+        if settings is None or not (store.path / INDEX_FILE).is_file():
+            return None
+        return cls(faiss.read_index(str(store.path / INDEX_FILE)), store, settings)
+
+    @classmethod
+    def build(
+        cls,
+        store: Datastore,
+        factory: str = "IVF1024,PQ32",
+        train_size: int = 100_000,
+        nprobe: int = 16,
+        chunk: int = 65_536,
+        seed: int = 0,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> FaissIndex:
+        """Train (on `train_size` random keys) and fill an index over all keys; resumes an interrupted build."""
+        if not store.complete:
+            raise DatastoreError(f"the datastore at {store.path} is not fully embedded; a FAISS index needs all keys")
+        settings = {"factory": factory, "train_size": train_size, "nprobe": nprobe, "seed": seed}
+        known = _settings(store.path)
+        if known is not None and (store.path / INDEX_FILE).is_file():
+            if any(known.get(k) != settings[k] for k in ("factory", "train_size", "seed")):
+                raise DatastoreError(
+                    f"{store.path} has a FAISS index {known['factory']!r} (train size {known['train_size']}); "
+                    "delete faiss.index and faiss.json to build another"
+                )
+            index = faiss.read_index(str(store.path / INDEX_FILE))
+        else:
+            try:
+                index = faiss.index_factory(store.dim, factory, faiss.METRIC_L2)
+            except RuntimeError as err:
+                raise ValueError(f"bad FAISS factory string {factory!r}: {str(err).splitlines()[-1]}") from None
+            sample = np.sort(np.random.default_rng(seed).permutation(store.size)[:train_size])
+            try:
+                index.train(np.asarray(store.keys[sample], np.float32))
+            except RuntimeError as err:
+                raise ValueError(
+                    f"cannot train FAISS index {factory!r} on {len(sample):,} keys ({str(err).splitlines()[-1]}); "
+                    "use a larger --train-size or fewer IVF lists"
+                ) from None
+            _save(index, store.path)
+        (store.path / SETTINGS_FILE).write_text(json.dumps(settings, indent=2), encoding="utf-8")
+        built = cls(index, store, settings)
+        built.update(chunk, progress)
+        return built
+
+    def update(self, chunk: int = 65_536, progress: Callable[[int, int], None] | None = None) -> int:
+        """Add the datastore's entries the index does not hold yet (in entry order); return how many."""
+        start = done = int(self.index.ntotal)
+        while done < self.store.size:
+            stop = min(done + chunk, self.store.size)
+            self.index.add(np.asarray(self.store.keys[done:stop], np.float32))
+            _save(self.index, self.store.path)
+            done = stop
+            if progress:
+                progress(done, self.store.size)
+        return done - start
+
+    def search(
+        self, query: np.ndarray, k: int, hidden: np.ndarray | None = None, rerank: int = 4
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The k entries nearest to `query` as (entries, squared distances), nearest first.
+
+        FAISS proposes `rerank` x k candidates (k when rerank is 0: its own approximate distances are returned);
+        entries of `hidden` documents are dropped, and the rest are re-ranked by exact distance to the stored keys.
+        """
+        want = min(k * max(rerank, 1), int(self.index.ntotal))
+        if want == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        dist, ids = self.index.search(np.asarray(query, np.float32).reshape(1, -1), want)
+        keep = (ids[0] >= 0) & (ids[0] < self.store.size)
+        ids, dist = ids[0][keep].astype(np.int64), dist[0][keep]
+        if hidden is not None and len(hidden) and len(ids):
+            visible = ~np.isin(self.store.documents_of(ids), hidden)
+            ids, dist = ids[visible], dist[visible]
+        if rerank:
+            return nearest(self.store.keys, ids, query, k)
+        return ids[:k], dist[:k]
