@@ -257,6 +257,10 @@ class Datastore:
         if not changed:
             raise DatastoreError(f"no document with id {doc_id!r} in {self.path}")
 
+    def live_documents(self) -> int:
+        """How many documents searches can return."""
+        return self.db.execute("SELECT count(*) FROM documents WHERE state = 'live'").fetchone()[0]
+
     def hidden_documents(self) -> np.ndarray:
         """Indices of the documents no search may return (being added, or removed)."""
         rows = self.db.execute("SELECT idx FROM documents WHERE state != 'live'").fetchall()

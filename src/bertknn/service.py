@@ -1,0 +1,394 @@
+"""HTTP service and web page over a `BertKNN`: `create_app(knn)` gives the FastAPI app that `bertknn serve` runs.
+
+Every model call runs on one worker thread (`MicroBatcher`), under one lock shared with the document endpoints, so
+the model and the datastore are never used by two requests at once. /predict requests that wait together with the
+same settings are answered by one `predict_batch` call: one forward pass instead of one per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from typing import Annotated, Literal
+
+from fastapi import Depends, FastAPI, HTTPException, status
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
+
+import bertknn
+from bertknn.combine import Prediction
+from bertknn.datastore import DatastoreError, file_sha256
+from bertknn.demo import DEMO_CORPUS, demo_questions
+from bertknn.pipeline import BertKNN, merge_hparams
+from bertknn.text import MASK, CorpusError, mask_count_error
+
+WEB_DIR = Path(str(files("bertknn") / "web"))
+MAX_TEXT = 1000
+MAX_BATCH = 64
+GENERIC_EXAMPLES = [
+    {"question": "Paris is the capital of [MASK] .", "subject": "Paris"},
+    {"question": "Dante was born in [MASK] .", "subject": "Dante Alighieri"},
+    {"question": "The cello is a [MASK] instrument .", "subject": None},
+]
+READ_ONLY = "read-only datastore: start the server with `bertknn serve DIR --writable` to add or remove documents"
+
+Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT, description=f"cloze question with exactly one {MASK}")]
+Subject = Annotated[
+    str | None, Field(default=None, max_length=300, description="subject: a document with this title is searched")
+]
+TopK = Annotated[int, Field(default=10, ge=1, le=100, description="answers per ranking")]
+EvidenceCount = Annotated[int, Field(default=3, ge=0, le=20, description="evidence sentences per kNN answer")]
+
+
+class Options(BaseModel):
+    """Per-request hyperparameters; unset ones keep the server's (the datastore's tuned values or the paper's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    n_docs: int | None = Field(default=None, description="documents retrieved")
+    k: int | None = Field(default=None, description="nearest neighbours")
+    temperature: float | None = Field(default=None, description="l in exp(-d/l)")
+    lam: float | None = Field(default=None, description="weight of p_kNN in [0, 1]")
+    retrieval: Literal["ir", "faiss", "ir+faiss"] | None = Field(
+        default=None, description="neighbours from IR documents (default), the whole datastore's FAISS index, or both"
+    )
+
+
+class PredictRequest(BaseModel):
+    """One cloze question."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: Text
+    subject: Subject
+    top_k: TopK
+    evidence: EvidenceCount
+    options: Options | None = None
+
+
+class Question(BaseModel):
+    """A question of a batch."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: Text
+    subject: Subject
+
+
+class BatchRequest(BaseModel):
+    """Up to 64 cloze questions answered with the same settings."""
+
+    model_config = ConfigDict(extra="forbid")
+    questions: list[Question] = Field(min_length=1, max_length=MAX_BATCH)
+    top_k: TopK
+    evidence: EvidenceCount
+    options: Options | None = None
+
+
+Passage = Annotated[str, Field(max_length=100_000)]
+
+
+class DocumentIn(BaseModel):
+    """A document to add: the corpus format's {id, title, text}."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str | int
+    title: str = Field(min_length=1, max_length=1000)
+    text: Passage | Annotated[list[Passage], Field(min_length=1, max_length=1000)] = Field(
+        description="the text, or a list of passages"
+    )
+
+
+class TokenScoreOut(BaseModel):
+    """A token and its probability."""
+
+    token: str
+    probability: float
+
+
+class NeighbourOut(BaseModel):
+    """A stored context near the question, with its sentence and the word's span there."""
+
+    token: str
+    distance: float = Field(description="squared L2 distance to the question's state")
+    weight: float
+    doc_id: str
+    title: str
+    sentence: str
+    span: tuple[int, int] = Field(description="[start, end) of the word in `sentence`, in characters")
+
+
+class PredictionOut(BaseModel):
+    """BERT's, kNN's and BERT-kNN's rankings, and the evidence behind the kNN answers."""
+
+    question: str
+    subject: str | None
+    documents: list[str] = Field(description="titles of the documents searched")
+    retrieval: str = Field(description="where the neighbours came from: ir, faiss or ir+faiss")
+    bert: list[TokenScoreOut]
+    knn: list[TokenScoreOut]
+    bert_knn: list[TokenScoreOut]
+    evidence: dict[str, list[NeighbourOut]] = Field(description="for each kNN answer, its nearest stored contexts")
+
+
+class BatchOut(BaseModel):
+    """The answers of a batch, in question order."""
+
+    predictions: list[PredictionOut]
+
+
+class DocumentOut(BaseModel):
+    """A document added, and the datastore's counts after it."""
+
+    id: str
+    contexts_added: int
+    documents: int
+    contexts: int
+
+
+class Example(BaseModel):
+    """An example question for the page."""
+
+    question: str
+    subject: str | None
+
+
+@dataclass
+class _Job:
+    texts: list[str]
+    subjects: list[str | None]
+    settings: tuple  # (top_k, evidence, sorted hparam items): jobs with equal settings share a predict_batch call
+    future: Future = field(default_factory=Future)
+
+
+class MicroBatcher:
+    """One worker thread that runs every prediction; jobs waiting together with the same settings share one call.
+
+    The worker takes the oldest job, then everything else waiting (up to `max_batch` jobs, waiting at most
+    `window_ms` for more), groups the jobs by settings and calls `predict_batch` once per group. `max_batch=1`
+    answers one request at a time. When a merged call fails, its jobs are retried one by one, so a bad request
+    fails alone.
+    """
+
+    def __init__(self, knn: BertKNN, lock: threading.Lock, max_batch: int = 32, window_ms: float = 0.0) -> None:
+        if max_batch < 1 or window_ms < 0:
+            raise ValueError(f"max_batch must be >= 1 and window_ms >= 0 (got {max_batch}, {window_ms})")
+        self.knn, self.lock, self.max_batch, self.window = knn, lock, max_batch, window_ms / 1000
+        self.queue: queue.Queue[_Job | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self.calls = 0  # predict_batch calls made, for /health
+
+    def submit(self, texts: list[str], subjects: list[str | None], top_k: int, evidence: int, hparams: dict) -> Future:
+        """Queue questions; the future's result is their list of `Prediction`s."""
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="bertknn-model", daemon=True)
+                self._thread.start()
+        job = _Job(texts, subjects, (top_k, evidence, tuple(sorted(hparams.items()))))
+        self.queue.put(job)
+        return job.future
+
+    def close(self) -> None:
+        """Stop the worker after the jobs already queued."""
+        with self._start_lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self.queue.put(None)
+            thread.join()
+
+    def _take(self, first: _Job) -> list[_Job]:
+        jobs, deadline = [first], time.monotonic() + self.window
+        while len(jobs) < self.max_batch:
+            try:
+                job = (
+                    self.queue.get(timeout=max(deadline - time.monotonic(), 0))
+                    if self.window
+                    else self.queue.get_nowait()
+                )
+            except queue.Empty:
+                break
+            if job is None:  # close(): finish this round, then stop
+                self.queue.put(None)
+                break
+            jobs.append(job)
+        return [job for job in jobs if job.future.set_running_or_notify_cancel()]  # drop requests given up on
+
+    def _run(self) -> None:
+        while (first := self.queue.get()) is not None:
+            groups: dict[tuple, list[_Job]] = {}
+            for job in self._take(first):
+                groups.setdefault(job.settings, []).append(job)
+            for group in groups.values():
+                self._answer(group)
+
+    def _answer(self, group: list[_Job]) -> None:
+        top_k, evidence, hparams = group[0].settings
+        texts = [t for job in group for t in job.texts]
+        subjects = [s for job in group for s in job.subjects]
+        try:
+            with self.lock:
+                self.calls += 1
+                predictions = self.knn.predict_batch(texts, subjects, top_k, evidence, **dict(hparams))
+        except Exception as err:
+            if len(group) > 1:
+                for job in group:
+                    self._answer([job])
+            else:
+                group[0].future.set_exception(err)
+            return
+        start = 0
+        for job in group:
+            job.future.set_result(predictions[start : start + len(job.texts)])
+            start += len(job.texts)
+
+
+def _unprocessable(message: str) -> HTTPException:
+    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=message)
+
+
+def _checked(knn: BertKNN, questions: list[Question], options: Options | None) -> dict:
+    """The request's hyperparameters, validated with the questions before they reach the model (422 otherwise)."""
+    for i, q in enumerate(questions):
+        error = mask_count_error(q.text)
+        if error:
+            raise _unprocessable(error if len(questions) == 1 else f"question {i + 1}: {error}")
+    hparams = options.model_dump(exclude_none=True) if options else {}
+    try:
+        merge_hparams(knn.hparams, {k: v for k, v in hparams.items() if k != "retrieval"})
+    except (ValueError, TypeError) as err:
+        raise _unprocessable(str(err)) from None
+    if hparams.get("retrieval", "ir") != "ir" and knn.faiss is None:
+        raise _unprocessable("this datastore has no FAISS index: create one with `bertknn index DIR`")
+    return hparams
+
+
+async def _predict(batcher: MicroBatcher, questions: list[Question], top_k: int, evidence: int, hparams: dict) -> list:
+    future = batcher.submit([q.text for q in questions], [q.subject for q in questions], top_k, evidence, hparams)
+    try:
+        predictions: list[Prediction] = await asyncio.wrap_future(future)
+    except (ValueError, TypeError) as err:  # QuestionError (e.g. a [MASK] past the model's input length) included
+        raise _unprocessable(str(err)) from None
+    return [p.to_dict() for p in predictions]
+
+
+def _is_demo(knn: BertKNN) -> bool:
+    corpus = knn.store.manifest.get("corpus") or {}
+    return corpus.get("sha256") == file_sha256(DEMO_CORPUS)
+
+
+def create_app(knn: BertKNN, writable: bool = False, max_batch: int = 32, batch_window_ms: float = 0.0) -> FastAPI:
+    """The HTTP API and web page over `knn`.
+
+    `writable` enables POST /documents and DELETE /documents/{id} (403 otherwise). `max_batch` caps how many
+    waiting /predict requests share one model call (1 turns micro-batching off); `batch_window_ms` is how long the
+    worker waits for more requests once it has one.
+    """
+    lock = threading.Lock()
+    batcher = MicroBatcher(knn, lock, max_batch, batch_window_ms)
+    examples = (
+        [{"question": q["question"], "subject": q["subject"]} for q in demo_questions()]
+        if _is_demo(knn)
+        else GENERIC_EXAMPLES
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(batcher.close)
+
+    app = FastAPI(
+        title="bertknn",
+        version=bertknn.__version__,
+        description="BERT-kNN: a masked LM answers cloze questions together with a nearest-neighbour search over a "
+        "datastore of word contexts, and shows the evidence sentences.",
+        lifespan=lifespan,
+    )
+    app.state.batcher = batcher
+
+    def require_writable() -> None:
+        if not writable:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, detail=READ_ONLY)
+
+    @app.post("/predict", response_model=PredictionOut, summary="Answer one cloze question")
+    async def predict(req: PredictRequest) -> dict:
+        """BERT's, kNN's and BERT-kNN's rankings with probabilities, and the evidence behind the kNN answers."""
+        questions = [Question(text=req.text, subject=req.subject)]
+        hparams = _checked(knn, questions, req.options)
+        return (await _predict(batcher, questions, req.top_k, req.evidence, hparams))[0]
+
+    @app.post("/predict/batch", response_model=BatchOut, summary="Answer up to 64 cloze questions")
+    async def predict_batch(req: BatchRequest) -> dict:
+        """The /predict answer for each question, in order, from one model call."""
+        hparams = _checked(knn, req.questions, req.options)
+        return {"predictions": await _predict(batcher, req.questions, req.top_k, req.evidence, hparams)}
+
+    @app.post(
+        "/documents",
+        response_model=DocumentOut,
+        status_code=status.HTTP_201_CREATED,
+        dependencies=[Depends(require_writable)],
+        summary="Add a document (--writable only)",
+    )
+    def add_document(doc: DocumentIn) -> dict:
+        """Embed a document's words into the datastore: its facts become answerable at once."""
+        try:
+            with lock:
+                added = knn.add_documents([doc.model_dump()])
+        except CorpusError as err:
+            raise _unprocessable(str(err)) from None
+        except DatastoreError as err:
+            raise HTTPException(status.HTTP_409_CONFLICT, detail=str(err)) from None
+        return {"id": str(doc.id), "contexts_added": added, **_counts(knn, lock)}
+
+    @app.delete(
+        "/documents/{doc_id}",
+        dependencies=[Depends(require_writable)],
+        summary="Remove a document (--writable only)",
+    )
+    def remove_document(doc_id: str) -> dict:
+        """Remove a document from every search."""
+        try:
+            with lock:
+                knn.remove_document(doc_id)
+        except DatastoreError as err:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(err)) from None
+        return {"id": doc_id, "removed": True, **_counts(knn, lock)}
+
+    @app.get("/health", summary="Model, datastore and counts")
+    def health() -> dict:
+        """Liveness plus what is being served."""
+        return {
+            "status": "ok",
+            "model": knn.encoder.name,
+            "layer": knn.store.layer,
+            "datastore": str(knn.store.path),
+            **_counts(knn, lock),
+            "hparams": knn.hparams,
+            "writable": writable,
+            "max_batch": batcher.max_batch,
+            "model_calls": batcher.calls,
+        }
+
+    @app.get("/examples", response_model=list[Example], summary="Example questions for the page")
+    def get_examples() -> list[dict]:
+        """The demo's questions when serving the demo datastore, otherwise a few generic ones."""
+        return examples
+
+    @app.get("/", include_in_schema=False)
+    def page() -> FileResponse:
+        return FileResponse(WEB_DIR / "index.html")
+
+    app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+    return app
+
+
+def _counts(knn: BertKNN, lock: threading.Lock) -> dict:
+    with lock:
+        return {"documents": knn.store.live_documents(), "contexts": knn.store.size}
