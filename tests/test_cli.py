@@ -7,6 +7,7 @@ from typer.testing import CliRunner
 
 from bertknn import cli
 from bertknn.cli import app
+from bertknn.datastore import Datastore
 
 runner = CliRunner()
 
@@ -72,7 +73,10 @@ def test_demo_runs_and_caches(tmp_path, tiny_model_dir, monkeypatch):
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
     assert "Ilsa Varnhold was born in [MASK] ." in first.output and "questions answered right" in first.output
-    (cached,) = (tmp_path / "cache").iterdir()
+    fresh = [line.split(": BERT-kNN ")[1].split()[0] for line in first.output.splitlines() if ": BERT-kNN " in line]
+    assert fresh[1] == "tallinn" and fresh[0] != "tallinn" and fresh[2] != "tallinn"  # before add, after, after remove
+    (cached,) = (tmp_path / "cache").iterdir()  # the fresh-facts step ran on a copy
+    assert Datastore(cached).n_documents == 43
     mtime = (cached / "keys.f16").stat().st_mtime_ns
     assert runner.invoke(app, args).exit_code == 0
     assert (cached / "keys.f16").stat().st_mtime_ns == mtime  # the second run reuses the datastore

@@ -256,13 +256,20 @@ def demo(
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
 ) -> None:
     """Build the embedded demo corpus's datastore (cached) and answer its questions."""
-    from bertknn.datastore import cache_dir
-    from bertknn.demo import DEMO_CORPUS, demo_questions, fixed_by_knn
+    from bertknn.demo import (
+        DEMO_CORPUS,
+        FRESH_DOCUMENT,
+        FRESH_QUESTION,
+        demo_path,
+        demo_questions,
+        fixed_by_knn,
+        fresh_facts,
+    )
 
     _threads(threads)
     try:
         encoder = Encoder.load(model)
-        out = cache_dir() / f"demo-{encoder.weights_hash[:12]}-L{encoder.layer}"
+        out = demo_path(encoder)
         kind = (
             "the offline default, a weaker stand-in for bert-base-uncased" if model == DEFAULT_MODEL else "user-chosen"
         )
@@ -283,6 +290,13 @@ def demo(
             "[green]where the LM alone does not: the answer comes from the evidence sentence above.[/]"
         )
     console.print(f"{len(fixed)} of {len(questions)} questions answered right by BERT-kNN and wrong by the LM alone.")
+    console.print(
+        f"\n[bold]Fresh facts[/]: {FRESH_QUESTION['question']} (gold: {FRESH_QUESTION['answer']}), asked before and "
+        f"after `bertknn add` of {FRESH_DOCUMENT['text']!r}, then after `bertknn remove` (on a copy of the datastore)"
+    )
+    for stage, p in fresh_facts(knn):
+        top = ", ".join(f"{t.token} {_prob(t.probability)}" for t in p.bert_knn[:3])
+        console.print(f"{stage:>12}: BERT-kNN {escape(top)}; documents: {escape(', '.join(p.documents) or 'none')}")
 
 
 @app.command("train-head")

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
 
 from bertknn.combine import Prediction
-from bertknn.datastore import cache_dir
+from bertknn.datastore import Datastore, cache_dir
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder
 from bertknn.pipeline import BertKNN
 
 DEMO_CORPUS = Path(str(files("bertknn") / "data" / "demo_corpus.jsonl"))
 DEMO_QUESTIONS = Path(str(files("bertknn") / "data" / "demo_questions.json"))
+FRESH_DOCUMENT = {
+    "id": "fresh-1",
+    "title": "Tamsin Orwhey",
+    "text": "Tamsin Orwhey was born in Tallinn. She repairs old clocks in a shop by the harbour.",
+}
+FRESH_QUESTION = {"question": "Tamsin Orwhey was born in [MASK] .", "subject": "Tamsin Orwhey", "answer": "tallinn"}
 
 
 def demo_questions() -> list[dict]:
@@ -27,8 +35,31 @@ def fixed_by_knn(prediction: Prediction, answer: str) -> bool:
     return bool(prediction.bert_knn) and prediction.bert_knn[0].token == answer and prediction.bert[0].token != answer
 
 
+def demo_path(encoder: Encoder) -> Path:
+    """Where the demo corpus's datastore for this model and layer is cached."""
+    return cache_dir() / f"demo-{encoder.weights_hash[:12]}-L{encoder.layer}"
+
+
 def build_demo(model: str = DEFAULT_MODEL, progress: Callable[[str, int, int], None] | None = None) -> BertKNN:
     """The demo corpus's datastore for `model`, built on first use and cached under `cache_dir()` (`bertknn demo`)."""
     encoder = Encoder.load(model)
-    out = cache_dir() / f"demo-{encoder.weights_hash[:12]}-L{encoder.layer}"
-    return BertKNN.build(DEMO_CORPUS, out, encoder, progress=progress)
+    return BertKNN.build(DEMO_CORPUS, demo_path(encoder), encoder, progress=progress)
+
+
+def fresh_facts(knn: BertKNN) -> list[tuple[str, Prediction]]:
+    """A fact the datastore lacks, asked before adding its document, after adding it and after removing it.
+
+    Runs on a temporary copy of the datastore, so the cached demo datastore is left as it was.
+    """
+    q = FRESH_QUESTION
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(knn.store.path, Path(tmp) / "store")
+        store = Datastore(Path(tmp) / "store")
+        fresh = BertKNN(knn.encoder, store, **knn.hparams)
+        stages = [("before add", fresh.predict(q["question"], q["subject"], top_k=3, evidence=1))]
+        fresh.add_documents([FRESH_DOCUMENT])
+        stages.append(("after add", fresh.predict(q["question"], q["subject"], top_k=3, evidence=1)))
+        fresh.remove_document(FRESH_DOCUMENT["id"])
+        stages.append(("after remove", fresh.predict(q["question"], q["subject"], top_k=3, evidence=1)))
+        store.db.close()
+    return stages
