@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 from collections import Counter
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 from sklearn.utils import murmurhash3_32
 
+from bertknn.pipeline import ensure_index
 from bertknn.retrieval import TfidfIndex, question_query
 
 DOCS = [
@@ -109,3 +111,15 @@ def test_a_half_written_segment_is_ignored(tmp_path):
     TfidfIndex.build(DOCS[:3]).save(tmp_path)
     (tmp_path / "tfidf_add_000000003.tmp").mkdir()  # a crash before the rename
     assert TfidfIndex.load(tmp_path).n_docs == 3
+
+
+def test_a_datastore_index_built_in_small_segments_equals_one_built_at_once(tmp_path, built):
+    for name in built.store.path.glob("tfidf_*"):
+        shutil.rmtree(name) if name.is_dir() else name.unlink()
+    segmented = ensure_index(built.store, segment_docs=2)
+    assert len(segmented.segments) == 3 and segmented.n_docs == 5
+    whole = TfidfIndex.build(built.store.iter_document_texts())
+    for query in ("Florence", "born in Lisbon", "capital France", "town Norway fjord"):
+        (d1, s1), (d2, s2) = whole.scores(query), segmented.scores(query)
+        assert d1.tolist() == d2.tolist() and len(d1)
+        np.testing.assert_allclose(s1, s2, rtol=1e-6)

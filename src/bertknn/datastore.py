@@ -203,13 +203,13 @@ class Datastore:
             out.append(Evidence(int(entry), row[0], row[1], row[2], (row[3], row[4])))
         return out
 
-    def iter_document_texts(self, first: int = 0) -> Iterator[str]:
-        """Each document's sentences joined, in document order from `first` (what the IR index is built from)."""
+    def iter_document_texts(self, first: int = 0, stop: int | None = None) -> Iterator[str]:
+        """Each document's sentences joined, for documents first..stop-1 in order (what the IR index is built from)."""
         query = (
-            "SELECT group_concat(text, ' ') FROM (SELECT doc, text FROM sentences WHERE doc >= ? ORDER BY idx) "
-            "GROUP BY doc ORDER BY doc"
+            "SELECT group_concat(text, ' ') FROM (SELECT doc, text FROM sentences WHERE doc >= ? AND doc < ? "
+            "ORDER BY idx) GROUP BY doc ORDER BY doc"
         )
-        for (text,) in self.db.execute(query, (first,)):
+        for (text,) in self.db.execute(query, (first, self.n_documents if stop is None else stop)):
             yield text
 
     def register(self, docs: list[Document], state: str = "live") -> None:

@@ -49,20 +49,21 @@ def merge_hparams(base: dict, overrides: dict) -> dict:
 RETRIEVALS = ("ir", "faiss", "ir+faiss")
 
 
-def ensure_index(store: Datastore) -> TfidfIndex:
-    """The datastore's IR index: built when missing, extended by a segment for documents it does not cover yet."""
+def ensure_index(store: Datastore, segment_docs: int = 5000) -> TfidfIndex:
+    """The datastore's IR index, extended by segments of at most `segment_docs` for the documents it lacks.
+
+    A new datastore's index is built the same way, segment by segment, so memory stays bounded by one segment.
+    """
     try:
-        index = TfidfIndex.load(store.path)
+        first = TfidfIndex.load(store.path).n_docs
     except FileNotFoundError:
-        TfidfIndex.build(store.iter_document_texts()).save(store.path)
-        return TfidfIndex.load(store.path)
-    first = index.n_docs
-    if first < store.n_documents:
-        TfidfIndex.build(store.iter_document_texts(first), first).save(store.path, first)
-        return TfidfIndex.load(store.path)
+        first = 0
     if first > store.n_documents:
         raise DatastoreError(f"the IR index of {store.path} covers {first} documents but the store has fewer")
-    return index
+    for start in range(first, store.n_documents, segment_docs):
+        stop = min(start + segment_docs, store.n_documents)
+        TfidfIndex.build(store.iter_document_texts(start, stop), start).save(store.path, start)
+    return TfidfIndex.load(store.path)
 
 
 class BertKNN:

@@ -84,19 +84,18 @@ class TfidfIndex:
     @classmethod
     def build(cls, texts: Iterable[str], first: int = 0) -> TfidfIndex:
         """Index documents given in order: the i-th text is document `first + i`."""
-        rows, cols, counts = [], [], []
+        rows, cols, counts = [], [], []  # one small array per document: ~16 bytes per (document, feature)
         n = 0
         for i, text in enumerate(texts):
             counted = Counter(ngram_hashes(text))
-            rows.extend([i] * len(counted))
-            cols.extend(counted.keys())
-            counts.extend(counted.values())
+            rows.append(np.full(len(counted), i, dtype=np.int32))
+            cols.append(np.fromiter(counted.keys(), np.int64, len(counted)))
+            counts.append(np.fromiter(counted.values(), np.float32, len(counted)))
             n = i + 1
-        hashes, col = np.unique(np.asarray(cols, dtype=np.int64), return_inverse=True)
-        mat = sparse.csc_matrix(
-            (np.log1p(np.asarray(counts, dtype=np.float32)), (np.asarray(rows, dtype=np.int64), col)),
-            shape=(n, len(hashes)),
-        )
+        if not n:
+            return cls([], first)
+        hashes, col = np.unique(np.concatenate(cols), return_inverse=True)
+        mat = sparse.csc_matrix((np.log1p(np.concatenate(counts)), (np.concatenate(rows), col)), shape=(n, len(hashes)))
         mat.sort_indices()
         segment = Segment(
             hashes.astype(np.uint32), mat.indptr.astype(np.int64), (mat.indices + first).astype(np.int32), mat.data
