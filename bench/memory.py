@@ -1,9 +1,10 @@
 """Datastore memory: bytes per stored context at 768 dimensions, and peak RSS of builds of growing corpora.
 
-    python bench/memory.py [--docs 30] [--scale 1,4]
+    python bench/memory.py [--docs 8] [--scale 1,8,64]
 
 Bytes per context: a bert-base-shaped model (random weights) builds a datastore of the first --docs documents of the
-evidence corpus; the keys (float16), values (int32) and SQLite provenance are divided by the number of entries (the
+evidence corpus (with --pack 8 to save time: sizes do not depend on the keys' values); the keys (float16), values
+(int32) and SQLite provenance are divided by the number of entries (the
 reference stored 3,076 bytes of fp32 .fvecs per context, plus a SQLite row). Streaming: a 2-block, 64-wide model
 builds corpora of --docs x each --scale documents in fresh processes; the last line prints the ratio of peak RSS of
 the largest to the smallest build (1.0 means memory does not grow with the corpus).
@@ -30,7 +31,7 @@ tok = AutoTokenizer.from_pretrained(base_model_dir())
 dims = dict(json.loads(sys.argv[3]))
 torch.manual_seed(0)
 enc = Encoder(BertForMaskedLM(BertConfig(vocab_size=tok.vocab_size, **dims)).eval(), tok, "random")
-store = ds.build(sys.argv[1], sys.argv[2], enc)
+store = ds.build(sys.argv[1], sys.argv[2], enc, pack=int(sys.argv[4]))
 print(json.dumps({"entries": store.size, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 BASE = {}
@@ -49,9 +50,9 @@ def corpus(path: Path, docs: int, copies: int) -> Path:
     return path
 
 
-def build(corpus_path: Path, out: Path, dims: dict) -> dict:
+def build(corpus_path: Path, out: Path, dims: dict, pack: int = 1) -> dict:
     result = subprocess.run(
-        [sys.executable, "-c", CHILD, str(corpus_path), str(out), json.dumps(dims)],
+        [sys.executable, "-c", CHILD, str(corpus_path), str(out), json.dumps(dims), str(pack)],
         check=True,
         capture_output=True,
         text=True,
@@ -61,12 +62,12 @@ def build(corpus_path: Path, out: Path, dims: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--docs", type=int, default=30)
-    parser.add_argument("--scale", default="1,4")
+    parser.add_argument("--docs", type=int, default=8)
+    parser.add_argument("--scale", default="1,8,64")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        stats = build(corpus(tmp / "c.jsonl", args.docs, 1), tmp / "base", BASE)
+        stats = build(corpus(tmp / "c.jsonl", args.docs, 1), tmp / "base", BASE, pack=8)
         n = stats["entries"]
         sizes = {p.name: p.stat().st_size for p in (tmp / "base").iterdir()}
         kv = sizes["keys.f16"] + sizes["values.i32"]
@@ -79,7 +80,11 @@ def main() -> None:
         for scale in (int(s) for s in args.scale.split(",")):
             stats = build(corpus(tmp / f"c{scale}.jsonl", args.docs, scale), tmp / f"s{scale}", SMALL)
             peaks[scale] = stats["peak_rss"]
-            print(f"corpus x{scale}: {stats['entries']} contexts, peak RSS {stats['peak_rss'] / 2**20:.0f} MiB")
+            disk = sum(f.stat().st_size for f in (tmp / f"s{scale}").iterdir())
+            print(
+                f"corpus x{scale}: {stats['entries']} contexts, datastore {disk / 2**20:.0f} MiB on disk, "
+                f"peak RSS {stats['peak_rss'] / 2**20:.0f} MiB"
+            )
         lo, hi = min(peaks), max(peaks)
         print(f"peak RSS ratio x{hi}/x{lo}: {peaks[hi] / peaks[lo]:.2f}")
 
