@@ -25,13 +25,13 @@ import json, resource, sys, torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 from bertknn.default_model import base_model_dir
 from bertknn.encoder import Encoder
-from bertknn import datastore as ds
+from bertknn.pipeline import BertKNN
 torch.set_num_threads(1)
 tok = AutoTokenizer.from_pretrained(base_model_dir())
 dims = dict(json.loads(sys.argv[3]))
 torch.manual_seed(0)
 enc = Encoder(BertForMaskedLM(BertConfig(vocab_size=tok.vocab_size, **dims)).eval(), tok, "random")
-store = ds.build(sys.argv[1], sys.argv[2], enc, pack=int(sys.argv[4]))
+store = BertKNN.build(sys.argv[1], sys.argv[2], enc, pack=int(sys.argv[4])).store  # with its IR index
 print(json.dumps({"entries": store.size, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 BASE = {}
