@@ -114,3 +114,13 @@ def test_data_lama_verify_only_reports_modified_files(tmp_path):
     (tmp_path / "data").mkdir()
     result = runner.invoke(app, ["data", "lama", "--dest", str(tmp_path), "--verify-only"])
     assert result.exit_code == 1 and "missing" in result.output
+
+
+def test_build_with_pack_records_it_and_refuses_another_on_resume(tmp_path, small_corpus, tiny_model_dir):
+    base = ["build", str(small_corpus), "--out", str(tmp_path / "p"), "--model", str(tiny_model_dir), "--threads", "1"]
+    result = runner.invoke(app, [*base, "--pack", "3"])
+    assert result.exit_code == 0, result.output
+    assert Datastore(tmp_path / "p").pack == 3
+    result = runner.invoke(app, base)
+    assert result.exit_code == 2 and "keys computed with pack=3" in result.output
+    assert runner.invoke(app, [*base, "--pack", "0"]).exit_code == 2  # not a valid pack
