@@ -67,6 +67,12 @@ def phase_progress() -> Iterator[Callable[[str, int, int], None]]:
         yield report
 
 
+NDocsOption = Annotated[int | None, typer.Option(help=f"documents retrieved [{TUNED}{DEFAULTS['n_docs']}]")]
+KOption = Annotated[int | None, typer.Option(help=f"nearest neighbours [{TUNED}{DEFAULTS['k']}]")]
+TemperatureOption = Annotated[
+    float | None, typer.Option(help=f"kNN temperature l in exp(-d/l) [{TUNED}{DEFAULTS['temperature']}]")
+]
+LamOption = Annotated[float | None, typer.Option("--lambda", help=f"weight of p_kNN [{TUNED}{DEFAULTS['lam']}]")]
 PackOption = Annotated[
     int,
     typer.Option(
@@ -146,12 +152,10 @@ def ask(
     question: Annotated[str, typer.Argument(help="cloze question with exactly one [MASK]")],
     subject: Annotated[str | None, typer.Option(help="subject of a knowledge-base question (steers retrieval)")] = None,
     top_k: Annotated[int, typer.Option(help="answers to list")] = 10,
-    n_docs: Annotated[int | None, typer.Option(help=f"documents retrieved [{TUNED}{DEFAULTS['n_docs']}]")] = None,
-    k: Annotated[int | None, typer.Option(help=f"nearest neighbours [{TUNED}{DEFAULTS['k']}]")] = None,
-    temperature: Annotated[
-        float | None, typer.Option(help=f"kNN temperature l in exp(-d/l) [{TUNED}{DEFAULTS['temperature']}]")
-    ] = None,
-    lam: Annotated[float | None, typer.Option("--lambda", help=f"weight of p_kNN [{TUNED}{DEFAULTS['lam']}]")] = None,
+    n_docs: NDocsOption = None,
+    k: KOption = None,
+    temperature: TemperatureOption = None,
+    lam: LamOption = None,
     retrieval: Annotated[
         str, typer.Option(help="neighbours from: ir (the paper), faiss (whole datastore; `bertknn index`), ir+faiss")
     ] = "ir",
@@ -360,6 +364,10 @@ def eval_lama(
         float | None, typer.Option(help="stop starting new facts after this long; report those done (a random subset)")
     ] = None,
     pack: PackOption = 1,
+    n_docs: NDocsOption = None,
+    k: KOption = None,
+    temperature: TemperatureOption = None,
+    lam: LamOption = None,
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
 ) -> None:
     """LAMA probe: BERT, kNN and BERT-kNN side by side; writes report.md, report.json and p_at_k.png."""
@@ -387,7 +395,9 @@ def eval_lama(
         for layer in _layers(layers, encoder.layer):
             enc = encoder if layer == encoder.layer else Encoder(encoder.model, tok, model, layer)
             with phase_progress() as report:
-                knn = ev.lama_knn(corpus, enc, progress=report, pack=pack)
+                knn = ev.lama_knn(
+                    corpus, enc, progress=report, pack=pack, n_docs=n_docs, k=k, temperature=temperature, lam=lam
+                )
                 rows = ev.evaluate_facts(
                     knn,
                     facts,
@@ -407,6 +417,8 @@ def eval_lama(
     kind = "offline default, a weaker stand-in for bert-base-uncased" if model == DEFAULT_MODEL else "as given"
     sample = f"sample of {sample_per_relation} per relation, seed {seed}" if sample_per_relation else "all"
     tuned = " (tuned, stored with the datastore)" if knn.store.manifest.get("tuned") else " (the paper's)"
+    if any(v is not None for v in (n_docs, k, temperature, lam)):
+        tuned = " (as given on the command line where set)"
     setting = {
         "model": f"{model} ({kind})",
         "layer": f"{main} of {encoder.model.config.num_hidden_layers}",

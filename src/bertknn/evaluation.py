@@ -334,8 +334,10 @@ def vocab_ids(words: set[str] | None, tokenizer) -> np.ndarray | None:
     return np.unique(np.asarray(tokenizer.convert_tokens_to_ids(sorted(words)), dtype=np.int64))
 
 
-def lama_knn(corpus: str | Path, encoder, directory: str | Path | None = None, progress=None, pack: int = 1):
-    """A BertKNN over a lazy datastore of `corpus` for this model and layer, cached for later runs.
+def lama_knn(corpus: str | Path, encoder, directory: str | Path | None = None, progress=None, pack: int = 1, **hparams):
+    """A BertKNN over a lazy datastore of `corpus` for this model, layer and pack, cached for later runs.
+
+    `hparams` (n_docs, k, temperature, lam; None = the datastore's tuned value, else the paper's) are BertKNN's.
 
     A new one starts from the registered documents and IR index of a cached datastore of the same corpus (another
     model or layer), since those do not depend on the model.
@@ -355,4 +357,4 @@ def lama_knn(corpus: str | Path, encoder, directory: str | Path | None = None, p
                 if known.get("sha256") == sha and Datastore(other).n_documents == known.get("documents"):
                     copy_registration(other, directory, encoder, pack)
                     break
-    return BertKNN.build(corpus, directory, encoder, lazy=True, pack=pack, progress=progress)
+    return BertKNN.build(corpus, directory, encoder, lazy=True, pack=pack, progress=progress, **hparams)
