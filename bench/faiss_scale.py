@@ -54,8 +54,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--factories", default="IVF1024,PQ64;IVF1024,SQ8")
     parser.add_argument("--nprobe", default="16,64")
+    parser.add_argument("--threads", type=int, default=1, help="FAISS threads for search (one query at a time)")
     args = parser.parse_args()
-    faiss.omp_set_num_threads(2)
+    faiss.omp_set_num_threads(2)  # training and filling
     rng = np.random.default_rng(0)
     centers = rng.standard_normal((4096, DIM), dtype=np.float32) * 1.0
     spread = rng.uniform(0.3, 0.8, 4096).astype(np.float32)
@@ -83,12 +84,14 @@ def main() -> None:
         best = None
         sizes = {}
         for factory in args.factories.split(";"):
+            faiss.omp_set_num_threads(2)
             (path / "faiss.json").unlink(missing_ok=True)
             (path / "faiss.index").unlink(missing_ok=True)
             t = time.time()
             index = FaissIndex.build(store, factory, train_size=50_000, nprobe=16, chunk=args.n)
             build_s = time.time() - t
             sizes[factory] = bytes_per_vector(index.index)
+            faiss.omp_set_num_threads(args.threads)
             for nprobe in [int(x) for x in args.nprobe.split(",")]:
                 faiss.extract_index_ivf(index.index).nprobe = nprobe
                 for rerank in (0, 4, 8):
