@@ -108,6 +108,7 @@ class Datastore:
             with self.db:
                 self.db.execute("ALTER TABLE documents ADD COLUMN state TEXT NOT NULL DEFAULT 'live'")
         self.db.execute("CREATE INDEX IF NOT EXISTS documents_state ON documents (state)")
+        self._owners: tuple | None = None  # (entry count, range starts, documents) cached by `documents_of`
         self._map()
 
     def _map(self) -> None:
@@ -242,10 +243,10 @@ class Datastore:
         """Documents registered by an add that has not been published yet."""
         return [r[0] for r in self.db.execute("SELECT idx FROM documents WHERE state = 'adding' ORDER BY idx")]
 
-    def publish(self) -> int:
-        """Make every 'adding' document live, in one transaction; return how many."""
+    def publish(self) -> None:
+        """Make every 'adding' document live, in one transaction."""
         with self.db:
-            return self.db.execute("UPDATE documents SET state = 'live' WHERE state = 'adding'").rowcount
+            self.db.execute("UPDATE documents SET state = 'live' WHERE state = 'adding'")
 
     def remove(self, doc_id: str) -> None:
         """Hide a live document from every search path, in one transaction; its id becomes free for a new one."""
@@ -268,8 +269,10 @@ class Datastore:
 
     def documents_of(self, entries: np.ndarray) -> np.ndarray:
         """The document index of each entry (entries must be committed)."""
-        rows = self.db.execute("SELECT start, idx FROM documents WHERE end > start ORDER BY start").fetchall()
-        starts, docs = np.asarray(rows, dtype=np.int64).reshape(-1, 2).T
+        if self._owners is None or self._owners[0] != self.size:  # ranges only change when entries are committed
+            rows = self.db.execute("SELECT start, idx FROM documents WHERE end > start ORDER BY start").fetchall()
+            self._owners = (self.size, *np.asarray(rows, dtype=np.int64).reshape(-1, 2).T)
+        _, starts, docs = self._owners
         return docs[np.searchsorted(starts, np.asarray(entries, np.int64), side="right") - 1]
 
     def pending(self, docs: list[int] | None = None) -> list[int]:
