@@ -4,11 +4,12 @@ Keys are synthetic (no 1M-context datastore of a 768-wide model exists here): 1M
 drawn from a mixture of 4,096 Gaussian clusters of random size and spread (contextual embeddings are clustered, and
 uniform random vectors would be the unrealistic worst case for any ANN index). Queries are 200 fresh draws from the
 same mixture. Ground truth: exact top-128 by squared L2 over all 1M float16 keys (FAISS IndexFlatL2). Each factory
-string is trained on 50k keys, filled with all 1M, then searched one query at a time through bertknn's FaissIndex,
-with and without exact re-ranking from the float16 keys (4x or 8x the k candidates). Prints a markdown table, then
-the extrapolation to the paper's 900M contexts, then (last line) the best re-ranked recall and its latency.
+string is trained on --train-size keys (default: FaissIndex's own, 50 per IVF list, at least 100k), filled with all
+1M, then searched one query at a time through bertknn's FaissIndex, with and without exact re-ranking from the
+float16 keys (4x or 8x the k candidates). Prints a markdown table, then the extrapolation to the paper's 900M
+contexts, then (last line) the best re-ranked recall and its latency.
 
-Run: .venv/bin/python bench/faiss_scale.py [--n 1000000] [--factories "IVF1024,PQ64;IVF1024,SQ8"]
+Run: .venv/bin/python bench/faiss_scale.py [--n 1000000] [--factories "IVF4096,PQ64;IVF1024,PQ64"]
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--factories", default="IVF1024,PQ64;IVF1024,SQ8")
-    parser.add_argument("--nprobe", default="16,64")
+    parser.add_argument("--factories", default="IVF4096,PQ64;IVF1024,PQ64")
+    parser.add_argument("--nprobe", default="8,16")
+    parser.add_argument("--train-size", type=int, default=None, help="keys each index is trained on")
     parser.add_argument("--threads", type=int, default=1, help="FAISS threads for search (one query at a time)")
     args = parser.parse_args()
     faiss.omp_set_num_threads(2)  # training and filling
@@ -88,7 +90,7 @@ def main() -> None:
             (path / "faiss.json").unlink(missing_ok=True)
             (path / "faiss.index").unlink(missing_ok=True)
             t = time.time()
-            index = FaissIndex.build(store, factory, train_size=50_000, nprobe=16, chunk=args.n)
+            index = FaissIndex.build(store, factory, train_size=args.train_size, nprobe=16, chunk=args.n)
             build_s = time.time() - t
             sizes[factory] = bytes_per_vector(index.index)
             ivf = faiss.extract_index_ivf(index.index)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faiss
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -10,7 +11,7 @@ from bertknn import BertKNN, DatastoreError, cli
 from bertknn import pipeline as pl
 from bertknn.cli import app
 from bertknn.datastore import Datastore
-from bertknn.faiss_index import INDEX_FILE, FaissIndex
+from bertknn.faiss_index import INDEX_FILE, FaissIndex, auto_factory, auto_train_size
 from bertknn.knn import knn_distribution
 from bertknn.text import CorpusError
 
@@ -53,6 +54,28 @@ def test_faiss_build_resumes_after_an_interruption(built):
     assert resumed.index.ntotal == built.store.size
     with pytest.raises(DatastoreError, match="has a FAISS index 'IVF4,Flat'"):
         FaissIndex.build(built.store, "Flat")
+
+
+@pytest.mark.parametrize(
+    ("size", "dim", "factory", "train"),
+    [
+        (19_999, 768, "Flat", 19_999),
+        (20_000, 768, "IVF512,PQ64", 20_000),
+        (1_000_000, 768, "IVF4096,PQ64", 204_800),
+        (1_000_000, 384, "IVF4096,PQ32", 204_800),
+        (900_000_000, 768, "IVF131072,PQ64", 6_553_600),
+        (50_000, 32, "IVF1024,PQ2", 50_000),
+    ],
+)
+def test_auto_factory_and_train_size_follow_the_datastore_size(size, dim, factory, train):
+    assert auto_factory(size, dim) == factory
+    assert auto_train_size(faiss.index_factory(dim, factory), size) == train
+
+
+def test_auto_index_is_exact_on_a_small_datastore_and_resumes_with_its_settings(built):
+    index = FaissIndex.build(built.store)  # auto: Flat below 20k keys
+    assert index.settings["factory"] == "Flat" and index.settings["train_size"] == built.store.size
+    assert FaissIndex.build(built.store).settings == index.settings  # "auto" takes the index being resumed
 
 
 def test_bad_factory_string_and_too_few_training_keys(built):

@@ -175,10 +175,16 @@ def ask(
 @app.command()
 def index(
     datastore: Annotated[Path, typer.Argument(help="datastore directory made by `bertknn build`")],
-    factory: Annotated[str, typer.Option(help="FAISS index factory string, e.g. Flat, IVF4096,PQ64, HNSW32")] = (
-        "IVF1024,PQ32"
-    ),
-    train_size: Annotated[int, typer.Option(min=1, help="random keys to train on")] = 100_000,
+    factory: Annotated[
+        str,
+        typer.Option(
+            help="FAISS index factory string (Flat, IVF4096,PQ64, HNSW32...); auto: Flat below 20k keys, "
+            "else IVF with ~4 sqrt(n) lists and PQ dim/12"
+        ),
+    ] = "auto",
+    train_size: Annotated[
+        int | None, typer.Option(min=1, help="random keys to train on [default: 50 per IVF list, at least 100k]")
+    ] = None,
     nprobe: Annotated[int, typer.Option(min=1, help="IVF lists searched per query")] = 16,
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
 ) -> None:
@@ -204,7 +210,7 @@ def index(
         console.print(f"[yellow]interrupted[/]: what was saved is kept; rerun the same command to resume {datastore}")
         raise typer.Exit(130) from None
     console.print(
-        f"FAISS index {factory!r} over {built.index.ntotal:,} keys in {datastore / 'faiss.index'} "
+        f"FAISS index {built.settings['factory']!r} over {built.index.ntotal:,} keys in {datastore / 'faiss.index'} "
         f"({time.time() - began:,.0f}s); ask with --retrieval faiss"
     )
 
