@@ -8,8 +8,10 @@ documents (so retrieval takes the title shortcut and kNN has candidates). The da
 save time: the query path's speed does not depend on how the keys were computed.
 Reference path (as the authors' code does it): three copies of the model, two forward passes per batch (one for the
 logits, one for the hidden states), and per question a new flat FAISS index built from float32 keys read from disk.
-bertknn: one forward pass (head on the mask only), exact search on the float16 memmap. Prints single-question
-latency p50/p99, batched questions/s, the share of IR + kNN + combine in bertknn's time, and the ratio last.
+bertknn: one forward pass (head on the mask only), exact search on the float16 memmap, in PyTorch ("bertknn") and in
+ONNX Runtime ("bertknn onnx", `--backend onnx`; its graph is exported into a temporary cache first, not timed). Prints
+single-question latency p50/p99, batched questions/s, the share of IR + kNN + combine in bertknn's time, and the
+throughput ratios last.
 """
 
 from __future__ import annotations
@@ -109,7 +111,9 @@ def main() -> None:
     model = BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size)).eval()
     encoder = Encoder(model, tokenizer, "bert-base-shaped-random")
     with tempfile.TemporaryDirectory() as tmp:
+        os.environ["BERTKNN_CACHE"] = str(Path(tmp) / "cache")  # the exported ONNX graph goes away with it
         knn = make_store(encoder, args.docs, Path(tmp))
+        fast = BertKNN(Encoder(model, tokenizer, encoder.name, backend="onnx"), knn.store, knn.index)
         titles = {t.lower() for t in knn.store.titles(list(range(knn.store.n_documents)))}
         facts = [
             f
@@ -126,28 +130,29 @@ def main() -> None:
         ref = Reference(model, tokenizer, encoder.layer, knn)
         print(f"{knn.store.size} contexts, {knn.store.n_documents} documents, {len(qs)} questions")
         for q, s in zip(qs[:4], subs[:4]):  # the same answers (up to float16 keys)
-            ours, theirs = knn.predict(q, s).p, ref.answer([q], [s])[0]
-            assert np.argmax(ours) == np.argmax(theirs)
-        single = {"reference": [], "bertknn": []}
-        for q, s in zip(qs, subs):
-            single["reference"].append(timed(ref.answer, [q], [s]))
-            single["bertknn"].append(timed(knn.predict, q, s))
+            ours, onnx, theirs = knn.predict(q, s).p, fast.predict(q, s).p, ref.answer([q], [s])[0]
+            assert np.argmax(ours) == np.argmax(theirs) == np.argmax(onnx)
+            print(f"max |p onnx - p torch| {np.abs(onnx - ours).max():.1e}")
         batches = [(qs[i : i + 32], subs[i : i + 32]) for i in range(0, len(qs), 32)]
-        batched = {"reference": [], "bertknn": []}
-        for _ in range(2):
-            batched["reference"].append(timed(lambda: [ref.answer(q, s) for q, s in batches]))
-            batched["bertknn"].append(timed(knn.predict_batch, qs, subs))
-        forward = [timed(encoder.query, [q]) for q in qs]
+        runs = {
+            "reference": (lambda q, s: ref.answer([q], [s]), lambda: [ref.answer(q, s) for q, s in batches]),
+            "bertknn": (knn.predict, lambda: knn.predict_batch(qs, subs)),
+            "bertknn onnx": (fast.predict, lambda: fast.predict_batch(qs, subs)),
+        }
+        single = {name: [timed(one, q, s) for q, s in zip(qs, subs)] for name, (one, _) in runs.items()}
+        batched = {name: [timed(many) for _ in range(2)] for name, (_, many) in runs.items()}
+        for name, enc in (("bertknn", encoder), ("bertknn onnx", fast.encoder)):
+            forward_ms = np.median([timed(enc.query, [q]) for q in qs]) * 1000
+            rest = np.median(single[name]) * 1000 - forward_ms
+            share = 100 * rest / forward_ms
+            print(f"{name}: forward p50 {forward_ms:.1f} ms; IR + kNN + combine {rest:.1f} ms ({share:.0f}% of it)")
         for name in single:
             p50, p99 = np.percentile(single[name], [50, 99]) * 1000
             rate = len(qs) / min(batched[name])
             print(f"{name}: single question p50 {p50:.1f} ms, p99 {p99:.1f} ms; batched {rate:.1f} questions/s")
-        forward_ms = np.median(forward) * 1000
-        rest = np.median(single["bertknn"]) * 1000 - forward_ms
-        share = 100 * rest / forward_ms
-        print(f"bertknn: forward p50 {forward_ms:.1f} ms; IR + kNN + combine {rest:.1f} ms ({share:.0f}% of it)")
-        ratio = min(batched["reference"]) / min(batched["bertknn"])
-        print(f"query throughput ratio bertknn/reference (batched): {ratio:.2f}x")
+        base = min(batched["reference"])
+        ratios = [f"{name} {base / min(batched[name]):.2f}x" for name in ("bertknn", "bertknn onnx")]
+        print(f"query throughput ratio to the reference (batched): {', '.join(ratios)}")
 
 
 if __name__ == "__main__":

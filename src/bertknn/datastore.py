@@ -46,13 +46,6 @@ CREATE TABLE IF NOT EXISTS entries (
 """
 
 
-def cache_dir() -> Path:
-    """Where bertknn caches datastores it builds itself: $BERTKNN_CACHE, else $XDG_CACHE_HOME/bertknn or ~/.cache."""
-    if os.environ.get("BERTKNN_CACHE"):
-        return Path(os.environ["BERTKNN_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bertknn"
-
-
 class DatastoreError(ValueError):
     """A datastore that is missing, corrupt, incomplete, or made with another model or layer."""
 

@@ -10,9 +10,9 @@ from importlib.resources import files
 from pathlib import Path
 
 from bertknn.combine import Prediction
-from bertknn.datastore import Datastore, cache_dir
+from bertknn.datastore import Datastore
 from bertknn.default_model import DEFAULT_MODEL
-from bertknn.encoder import Encoder
+from bertknn.encoder import Encoder, cache_dir
 from bertknn.pipeline import BertKNN
 
 DEMO_CORPUS = Path(str(files("bertknn") / "data" / "demo_corpus.jsonl"))
@@ -40,9 +40,11 @@ def demo_path(encoder: Encoder) -> Path:
     return cache_dir() / f"demo-{encoder.weights_hash[:12]}-L{encoder.layer}"
 
 
-def build_demo(model: str = DEFAULT_MODEL, progress: Callable[[str, int, int], None] | None = None) -> BertKNN:
+def build_demo(
+    model: str = DEFAULT_MODEL, backend: str = "torch", progress: Callable[[str, int, int], None] | None = None
+) -> BertKNN:
     """The demo corpus's datastore for `model`, built on first use and cached under `cache_dir()` (`bertknn demo`)."""
-    encoder = Encoder.load(model)
+    encoder = Encoder.load(model, backend=backend)
     return BertKNN.build(DEMO_CORPUS, demo_path(encoder), encoder, progress=progress)
 
 

@@ -2,7 +2,8 @@
 
 `Encoder.embed` gives datastore keys: the state after block L at each masked target, running the blocks only up to
 L and skipping the head. `Encoder.query` gives, in one forward pass of a question, both the LM's distribution at the
-mask and the same layer-L state.
+mask and the same layer-L state. Both forward functions run in PyTorch (backend "torch") or, exported once, in ONNX
+Runtime (backend "onnx", faster on CPUs: onnx_backend.py).
 """
 
 from __future__ import annotations
@@ -10,17 +11,30 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import os
 from collections.abc import Iterator
 from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
+from transformers import __version__ as transformers_version
 
 from bertknn.default_model import DEFAULT_MODEL, load_default_model
+from bertknn.onnx_backend import OnnxRunner
 from bertknn.text import MASK, Sentence, mask_count_error
 
 BLOCK_PATHS = ("encoder.layer", "transformer.layer", "encoder.layers", "layers")
+BACKENDS = ("torch", "onnx")
+
+
+def cache_dir() -> Path:
+    """Where bertknn caches what it builds itself (datastores, ONNX graphs): $BERTKNN_CACHE, else
+    $XDG_CACHE_HOME/bertknn or ~/.cache/bertknn."""
+    if os.environ.get("BERTKNN_CACHE"):
+        return Path(os.environ["BERTKNN_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bertknn"
 
 
 class ModelError(ValueError):
@@ -111,9 +125,17 @@ def mask_groups(n_targets: int, pack: int) -> list[list[int]]:
 
 
 class Encoder:
-    """A masked LM with its tokenizer, read at the mask after block `layer` (default: the second-to-last)."""
+    """A masked LM with its tokenizer, read at the mask after block `layer` (default: the second-to-last).
 
-    def __init__(self, model: nn.Module, tokenizer, name: str, layer: int | None = None) -> None:
+    `backend` "onnx" runs the same forward functions in ONNX Runtime (exported to cache_dir()/onnx on first use).
+    """
+
+    def __init__(
+        self, model: nn.Module, tokenizer, name: str, layer: int | None = None, backend: str = "torch"
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ModelError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+        self.backend = backend
         n_layers = model.config.num_hidden_layers
         self.layer = n_layers - 1 if layer is None else layer
         if not 1 <= self.layer <= n_layers:
@@ -124,6 +146,7 @@ class Encoder:
         self.mask_id = tokenizer.mask_token_id
         self.pad_id = tokenizer.pad_token_id or 0
         self.trunk = self._checked_trunk()
+        self._runners: dict[str, OnnxRunner] = {}
 
     @torch.inference_mode()
     def _checked_trunk(self) -> nn.Module | None:
@@ -137,10 +160,10 @@ class Encoder:
         return trunk if torch.allclose(trunk(input_ids=ids).last_hidden_state, full, atol=1e-5) else None
 
     @classmethod
-    def load(cls, name: str = DEFAULT_MODEL, layer: int | None = None) -> Encoder:
+    def load(cls, name: str = DEFAULT_MODEL, layer: int | None = None, backend: str = "torch") -> Encoder:
         """Load a masked LM by hub name or local directory (or the offline default) and read block `layer`."""
         model, tokenizer = load_masked_lm(name)
-        return cls(model, tokenizer, name, layer)
+        return cls(model, tokenizer, name, layer, backend)
 
     @property
     def dim(self) -> int:
@@ -186,14 +209,8 @@ class Encoder:
         encoded = [self.question_ids(t) for t in texts]
         ids, attention = self._pad([np.asarray(e[0]) for e in encoded])
         rows, cols = torch.arange(len(texts)), torch.tensor([e[1] for e in encoded])
-        if self.head is not None:  # head on the mask positions only
-            out = self.base(input_ids=ids, attention_mask=attention, output_hidden_states=True)
-            logits = self.head(out.last_hidden_state[rows, cols])
-        else:
-            out = self.model(input_ids=ids, attention_mask=attention, output_hidden_states=True)
-            logits = out.logits[rows, cols]
-        probs = torch.softmax(logits.float(), dim=-1)
-        return probs.numpy(), out.hidden_states[self.layer][rows, cols].float().numpy()
+        logits, states = self._run(self._mask_outputs, ("logits", "states"), ids, attention, rows, cols)
+        return torch.softmax(torch.from_numpy(logits), dim=-1).numpy(), states
 
     @torch.inference_mode()
     def embed(self, sentences: list[Sentence], token_budget: int = 1024, pack: int = 1) -> np.ndarray:
@@ -228,12 +245,37 @@ class Encoder:
                 np.concatenate([sentences[i].positions[c - first[i]] for i, c in batch]).astype(np.int64)
             )
             ids[rows, cols] = self.mask_id
-            keys[np.concatenate([c for _, c in batch])] = self._states(ids, attention)[rows, cols].float().numpy()
+            (states,) = self._run(self._key_states, ("states",), ids, attention, rows, cols)
+            keys[np.concatenate([c for _, c in batch])] = states
             start = stop
         return keys
 
-    def _states(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        """Hidden states after block L for every position, running only blocks 1..L when the model allows it."""
+    def _run(self, forward, outputs: tuple[str, ...], *inputs: torch.Tensor) -> list[np.ndarray]:
+        """`forward(ids, attention, rows, cols)` on this encoder's backend, as float32 arrays."""
+        if self.backend == "torch":
+            return [t.float().numpy() for t in forward(*inputs)]
+        name = forward.__name__.strip("_")
+        if name not in self._runners:
+            versions = f"torch{torch.__version__}-transformers{transformers_version}"
+            path = cache_dir() / "onnx" / f"{self.weights_hash[:16]}-L{self.layer}-{name}-{versions}.onnx"
+            self._runners[name] = OnnxRunner(forward, self.model, outputs, path)
+        return self._runners[name](*inputs)
+
+    def _mask_outputs(self, ids, attention, rows, cols) -> tuple[torch.Tensor, torch.Tensor]:
+        """The LM's logits and the layer-L states at the given (row, column) positions, from one full pass."""
+        if self.head is not None:  # head on the mask positions only
+            out = self.base(input_ids=ids, attention_mask=attention, output_hidden_states=True)
+            logits = self.head(out.last_hidden_state[rows, cols])
+        else:
+            out = self.model(input_ids=ids, attention_mask=attention, output_hidden_states=True)
+            logits = out.logits[rows, cols]
+        return logits.float(), out.hidden_states[self.layer][rows, cols].float()
+
+    def _key_states(self, ids, attention, rows, cols) -> tuple[torch.Tensor]:
+        """Layer-L states at the given positions, running only blocks 1..L when the model allows it."""
         if self.trunk is not None:
-            return self.trunk(input_ids=ids, attention_mask=attention).last_hidden_state
-        return self.base(input_ids=ids, attention_mask=attention, output_hidden_states=True).hidden_states[self.layer]
+            states = self.trunk(input_ids=ids, attention_mask=attention).last_hidden_state
+        else:
+            out = self.base(input_ids=ids, attention_mask=attention, output_hidden_states=True)
+            states = out.hidden_states[self.layer]
+        return (states[rows, cols].float(),)

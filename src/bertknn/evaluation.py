@@ -342,7 +342,8 @@ def lama_knn(corpus: str | Path, encoder, directory: str | Path | None = None, p
     A new one starts from the registered documents and IR index of a cached datastore of the same corpus (another
     model or layer), since those do not depend on the model.
     """
-    from bertknn.datastore import Datastore, cache_dir, copy_registration, file_sha256
+    from bertknn.datastore import Datastore, copy_registration, file_sha256
+    from bertknn.encoder import cache_dir
     from bertknn.pipeline import BertKNN
 
     stem = f"lazy-{Path(corpus).stem}-{hashlib.sha256(str(Path(corpus).resolve()).encode()).hexdigest()[:10]}"

@@ -87,13 +87,21 @@ class BertKNN:
 
     @classmethod
     def load(
-        cls, datastore: str | Path, model: str | None = None, layer: int | None = None, **hparams: float
+        cls,
+        datastore: str | Path,
+        model: str | None = None,
+        layer: int | None = None,
+        backend: str = "torch",
+        **hparams: float,
     ) -> BertKNN:
-        """Open a datastore and load the model it was built with (or `model`, which must have the same weights)."""
+        """Open a datastore and load the model it was built with (or `model`, which must have the same weights).
+
+        `backend` "onnx" runs the model in ONNX Runtime: the same numbers, faster on CPU (Encoder).
+        """
         store = Datastore(datastore)
         if layer is not None and layer != store.layer:
             raise DatastoreError(f"the datastore at {store.path} holds layer-{store.layer} keys, not layer {layer}")
-        return cls(Encoder.load(model or store.manifest["model"], store.layer), store, **hparams)
+        return cls(Encoder.load(model or store.manifest["model"], store.layer, backend), store, **hparams)
 
     @classmethod
     def build(
@@ -105,6 +113,7 @@ class BertKNN:
         lazy: bool = False,
         pack: int = 1,
         progress: Callable[[str, int, int], None] | None = None,
+        backend: str = "torch",
         **hparams: float,
     ) -> BertKNN:
         """Embed a JSONL corpus into a datastore at `out` (resuming an interrupted build), index it, and load it.
@@ -112,7 +121,7 @@ class BertKNN:
         With `lazy`, documents are only registered and indexed; each is embedded the first time retrieval picks it.
         `pack` > 1 masks that many non-adjacent targets per pass: faster, approximate keys (`Encoder.embed`).
         """
-        encoder = model if isinstance(model, Encoder) else Encoder.load(model, layer)
+        encoder = model if isinstance(model, Encoder) else Encoder.load(model, layer, backend)
         store = ds.build(corpus, out, encoder, lazy=lazy, pack=pack, progress=progress)
         return cls(encoder, store, ensure_index(store), **hparams)
 

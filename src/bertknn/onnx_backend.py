@@ -1,0 +1,87 @@
+"""ONNX Runtime backend of the encoder: the same forward functions, exported once per model and layer.
+
+Why: on a few CPU cores ONNX Runtime runs a short question through a bert-base-sized model about 2.7x faster than
+PyTorch eager (20 vs 53 ms, batch of one) with the same numbers (max abs difference ~2e-6); see bench/README.md.
+Graphs are traced with padded inputs (so the attention mask stays in the graph) and cached as .onnx files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+INPUTS = ("ids", "attention", "rows", "cols")
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
+
+
+class _Traced(nn.Module):
+    """A forward function of the encoder as a module (with the model's parameters) for torch.onnx.export."""
+
+    def __init__(self, forward: Forward, model: nn.Module) -> None:
+        super().__init__()
+        self.model, self.run = model, forward
+
+    def forward(self, ids, attention, rows, cols):
+        return self.run(ids, attention, rows, cols)
+
+
+def export(forward: Forward, model: nn.Module, outputs: tuple[str, ...], path: Path) -> None:
+    """Trace `forward(ids, attention, rows, cols)` into an ONNX file at `path`, written whole and then renamed."""
+    ids = torch.tensor([[1, 5, 6, 7, 2], [1, 5, 6, 2, 0]])
+    attention = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])  # padded: the mask must stay in the graph
+    rows, cols = torch.tensor([0, 1, 1]), torch.tensor([1, 2, 1])
+    axes = {"ids": {0: "batch", 1: "length"}, "attention": {0: "batch", 1: "length"}}
+    axes.update({name: {0: "masks"} for name in ("rows", "cols", *outputs)})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer warnings about shape checks that hold for every input here
+        torch.onnx.export(
+            _Traced(forward, model).eval(),
+            (ids, attention, rows, cols),
+            str(tmp),
+            input_names=list(INPUTS),
+            output_names=list(outputs),
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+    tmp.replace(path)
+
+
+class OnnxRunner:
+    """One exported forward function run by ONNX Runtime; exported on first use, re-exported if the file is bad."""
+
+    def __init__(self, forward: Forward, model: nn.Module, outputs: tuple[str, ...], path: Path) -> None:
+        self.forward, self.model, self.outputs, self.path = forward, model, outputs, path
+        self._session = None
+
+    def _open(self):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()  # the count set_threads gave PyTorch
+        options.inter_op_num_threads = 1
+        return ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+
+    def session(self):
+        """The ONNX Runtime session, exporting the graph first when no valid file is cached."""
+        if self._session is None:
+            if self.path.is_file():
+                with contextlib.suppress(Exception):  # a truncated or corrupt cache file: export it again
+                    self._session = self._open()
+            if self._session is None:
+                export(self.forward, self.model, self.outputs, self.path)
+                self._session = self._open()
+        return self._session
+
+    def __call__(self, ids: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor):
+        """The forward function's outputs as float32 numpy arrays."""
+        feed = {name: t.numpy().astype(np.int64) for name, t in zip(INPUTS, (ids, attention, rows, cols))}
+        return [np.asarray(out, np.float32) for out in self.session().run(list(self.outputs), feed)]
