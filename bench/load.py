@@ -1,9 +1,11 @@
 """Load on the HTTP service: N concurrent clients against /predict on loopback, micro-batching on vs off.
 
     python bench/load.py [--clients 16] [--seconds 20] [--threads 0] [--max-batch 32] [--window-ms 0] [--datastore DIR]
+                         [--backend onnx]
 
 The server (`bertknn.service.create_app`) runs in its own process over the demo corpus's datastore with the offline
-default model (built and cached as by `bertknn demo`), or over --datastore. Each client posts the demo questions
+default model (built and cached as by `bertknn demo`), or over --datastore, with the model in --backend (onnx, as
+`bertknn serve` does by default, or torch). Each client posts the demo questions
 (with their subjects) one after another for --seconds, after a warm-up; the figures are requests/s, p50/p99
 latency, the error count (non-200 answers and failed requests) and requests per model call. The server runs once
 with micro-batching (--max-batch waiting requests share one predict_batch call) and once without (max_batch=1:
@@ -28,7 +30,7 @@ from bertknn.demo import demo_questions
 WARM_UP = 8
 
 
-def serve(port: int, max_batch: int, window_ms: float, threads: int, datastore: str | None) -> None:
+def serve(port: int, max_batch: int, window_ms: float, threads: int, datastore: str | None, backend: str) -> None:
     """Server process: load the datastore and serve it on 127.0.0.1:port."""
     import uvicorn
 
@@ -37,7 +39,7 @@ def serve(port: int, max_batch: int, window_ms: float, threads: int, datastore: 
     from bertknn.service import create_app
 
     set_threads(threads or os.cpu_count() or 1)
-    knn = BertKNN.load(datastore) if datastore else build_demo()
+    knn = BertKNN.load(datastore, backend=backend) if datastore else build_demo(backend=backend)
     app = create_app(knn, max_batch=max_batch, batch_window_ms=window_ms)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
@@ -104,7 +106,7 @@ async def load(url: str, clients: int, seconds: float, questions: list[dict]) ->
 def run(label: str, max_batch: int, args: argparse.Namespace, questions: list[dict]) -> dict:
     port = free_port()
     process = mp.get_context("spawn").Process(
-        target=serve, args=(port, max_batch, args.window_ms, args.threads, args.datastore), daemon=True
+        target=serve, args=(port, max_batch, args.window_ms, args.threads, args.datastore, args.backend), daemon=True
     )
     process.start()
     try:
@@ -132,6 +134,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="server's CPU threads [default: all cores]")
     parser.add_argument("--max-batch", type=int, default=32, help="requests per model call with batching on")
     parser.add_argument("--window-ms", type=float, default=0.0, help="how long the worker waits for more requests")
+    parser.add_argument("--backend", default="onnx", choices=("onnx", "torch"), help="the model's runtime")
     parser.add_argument("--datastore", help="datastore directory [default: the demo corpus's, with the default model]")
     args = parser.parse_args()
     questions = [{"text": q["question"], "subject": q["subject"], "top_k": 10, "evidence": 3} for q in demo_questions()]

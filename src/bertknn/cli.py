@@ -579,6 +579,7 @@ def serve(
                 knn = build_demo(backend=backend, progress=report)
         else:
             knn = BertKNN.load(datastore, backend=backend)
+        knn.encoder.query(["[MASK] ."])  # the first request should not pay for loading (or exporting) the model
     except USER_ERRORS as err:
         raise _fail(err) from None
     mode = "writable" if writable else "read-only"
