@@ -49,6 +49,15 @@ def test_ask_prints_three_lists_and_evidence(store_dir):
         assert heading in result.output
 
 
+def test_ask_gives_the_same_answer_on_both_backends_and_refuses_an_unknown_one(store_dir):
+    ask = ["ask", str(store_dir), "Quellbrook is a town in [MASK] .", "--subject", "quellbrook", "--threads", "1"]
+    onnx = runner.invoke(app, ask)  # the default backend
+    torch = runner.invoke(app, [*ask, "--backend", "torch"])
+    assert onnx.exit_code == torch.exit_code == 0 and onnx.output == torch.output, (onnx.output, torch.output)
+    bad = runner.invoke(app, [*ask, "--backend", "tensorrt"])
+    assert bad.exit_code == 2 and "unknown backend 'tensorrt'" in bad.output
+
+
 def test_ask_reports_a_question_without_mask(store_dir):
     result = runner.invoke(app, ["ask", str(store_dir), "Quellbrook is a town.", "--threads", "1"])
     assert result.exit_code == 2 and "has no [MASK]" in result.output
