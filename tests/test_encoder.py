@@ -134,3 +134,17 @@ def test_onnx_graphs_are_cached_and_a_corrupt_one_is_exported_again(encoder, onn
 def test_unknown_backend_is_refused(encoder):
     with pytest.raises(ModelError, match="unknown backend 'tensorrt': use one of torch, onnx"):
         Encoder(encoder.model, encoder.tokenizer, encoder.name, backend="tensorrt")
+
+
+def test_a_model_onnx_cannot_trace_gets_an_error_that_names_the_way_out(encoder, monkeypatch, tmp_path):
+    from bertknn import onnx_backend
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("unsupported operator aten::weird\nmore detail")
+
+    monkeypatch.setattr(onnx_backend.torch.onnx, "export", fail)
+    onnx = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, backend="onnx")
+    monkeypatch.setenv("BERTKNN_CACHE", str(tmp_path))
+    with pytest.raises(onnx_backend.ExportError, match=r"\(RuntimeError: unsupported operator aten::weird\); use --"):
+        onnx.query(["Rome is in [MASK] ."])
+    assert not list(tmp_path.rglob("*.onnx"))

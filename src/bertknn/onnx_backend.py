@@ -17,6 +17,12 @@ import torch
 from torch import nn
 
 INPUTS = ("ids", "attention", "rows", "cols")
+
+
+class ExportError(ValueError):
+    """A model that torch.onnx.export cannot trace: the torch backend still runs it."""
+
+
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
 
 
@@ -77,7 +83,13 @@ class OnnxRunner:
                 with contextlib.suppress(Exception):  # a truncated or corrupt cache file: export it again
                     self._session = self._open()
             if self._session is None:
-                export(self.forward, self.model, self.outputs, self.path)
+                try:
+                    export(self.forward, self.model, self.outputs, self.path)
+                except Exception as err:  # the exporter raises many kinds; all mean this model cannot be traced
+                    raise ExportError(
+                        f"cannot export the model to ONNX ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+                        "use --backend torch"
+                    ) from err
                 self._session = self._open()
         return self._session
 
