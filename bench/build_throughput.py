@@ -8,7 +8,8 @@ Reference approach (as the authors' code does it): one full masked-LM forward pe
 contexts in corpus order in batches of 124. bertknn: blocks 1..L only, no head, contexts sorted by length and
 batched under a token budget. Runs alternate; the keys of both are compared. Then each speed option once: the old
 token budget, ONNX Runtime (--backend onnx; graph exported first, not timed), multi-mask packing (--pack 2, 4),
-int8 dynamic quantisation; with its key cosine vs the exact keys.
+int8 keys (--int8-keys, alone and with --pack 2), PyTorch int8 dynamic quantisation; with key cosines vs the exact
+keys.
 The last line prints the ratio of the --pack 4 build to the reference.
 """
 
@@ -126,6 +127,9 @@ def variants(encoder: Encoder, tokenizer, sentences: list):
         fast = Encoder(encoder.model, tokenizer, encoder.name, encoder.layer, backend="onnx")
         fast.embed(sentences[:1])  # export, not timed
         yield "exact, ONNX Runtime (--backend onnx)", fast.embed
+        fast.embed(sentences[:1], int8=True)  # quantise, not timed
+        yield "int8 keys, ONNX Runtime per channel (--int8-keys)", lambda s: fast.embed(s, int8=True)
+        yield "--int8-keys + --pack 2", lambda s: fast.embed(s, pack=2, int8=True)
     for pack in (2, 4):
         yield f"pack {pack} (--pack {pack})", lambda s, pack=pack: encoder.embed(s, pack=pack)
     quantized = torch.ao.quantization.quantize_dynamic(encoder.model, {torch.nn.Linear}, dtype=torch.qint8)

@@ -191,3 +191,28 @@ def test_pack_is_recorded_used_and_must_match_on_resume(tmp_path, small_corpus, 
     np.testing.assert_allclose(store.keys.astype(np.float32), expected, atol=KEY_ATOL)
     with pytest.raises(DatastoreError, match=r"keys computed with pack=2; resume it with the same --pack"):
         ds.build(small_corpus, tmp_path / "p", encoder)
+
+
+def test_int8_keys_are_recorded_follow_the_store_on_add_and_must_match_on_resume(
+    tmp_path, small_corpus, encoder, tokenizer
+):
+    from bertknn.pipeline import BertKNN
+
+    knn = BertKNN.build(small_corpus, tmp_path / "q", encoder, int8=True)
+    store = knn.store
+    assert store.int8 and json.loads((tmp_path / "q" / "manifest.json").read_text())["int8"] is True
+    sentences = [s for d in iter_corpus(small_corpus) for p in d.passages for s in split_sentences(p)]
+    flat = tokenize_sentences(tokenizer, sentences)
+    int8, exact = encoder.embed(flat, int8=True), encoder.embed(flat)
+    np.testing.assert_allclose(store.keys.astype(np.float32), int8, atol=KEY_ATOL)
+    cosine = (int8 * exact).sum(1) / np.linalg.norm(int8, axis=1) / np.linalg.norm(exact, axis=1)
+    assert cosine.min() > 0.95 and not np.allclose(int8, exact, atol=1e-3)  # close to float32, not equal
+    size = store.size
+    knn.add_documents([{"id": "n1", "title": "Tallinn", "text": "Tallinn is a port city."}])
+    added = encoder.embed(tokenize_sentences(tokenizer, ["Tallinn is a port city."]), int8=True)
+    np.testing.assert_allclose(store.keys[size:].astype(np.float32), added, atol=KEY_ATOL)  # add follows the store
+    with pytest.raises(DatastoreError, match=r"holds int8 keys; resume it with --int8-keys"):
+        ds.build(small_corpus, tmp_path / "q", encoder)
+    ds.build(small_corpus, tmp_path / "f", encoder)
+    with pytest.raises(DatastoreError, match=r"holds float32 keys; resume it without --int8-keys"):
+        ds.build(small_corpus, tmp_path / "f", encoder, int8=True)

@@ -142,6 +142,11 @@ class Datastore:
         return int(self.manifest.get("pack", 1))
 
     @property
+    def int8(self) -> bool:
+        """True when keys were computed by the encoder quantised to int8 (`--int8-keys`), not in float32."""
+        return bool(self.manifest.get("int8", False))
+
+    @property
     def layer(self) -> int:
         """The block whose states are the keys."""
         return int(self.manifest["layer"])
@@ -316,7 +321,7 @@ class Datastore:
             f"SELECT idx, doc, text FROM sentences WHERE doc IN ({','.join('?' * len(docs))}) ORDER BY doc, idx", docs
         ).fetchall()
         flat = tokenize_sentences(encoder.tokenizer, [r[2] for r in rows])
-        keys = encoder.embed(flat, token_budget, self.pack).astype(np.float16)
+        keys = encoder.embed(flat, token_budget, self.pack, self.int8).astype(np.float16)
         values = np.concatenate([s.target_ids for s in flat]) if flat else np.zeros(0, np.int32)
         start = self.size
         for name, array, width in (("keys.f16", keys, 2 * self.dim), ("values.i32", values, 4)):
@@ -354,7 +359,9 @@ class Datastore:
         _write_json(self.path / "manifest.json", self.manifest)
 
 
-def create(path: str | Path, encoder: Encoder, corpus: dict | None = None, pack: int = 1) -> Datastore:
+def create(
+    path: str | Path, encoder: Encoder, corpus: dict | None = None, pack: int = 1, int8: bool = False
+) -> Datastore:
     """Create an empty datastore directory for `encoder` (or reopen it when it was made for the same model)."""
     path = Path(path)
     if (path / "manifest.json").exists():
@@ -371,15 +378,18 @@ def create(path: str | Path, encoder: Encoder, corpus: dict | None = None, pack:
                 f"{path} holds keys computed with pack={store.pack}; resume it with the same --pack, or choose "
                 "another --out directory"
             )
+        if store.int8 != int8:
+            have, flag = ("int8", "with --int8-keys") if store.int8 else ("float32", "without --int8-keys")
+            raise DatastoreError(f"{path} holds {have} keys; resume it {flag}, or choose another --out directory")
         return store
     if path.exists() and any(path.iterdir()):
         raise DatastoreError(f"{path} exists and is not a datastore; choose an empty or new directory")
     path.mkdir(parents=True, exist_ok=True)
-    _write_json(path / "manifest.json", _new_manifest(encoder, corpus, pack))
+    _write_json(path / "manifest.json", _new_manifest(encoder, corpus, pack, int8))
     return Datastore(path)
 
 
-def _new_manifest(encoder: Encoder, corpus: dict | None, pack: int) -> dict:
+def _new_manifest(encoder: Encoder, corpus: dict | None, pack: int, int8: bool) -> dict:
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -388,6 +398,7 @@ def _new_manifest(encoder: Encoder, corpus: dict | None, pack: int) -> dict:
         "layer": encoder.layer,
         "dim": encoder.dim,
         "pack": pack,
+        "int8": int8,
         "dtype": "float16",
         "value_dtype": "int32",
         "status": "building",
@@ -395,7 +406,9 @@ def _new_manifest(encoder: Encoder, corpus: dict | None, pack: int) -> dict:
     }
 
 
-def copy_registration(source: str | Path, path: str | Path, encoder: Encoder, pack: int = 1) -> Datastore:
+def copy_registration(
+    source: str | Path, path: str | Path, encoder: Encoder, pack: int = 1, int8: bool = False
+) -> Datastore:
     """A new, empty datastore for `encoder` at `path` with the documents, sentences and IR index of `source`.
 
     Registration (sentence splitting and indexing) does not depend on the model, so a datastore of another model or
@@ -413,7 +426,7 @@ def copy_registration(source: str | Path, path: str | Path, encoder: Encoder, pa
         db.execute("DELETE FROM meta")
     for name in source.glob("tfidf_*"):
         (shutil.copytree if name.is_dir() else shutil.copyfile)(name, tmp / name.name)
-    manifest = _new_manifest(encoder, src.manifest.get("corpus"), pack)
+    manifest = _new_manifest(encoder, src.manifest.get("corpus"), pack, int8)
     _write_json(tmp / "manifest.json", manifest)
     tmp.replace(path)
     return Datastore(path)
@@ -425,6 +438,7 @@ def build(
     encoder: Encoder,
     lazy: bool = False,
     pack: int = 1,
+    int8: bool = False,
     chunk_entries: int = 4096,
     token_budget: int = 1024,
     progress: Callable[[str, int, int], None] | None = None,
@@ -433,14 +447,15 @@ def build(
 
     Documents are first registered (text and sentences, in chunks of 500 documents), then embedded in chunks
     (`Datastore.embed`); with `lazy`, embedding is left for later and done per document on demand.
-    `pack` > 1 masks that many targets per pass (`Encoder.embed`). `progress(phase, done, total)` reports both
-    phases. The corpus is validated in full first, so a malformed line fails before anything is written; a resumed
-    build gives exactly the entries of an uninterrupted one.
+    `pack` > 1 masks that many targets per pass and `int8` runs the encoder quantised (`Encoder.embed`); the manifest
+    records both: a resume with others is refused, and later embedding (lazy, `add`) follows them.
+    `progress(phase, done, total)` reports both phases. The corpus is validated in full first, so a malformed line
+    fails before anything is written; a resumed build gives exactly the entries of an uninterrupted one.
     """
     corpus = Path(corpus)
     n_docs = validate_corpus(corpus)
     corpus_info = {"path": str(corpus.resolve()), "sha256": file_sha256(corpus), "documents": n_docs}
-    store = create(out, encoder, corpus_info, pack)
+    store = create(out, encoder, corpus_info, pack, int8)
     report = progress or (lambda phase, done, total: None)
     chunk: list[Document] = []
     report("reading", store.n_documents, n_docs)

@@ -334,8 +334,16 @@ def vocab_ids(words: set[str] | None, tokenizer) -> np.ndarray | None:
     return np.unique(np.asarray(tokenizer.convert_tokens_to_ids(sorted(words)), dtype=np.int64))
 
 
-def lama_knn(corpus: str | Path, encoder, directory: str | Path | None = None, progress=None, pack: int = 1, **hparams):
-    """A BertKNN over a lazy datastore of `corpus` for this model, layer and pack, cached for later runs.
+def lama_knn(
+    corpus: str | Path,
+    encoder,
+    directory: str | Path | None = None,
+    progress=None,
+    pack: int = 1,
+    int8: bool = False,
+    **hparams,
+):
+    """A BertKNN over a lazy datastore of `corpus` for this model, layer, pack and key precision, cached.
 
     `hparams` (n_docs, k, temperature, lam; None = the datastore's tuned value, else the paper's) are BertKNN's.
 
@@ -348,7 +356,7 @@ def lama_knn(corpus: str | Path, encoder, directory: str | Path | None = None, p
 
     stem = f"lazy-{Path(corpus).stem}-{hashlib.sha256(str(Path(corpus).resolve()).encode()).hexdigest()[:10]}"
     if directory is None:
-        suffix = f"-pack{pack}" if pack > 1 else ""
+        suffix = (f"-pack{pack}" if pack > 1 else "") + ("-int8" if int8 else "")
         directory = cache_dir() / f"{stem}-{encoder.weights_hash[:12]}-L{encoder.layer}{suffix}"
     if not Path(directory).exists():
         sha = file_sha256(Path(corpus))
@@ -356,6 +364,6 @@ def lama_knn(corpus: str | Path, encoder, directory: str | Path | None = None, p
             with contextlib.suppress(Exception):  # any unusable candidate is simply not a source
                 known = Datastore(other).manifest.get("corpus") or {}
                 if known.get("sha256") == sha and Datastore(other).n_documents == known.get("documents"):
-                    copy_registration(other, directory, encoder, pack)
+                    copy_registration(other, directory, encoder, pack, int8)
                     break
-    return BertKNN.build(corpus, directory, encoder, lazy=True, pack=pack, progress=progress, **hparams)
+    return BertKNN.build(corpus, directory, encoder, lazy=True, pack=pack, int8=int8, progress=progress, **hparams)

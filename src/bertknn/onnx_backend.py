@@ -2,7 +2,9 @@
 
 Why: on a few CPU cores ONNX Runtime runs a short question through a bert-base-sized model about 2.7x faster than
 PyTorch eager (20 vs 53 ms, batch of one) with the same numbers (max abs difference ~2e-6); see bench/README.md.
-Graphs are traced with padded inputs (so the attention mask stays in the graph) and cached as .onnx files.
+Graphs are traced with padded inputs (so the attention mask stays in the graph) and cached as .onnx files. A graph
+can also be run dynamically quantised to int8 (ONNX Runtime, per channel): used for datastore keys only
+(`--int8-keys`: key cosine 0.994 to float32 on the default model, LAMA P@1 unchanged; bench/README.md).
 """
 
 from __future__ import annotations
@@ -61,11 +63,28 @@ def export(forward: Forward, model: nn.Module, outputs: tuple[str, ...], path: P
     tmp.replace(path)
 
 
-class OnnxRunner:
-    """One exported forward function run by ONNX Runtime; exported on first use, re-exported if the file is bad."""
+def quantize(source: Path, path: Path) -> None:
+    """Write the int8 (dynamic, per channel) version of the ONNX graph at `source` to `path`, whole, then rename."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    def __init__(self, forward: Forward, model: nn.Module, outputs: tuple[str, ...], path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_dynamic(str(source), str(tmp), weight_type=QuantType.QInt8, per_channel=True)
+    tmp.replace(path)
+
+
+class OnnxRunner:
+    """One exported forward function run by ONNX Runtime; exported on first use, re-exported if the file is bad.
+
+    With `float_path`, the graph at `path` is the int8 quantisation of the float32 graph exported to `float_path`.
+    """
+
+    def __init__(
+        self, forward: Forward, model: nn.Module, outputs: tuple[str, ...], path: Path, float_path: Path | None = None
+    ) -> None:
         self.forward, self.model, self.outputs, self.path = forward, model, outputs, path
+        self.float_path = float_path
         self._session = None
 
     def _open(self):
@@ -77,21 +96,30 @@ class OnnxRunner:
         return ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
 
     def session(self):
-        """The ONNX Runtime session, exporting the graph first when no valid file is cached."""
+        """The ONNX Runtime session, exporting (and quantising) the graph first when no valid file is cached."""
         if self._session is None:
             if self.path.is_file():
-                with contextlib.suppress(Exception):  # a truncated or corrupt cache file: export it again
+                with contextlib.suppress(Exception):  # a truncated or corrupt cache file: make it again
                     self._session = self._open()
             if self._session is None:
-                try:
-                    export(self.forward, self.model, self.outputs, self.path)
-                except Exception as err:  # the exporter raises many kinds; all mean this model cannot be traced
-                    raise ExportError(
-                        f"cannot export the model to ONNX ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
-                        "use --backend torch"
-                    ) from err
+                self._make()
                 self._session = self._open()
         return self._session
+
+    def _make(self) -> None:
+        """Export the graph, or quantise the cached float32 graph (exporting it first when it is missing or bad)."""
+        if self.float_path and self.float_path.is_file():
+            with contextlib.suppress(Exception):
+                return quantize(self.float_path, self.path)
+        try:
+            export(self.forward, self.model, self.outputs, self.float_path or self.path)
+        except Exception as err:  # the exporter raises many kinds; all mean this model cannot be traced
+            raise ExportError(
+                f"cannot export the model to ONNX ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+                + ("build without --int8-keys" if self.float_path else "use --backend torch")
+            ) from err
+        if self.float_path:
+            quantize(self.float_path, self.path)
 
     def __call__(self, ids: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor):
         """The forward function's outputs as float32 numpy arrays."""

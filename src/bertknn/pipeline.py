@@ -114,15 +114,17 @@ class BertKNN:
         pack: int = 1,
         progress: Callable[[str, int, int], None] | None = None,
         backend: str = "torch",
+        int8: bool = False,
         **hparams: float,
     ) -> BertKNN:
         """Embed a JSONL corpus into a datastore at `out` (resuming an interrupted build), index it, and load it.
 
         With `lazy`, documents are only registered and indexed; each is embedded the first time retrieval picks it.
-        `pack` > 1 masks that many non-adjacent targets per pass: faster, approximate keys (`Encoder.embed`).
+        `pack` > 1 masks that many non-adjacent targets per pass, `int8` computes keys with the encoder quantised to
+        int8: both faster, approximate keys (`Encoder.embed`).
         """
         encoder = model if isinstance(model, Encoder) else Encoder.load(model, layer, backend)
-        store = ds.build(corpus, out, encoder, lazy=lazy, pack=pack, progress=progress)
+        store = ds.build(corpus, out, encoder, lazy=lazy, pack=pack, int8=int8, progress=progress)
         return cls(encoder, store, ensure_index(store), **hparams)
 
     def predict(
