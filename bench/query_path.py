@@ -9,7 +9,8 @@ save time: the query path's speed does not depend on how the keys were computed.
 Reference path (as the authors' code does it): three copies of the model, two forward passes per batch (one for the
 logits, one for the hidden states), and per question a new flat FAISS index built from float32 keys read from disk.
 bertknn: one forward pass (head on the mask only), exact search on the float16 memmap, in PyTorch ("bertknn") and in
-ONNX Runtime ("bertknn onnx", `--backend onnx`; its graph is exported into a temporary cache first, not timed). Prints
+ONNX Runtime ("bertknn onnx", `--backend onnx`; its graph is exported into a temporary cache first, not timed) and
+with questions in int8 ("bertknn onnx-int8", `--backend onnx-int8`: approximate; the top-1 agreement is printed). Prints
 single-question latency p50/p99, batched questions/s, the share of IR + kNN + combine in bertknn's time, and the
 throughput ratios last.
 """
@@ -114,6 +115,7 @@ def main() -> None:
         os.environ["BERTKNN_CACHE"] = str(Path(tmp) / "cache")  # the exported ONNX graph goes away with it
         knn = make_store(encoder, args.docs, Path(tmp))
         fast = BertKNN(Encoder(model, tokenizer, encoder.name, backend="onnx"), knn.store, knn.index)
+        int8 = BertKNN(Encoder(model, tokenizer, encoder.name, backend="onnx-int8"), knn.store, knn.index)
         titles = {t.lower() for t in knn.store.titles(list(range(knn.store.n_documents)))}
         facts = [
             f
@@ -133,15 +135,18 @@ def main() -> None:
             ours, onnx, theirs = knn.predict(q, s).p, fast.predict(q, s).p, ref.answer([q], [s])[0]
             assert np.argmax(ours) == np.argmax(theirs) == np.argmax(onnx)
             print(f"max |p onnx - p torch| {np.abs(onnx - ours).max():.1e}")
+        agree = np.mean([np.argmax(int8.predict(q, s).p) == np.argmax(fast.predict(q, s).p) for q, s in zip(qs, subs)])
+        print(f"onnx-int8 vs onnx: the same BERT-kNN top-1 answer on {agree:.0%} of {len(qs)} questions")
         batches = [(qs[i : i + 32], subs[i : i + 32]) for i in range(0, len(qs), 32)]
         runs = {
             "reference": (lambda q, s: ref.answer([q], [s]), lambda: [ref.answer(q, s) for q, s in batches]),
             "bertknn": (knn.predict, lambda: knn.predict_batch(qs, subs)),
             "bertknn onnx": (fast.predict, lambda: fast.predict_batch(qs, subs)),
+            "bertknn onnx-int8": (int8.predict, lambda: int8.predict_batch(qs, subs)),
         }
         single = {name: [timed(one, q, s) for q, s in zip(qs, subs)] for name, (one, _) in runs.items()}
         batched = {name: [timed(many) for _ in range(2)] for name, (_, many) in runs.items()}
-        for name, enc in (("bertknn", encoder), ("bertknn onnx", fast.encoder)):
+        for name, enc in (("bertknn", encoder), ("bertknn onnx", fast.encoder), ("bertknn onnx-int8", int8.encoder)):
             forward_ms = np.median([timed(enc.query, [q]) for q in qs]) * 1000
             rest = np.median(single[name]) * 1000 - forward_ms
             share = 100 * rest / forward_ms
@@ -151,7 +156,7 @@ def main() -> None:
             rate = len(qs) / min(batched[name])
             print(f"{name}: single question p50 {p50:.1f} ms, p99 {p99:.1f} ms; batched {rate:.1f} questions/s")
         base = min(batched["reference"])
-        ratios = [f"{name} {base / min(batched[name]):.2f}x" for name in ("bertknn", "bertknn onnx")]
+        ratios = [f"{name} {base / min(batched[name]):.2f}x" for name in batched if name != "reference"]
         print(f"query throughput ratio to the reference (batched): {', '.join(ratios)}")
 
 

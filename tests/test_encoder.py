@@ -132,7 +132,7 @@ def test_onnx_graphs_are_cached_and_a_corrupt_one_is_exported_again(encoder, onn
 
 
 def test_unknown_backend_is_refused(encoder):
-    with pytest.raises(ModelError, match="unknown backend 'tensorrt': use one of torch, onnx"):
+    with pytest.raises(ModelError, match="unknown backend 'tensorrt': use one of torch, onnx, onnx-int8"):
         Encoder(encoder.model, encoder.tokenizer, encoder.name, backend="tensorrt")
 
 
@@ -148,3 +148,15 @@ def test_a_model_onnx_cannot_trace_gets_an_error_that_names_the_way_out(encoder,
     with pytest.raises(onnx_backend.ExportError, match=r"\(RuntimeError: unsupported operator aten::weird\); use --"):
         onnx.query(["Rome is in [MASK] ."])
     assert not list(tmp_path.rglob("*.onnx"))
+
+
+def test_onnx_int8_backend_quantises_questions_only(encoder, tokenizer):
+    int8 = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, backend="onnx-int8")
+    questions = ["Dante was born in [MASK] .", "The longest river of the country [MASK] flows into the sea ."]
+    (probs, states), (want_probs, want_states) = int8.query(questions), encoder.query(questions)
+    cosine = (states * want_states).sum(1) / np.linalg.norm(states, axis=1) / np.linalg.norm(want_states, axis=1)
+    assert cosine.min() > 0.95 and not np.allclose(states, want_states, atol=1e-3)  # approximate
+    np.testing.assert_allclose(probs.sum(1), 1, atol=1e-5)
+    assert not np.array_equal(probs, want_probs)  # the LM distribution is computed in int8 too
+    sentences = tokenize_sentences(tokenizer, ["Rome is a big city in Italy."])
+    np.testing.assert_allclose(int8.embed(sentences), encoder.embed(sentences), atol=1e-5)  # keys stay float32

@@ -93,7 +93,7 @@ BackendOption = Annotated[
     str,
     typer.Option(
         help="run the model in onnx (ONNX Runtime: the same numbers, 2-3x faster per question on CPU; exported once "
-        "to the cache) or torch"
+        "to the cache), torch, or onnx-int8 (questions in int8: ~2x more questions/s, approximate; bench/README.md)"
     ),
 ]
 

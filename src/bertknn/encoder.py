@@ -26,7 +26,7 @@ from bertknn.onnx_backend import OnnxRunner
 from bertknn.text import MASK, Sentence, mask_count_error
 
 BLOCK_PATHS = ("encoder.layer", "transformer.layer", "encoder.layers", "layers")
-BACKENDS = ("torch", "onnx")
+BACKENDS = ("torch", "onnx", "onnx-int8")
 
 
 def cache_dir() -> Path:
@@ -127,7 +127,8 @@ def mask_groups(n_targets: int, pack: int) -> list[list[int]]:
 class Encoder:
     """A masked LM with its tokenizer, read at the mask after block `layer` (default: the second-to-last).
 
-    `backend` "onnx" runs the same forward functions in ONNX Runtime (exported to cache_dir()/onnx on first use).
+    `backend` "onnx" runs the same forward functions in ONNX Runtime (exported to cache_dir()/onnx on first use);
+    "onnx-int8" also runs questions quantised to int8 (faster, approximate LM distribution and query state).
     """
 
     def __init__(
@@ -209,7 +210,8 @@ class Encoder:
         encoded = [self.question_ids(t) for t in texts]
         ids, attention = self._pad([np.asarray(e[0]) for e in encoded])
         rows, cols = torch.arange(len(texts)), torch.tensor([e[1] for e in encoded])
-        logits, states = self._run(self._mask_outputs, ("logits", "states"), ids, attention, rows, cols)
+        int8 = self.backend == "onnx-int8"
+        logits, states = self._run(self._mask_outputs, ("logits", "states"), ids, attention, rows, cols, int8=int8)
         return torch.softmax(torch.from_numpy(logits), dim=-1).numpy(), states
 
     @torch.inference_mode()
