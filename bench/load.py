@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="server's CPU threads [default: all cores]")
     parser.add_argument("--max-batch", type=int, default=32, help="requests per model call with batching on")
     parser.add_argument("--window-ms", type=float, default=0.0, help="how long the worker waits for more requests")
-    parser.add_argument("--backend", default="onnx", choices=("onnx", "torch"), help="the model's runtime")
+    parser.add_argument("--backend", default="onnx", choices=("onnx", "torch", "onnx-int8"), help="the model runtime")
     parser.add_argument("--datastore", help="datastore directory [default: the demo corpus's, with the default model]")
     args = parser.parse_args()
     questions = [{"text": q["question"], "subject": q["subject"], "top_k": 10, "evidence": 3} for q in demo_questions()]
