@@ -85,7 +85,7 @@ Int8Option = Annotated[
     bool,
     typer.Option(
         "--int8-keys",
-        help="compute keys with the model quantised to int8 (ONNX Runtime, per channel): ~2.4x faster, approximate "
+        help="compute keys with the model quantised to int8 (ONNX Runtime, per channel): ~2.8x faster, approximate "
         "keys (cosine 0.994 to exact on the default model, LAMA P@1 unchanged; bench/README.md)",
     ),
 ]
@@ -93,7 +93,7 @@ BackendOption = Annotated[
     str,
     typer.Option(
         help="run the model in onnx (ONNX Runtime: the same numbers, 2-3x faster per question on CPU; exported once "
-        "to the cache), torch, or onnx-int8 (questions in int8: ~2x more questions/s, approximate; bench/README.md)"
+        "to the cache), torch, or onnx-int8 (questions in int8: 2-2.5x the questions/s, approximate; bench/README.md)"
     ),
 ]
 

@@ -114,14 +114,15 @@ class FaissIndex:
                 raise ValueError(f"bad FAISS factory string {factory!r}: {str(err).splitlines()[-1]}") from None
             if train_size is None:
                 settings["train_size"] = train_size = auto_train_size(index, store.size)
-            sample = np.sort(np.random.default_rng(seed).permutation(store.size)[:train_size])
-            try:
-                index.train(np.asarray(store.keys[sample], np.float32))
-            except RuntimeError as err:
-                raise ValueError(
-                    f"cannot train FAISS index {factory!r} on {len(sample):,} keys ({str(err).splitlines()[-1]}); "
-                    "use a larger --train-size or fewer IVF lists"
-                ) from None
+            if not index.is_trained:  # Flat, HNSW...: nothing to learn, no sample to read
+                sample = np.sort(np.random.default_rng(seed).permutation(store.size)[:train_size])
+                try:
+                    index.train(np.asarray(store.keys[sample], np.float32))
+                except RuntimeError as err:
+                    raise ValueError(
+                        f"cannot train FAISS index {factory!r} on {len(sample):,} keys ({str(err).splitlines()[-1]}); "
+                        "use a larger --train-size or fewer IVF lists"
+                    ) from None
             _save(index, store.path)
         (store.path / SETTINGS_FILE).write_text(json.dumps(settings, indent=2), encoding="utf-8")
         built = cls(index, store, settings)
