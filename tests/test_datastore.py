@@ -49,6 +49,15 @@ def test_every_key_is_the_layer_state_of_its_masked_sentence(tmp_path, small_cor
         np.testing.assert_allclose(store.keys[entry].astype(np.float32), states[3][0, pos].numpy(), atol=KEY_ATOL)
 
 
+def test_evidence_of_many_entries_comes_in_the_order_asked(tmp_path, small_corpus, encoder):
+    store = ds.build(small_corpus, tmp_path / "s", encoder)
+    entries = [store.size - 1, 0, 7, 0]
+    together = store.evidence(entries)
+    assert [e.entry for e in together] == entries
+    assert together == [store.evidence([e])[0] for e in entries]
+    assert together[0].doc_id != together[1].doc_id
+
+
 def test_documents_own_contiguous_ranges(tmp_path, small_corpus, encoder):
     store = ds.build(small_corpus, tmp_path / "s", encoder)
     ranges = store.document_ranges(list(range(5)))

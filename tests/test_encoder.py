@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertknn.encoder import Encoder, ModelError, QuestionError, mask_groups
+from bertknn.encoder import Encoder, ModelError, QuestionError, length_batches, mask_groups
 from bertknn.text import tokenize_sentences
 
 
@@ -44,6 +44,32 @@ def test_query_gives_lm_distribution_and_layer_state_in_one_pass(encoder, tokeni
     np.testing.assert_allclose(probs[0], torch.softmax(out.logits[0, pos], -1).numpy(), atol=1e-6)
     np.testing.assert_allclose(states[0], out.hidden_states[3][0, pos].numpy(), atol=1e-5)
     assert probs.shape == (2, tokenizer.vocab_size) and np.allclose(probs.sum(1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("budget", [1, 20, 64, 10_000])
+def test_length_batches_sort_by_length_and_fill_the_token_budget(budget):
+    lengths = np.random.default_rng(budget).integers(3, 30, 50).tolist()
+    batches = list(length_batches(lengths, budget))
+    assert sorted(i for b in batches for i in b) == list(range(50))
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(flat)
+    for batch, following in pairwise([*batches, None]):
+        padded = len(batch) * max(lengths[i] for i in batch)
+        assert padded <= budget or len(batch) == 1
+        if following:  # the next item would have broken the budget
+            assert (len(batch) + 1) * lengths[following[0]] > budget
+
+
+def test_query_batches_by_length_and_answers_in_the_order_asked(encoder):
+    questions = ["Dante was born in [MASK] .", "[MASK] .", "The capital of the old kingdom of Portugal is [MASK] ."]
+    probs, states = encoder.query(questions)  # one batch, padded
+    for i, text in enumerate(questions):
+        alone_probs, alone_states = encoder.query([text])
+        np.testing.assert_allclose(probs[i], alone_probs[0], atol=1e-6)
+        np.testing.assert_allclose(states[i], alone_states[0], atol=1e-5)
+    tight = encoder.query(questions, token_budget=1)  # one question per batch, shortest first
+    np.testing.assert_allclose(tight[0], probs, atol=1e-6)
+    np.testing.assert_allclose(tight[1], states, atol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -191,16 +191,16 @@ class Datastore:
         return [self.db.execute("SELECT title FROM documents WHERE idx = ?", (d,)).fetchone()[0] for d in docs]
 
     def evidence(self, entries: list[int]) -> list[Evidence]:
-        """Provenance of stored entries: document, sentence and the target's span."""
-        out = []
-        for entry in entries:
-            row = self.db.execute(
-                "SELECT d.id, d.title, s.text, e.start, e.end FROM entries e JOIN sentences s ON s.idx = e.sentence "
-                "JOIN documents d ON d.idx = s.doc WHERE e.idx = ?",
-                (int(entry),),
-            ).fetchone()
-            out.append(Evidence(int(entry), row[0], row[1], row[2], (row[3], row[4])))
-        return out
+        """Provenance of stored entries (one query for all): document, sentence and the target's span."""
+        found = {
+            idx: Evidence(idx, doc_id, title, sentence, (start, end))
+            for idx, doc_id, title, sentence, start, end in self.db.execute(
+                "SELECT e.idx, d.id, d.title, s.text, e.start, e.end FROM entries e JOIN sentences s ON s.idx = "
+                "e.sentence JOIN documents d ON d.idx = s.doc WHERE e.idx IN (SELECT value FROM json_each(?))",
+                (json.dumps([int(e) for e in entries]),),
+            )
+        }
+        return [found[int(e)] for e in entries]
 
     def iter_document_texts(self, first: int = 0, stop: int | None = None) -> Iterator[str]:
         """Each document's sentences joined, for documents first..stop-1 in order (what the IR index is built from)."""

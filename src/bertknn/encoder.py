@@ -12,7 +12,7 @@ import contextlib
 import copy
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from bertknn.text import MASK, Sentence, mask_count_error
 
 BLOCK_PATHS = ("encoder.layer", "transformer.layer", "encoder.layers", "layers")
 BACKENDS = ("torch", "onnx", "onnx-int8")
+TOKEN_BUDGET = 1024  # padded tokens per model batch (bench/query_path.py and bench/build_throughput.py)
 
 
 def cache_dir() -> Path:
@@ -108,6 +109,19 @@ def _truncated(base: nn.Module, path: str, n_blocks: int) -> nn.Module:
         parent = child
     parent._modules[parts[-1]] = nn.ModuleList(list(parent._modules[parts[-1]])[:n_blocks])
     return root
+
+
+def length_batches(lengths: Sequence[int], token_budget: int) -> Iterator[list[int]]:
+    """Indices of `lengths` sorted by length, in batches of at most `token_budget` padded tokens (count x longest;
+    a longer item alone): little padding, and batches as large as the budget allows."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    start = 0
+    while start < len(order):
+        stop = start + 1
+        while stop < len(order) and (stop - start + 1) * lengths[order[stop]] <= token_budget:
+            stop += 1
+        yield order[start:stop]
+        start = stop
 
 
 def mask_groups(n_targets: int, pack: int) -> list[list[int]]:
@@ -205,18 +219,27 @@ class Encoder:
         return ids, attention
 
     @torch.inference_mode()
-    def query(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """One forward pass for a batch of questions: (LM probabilities at the mask [n, V], layer-L states [n, d])."""
+    def query(self, texts: list[str], token_budget: int = TOKEN_BUDGET) -> tuple[np.ndarray, np.ndarray]:
+        """LM probabilities at the mask [n, V] and layer-L states [n, d] of questions, one forward pass each.
+
+        The questions run sorted by length in batches of at most `token_budget` padded tokens; outputs come back in
+        the order of `texts`.
+        """
         encoded = [self.question_ids(t) for t in texts]
-        ids, attention = self._pad([np.asarray(e[0]) for e in encoded])
-        rows, cols = torch.arange(len(texts)), torch.tensor([e[1] for e in encoded])
+        probs = np.empty((len(texts), self.vocab_size), np.float32)
+        states = np.empty((len(texts), self.dim), np.float32)
         int8 = self.backend == "onnx-int8"
-        logits, states = self._run(self._mask_outputs, ("logits", "states"), ids, attention, rows, cols, int8=int8)
-        return torch.softmax(torch.from_numpy(logits), dim=-1).numpy(), states
+        for batch in length_batches([len(ids) for ids, _ in encoded], token_budget):
+            ids, attention = self._pad([np.asarray(encoded[i][0]) for i in batch])
+            rows, cols = torch.arange(len(batch)), torch.tensor([encoded[i][1] for i in batch])
+            outputs = ("logits", "states")
+            logits, states[batch] = self._run(self._mask_outputs, outputs, ids, attention, rows, cols, int8=int8)
+            probs[batch] = torch.softmax(torch.from_numpy(logits), dim=-1).numpy()
+        return probs, states
 
     @torch.inference_mode()
     def embed(
-        self, sentences: list[Sentence], token_budget: int = 1024, pack: int = 1, int8: bool = False
+        self, sentences: list[Sentence], token_budget: int = TOKEN_BUDGET, pack: int = 1, int8: bool = False
     ) -> np.ndarray:
         """Layer-L keys of every target of `sentences` (sentence order, then target order) as float32 [n, d].
 
@@ -233,17 +256,9 @@ class Encoder:
             for group in mask_groups(len(s.positions), pack)
         ]
         keys = np.empty((first[-1], self.dim), dtype=np.float32)
-
-        def length(j: int) -> int:
-            return len(sentences[passes[j][0]].input_ids)
-
-        order = sorted(range(len(passes)), key=length)
-        start = 0
-        while start < len(order):
-            stop = start + 1
-            while stop < len(order) and (stop - start + 1) * length(order[stop]) <= token_budget:
-                stop += 1
-            batch = [passes[j] for j in order[start:stop]]
+        lengths = [len(sentences[i].input_ids) for i, _ in passes]
+        for order in length_batches(lengths, token_budget):
+            batch = [passes[j] for j in order]
             ids, attention = self._pad([sentences[i].input_ids for i, _ in batch])
             rows = torch.tensor(np.concatenate([np.full(len(c), r) for r, (_, c) in enumerate(batch)]))
             cols = torch.tensor(
@@ -252,7 +267,6 @@ class Encoder:
             ids[rows, cols] = self.mask_id
             (states,) = self._run(self._key_states, ("states",), ids, attention, rows, cols, int8=int8)
             keys[np.concatenate([c for _, c in batch])] = states
-            start = stop
         return keys
 
     def _run(self, forward, outputs: tuple[str, ...], *inputs: torch.Tensor, int8: bool = False) -> list[np.ndarray]:

@@ -150,11 +150,12 @@ class BertKNN:
         subjects: list[str | None] | None = None,
         top_k: int = 10,
         evidence: int = 3,
-        batch_size: int = 32,
+        batch_size: int = 256,
         retrieval: str = "ir",
         **hparams: float,
     ) -> list[Prediction]:
-        """Predict many questions, running the model in batches of `batch_size`; options as in `predict`."""
+        """Predict many questions, `batch_size` at a time (the encoder runs them sorted by length); options as in
+        `predict`."""
         h = merge_hparams(self.hparams, hparams)
         if retrieval not in RETRIEVALS:
             raise ValueError(f"retrieval must be one of {', '.join(RETRIEVALS)}, not {retrieval!r}")
@@ -279,15 +280,15 @@ class BertKNN:
             return {}
         weights = neighbour_weights(dist, temperature)
         ids = self.encoder.tokenizer.convert_tokens_to_ids([w.token for w in words])
-        out = {}
-        for word, token_id in zip(words, ids):
-            picks = np.flatnonzero(values == token_id)[:n_evidence]
-            found = self.store.evidence(entries[picks].tolist())
-            out[word.token] = [
+        picks = [np.flatnonzero(values == token_id)[:n_evidence] for token_id in ids]
+        found = iter(self.store.evidence(entries[np.concatenate(picks)].tolist()))  # one query for all words
+        return {
+            word.token: [
                 Neighbour(word.token, float(dist[i]), float(weights[i]), e.doc_id, e.title, e.sentence, e.span)
-                for i, e in zip(picks, found)
+                for i, e in zip(mine, found)
             ]
-        return out
+            for word, mine in zip(words, picks)
+        }
 
 
 def set_threads(n: int) -> None:
