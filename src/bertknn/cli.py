@@ -93,7 +93,7 @@ BackendOption = Annotated[
     str,
     typer.Option(
         help="run the model in onnx (ONNX Runtime: the same numbers, 2-3x faster per question on CPU; exported once "
-        "to the cache), torch, or onnx-int8 (questions in int8: 2-2.5x the questions/s, approximate; bench/README.md)"
+        "to the cache), torch, or onnx-int8 (questions in int8: ~2.5x the questions/s, approximate; bench/README.md)"
     ),
 ]
 
