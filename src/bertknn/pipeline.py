@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -285,7 +286,7 @@ class BertKNN:
         return {
             word.token: [
                 Neighbour(word.token, float(dist[i]), float(weights[i]), e.doc_id, e.title, e.sentence, e.span)
-                for i, e in zip(mine, found)
+                for i, e in zip(mine, islice(found, len(mine)))
             ]
             for word, mine in zip(words, picks)
         }
