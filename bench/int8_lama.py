@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--sample-per-relation", type=int, default=30)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    set_threads(args.threads)
+    set_threads(args.threads, "onnx")
     fast = Encoder.load(backend="onnx")
     facts = ev.load_lama(data / "lama", fast.tokenizer, ("T-REx", "Google-RE", "SQuAD"), warn=lambda m: None)
     facts = [f for f in facts if f.group not in ev.KB_GROUPS or is_heldout(f.subject)]

@@ -38,7 +38,7 @@ def serve(port: int, max_batch: int, window_ms: float, threads: int, datastore: 
     from bertknn.pipeline import BertKNN, set_threads
     from bertknn.service import create_app
 
-    set_threads(threads or os.cpu_count() or 1)
+    set_threads(threads or os.cpu_count() or 1, backend)
     knn = BertKNN.load(datastore, backend=backend) if datastore else build_demo(backend=backend)
     app = create_app(knn, max_batch=max_batch, batch_window_ms=window_ms)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")

@@ -14,7 +14,8 @@ bertknn: one forward pass (head on the mask only), exact search on the float16 m
 ONNX Runtime ("bertknn onnx", `--backend onnx`; its graph is exported into a temporary cache first, not timed) and
 with questions in int8 ("bertknn onnx-int8", `--backend onnx-int8`: approximate; the top-1 agreement is printed). Prints
 single-question latency p50/p99, batched questions/s, the share of IR + kNN + combine in bertknn's time (timed by
-replaying the model's outputs computed beforehand), and the throughput ratios last.
+replaying the model's outputs computed beforehand), and the throughput ratios last. Threads (`set_threads`): the
+reference and PyTorch paths give PyTorch --threads; the ONNX paths give ONNX Runtime --threads and PyTorch one.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=12)
     parser.add_argument("--questions", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--rounds", type=int, default=5, help="batched runs per path (the fastest counts)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating batched runs per path (the fastest counts)")
     args = parser.parse_args()
     set_threads(args.threads)
     faiss.omp_set_num_threads(1)
@@ -150,15 +151,22 @@ def main() -> None:
         agree = np.mean([np.argmax(int8.predict(q, s).p) == np.argmax(fast.predict(q, s).p) for q, s in zip(qs, subs)])
         print(f"onnx-int8 vs onnx: the same BERT-kNN top-1 answer on {agree:.0%} of {len(qs)} questions")
         batches = [(qs[i : i + 32], subs[i : i + 32]) for i in range(0, len(qs), 32)]
-        runs = {
-            "reference": (lambda q, s: ref.answer([q], [s]), lambda: [ref.answer(q, s) for q, s in batches]),
-            "bertknn": (knn.predict, lambda: knn.predict_batch(qs, subs)),
-            "bertknn onnx": (fast.predict, lambda: fast.predict_batch(qs, subs)),
-            "bertknn onnx-int8": (int8.predict, lambda: int8.predict_batch(qs, subs)),
+        runs = {  # name: (one question, the batch, the thread policy: see set_threads)
+            "reference": (lambda q, s: ref.answer([q], [s]), lambda: [ref.answer(q, s) for q, s in batches], "torch"),
+            "bertknn": (knn.predict, lambda: knn.predict_batch(qs, subs), "torch"),
+            "bertknn onnx": (fast.predict, lambda: fast.predict_batch(qs, subs), "onnx"),
+            "bertknn onnx-int8": (int8.predict, lambda: int8.predict_batch(qs, subs), "onnx-int8"),
         }
-        single = {name: [timed(one, q, s) for q, s in zip(qs, subs)] for name, (one, _) in runs.items()}
-        batched = {name: [timed(many) for _ in range(args.rounds)] for name, (_, many) in runs.items()}
+        single, batched = {}, {name: [] for name in runs}
+        for name, (one, _, backend) in runs.items():
+            set_threads(args.threads, backend)
+            single[name] = [timed(one, q, s) for q, s in zip(qs, subs)]
+        for _ in range(args.rounds):  # alternating, so that a slow spell of the machine hits every path
+            for name, (_, many, backend) in runs.items():
+                set_threads(args.threads, backend)
+                batched[name].append(timed(many))
         for name, knn_ in (("bertknn", knn), ("bertknn onnx", fast), ("bertknn onnx-int8", int8)):
+            set_threads(args.threads, knn_.encoder.backend)
             forward = [timed(knn_.encoder.query, [q]) for q in qs]
             forward_all = min(timed(knn_.encoder.query, qs) for _ in range(args.rounds))
             replay = replayed(knn_, qs)  # the same path with the model's outputs computed beforehand

@@ -8,14 +8,18 @@ from typer.testing import CliRunner
 from bertknn import cli
 from bertknn.cli import app
 from bertknn.datastore import Datastore
+from bertknn.pipeline import set_threads
 
 runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
 def wide_console(monkeypatch):
-    """Render as on a 200-column terminal so that lines are not wrapped."""
+    """Render as on a 200-column terminal so that lines are not wrapped; the suite's one thread back afterwards
+    (a command without --threads sets all cores for the process)."""
     monkeypatch.setattr(cli.console, "width", 200)
+    yield
+    set_threads(1)
 
 
 @pytest.fixture()

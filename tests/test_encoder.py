@@ -157,6 +157,23 @@ def test_onnx_graphs_are_cached_and_a_corrupt_one_is_exported_again(encoder, onn
     assert len(exports) == 1 and graph.stat().st_size > 1000
 
 
+def test_with_an_onnx_backend_onnx_runtime_takes_the_threads_and_pytorch_keeps_one(encoder):
+    from bertknn import onnx_backend
+    from bertknn.pipeline import set_threads
+
+    try:
+        set_threads(2, "onnx")
+        assert torch.get_num_threads() == 1
+        onnx = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, backend="onnx")
+        onnx.query(["Rome is in [MASK] ."])
+        (runner,) = onnx._runners.values()
+        assert runner.session().get_session_options().intra_op_num_threads == 2
+        set_threads(2, "torch")
+        assert torch.get_num_threads() == 2 and onnx_backend._threads is None
+    finally:
+        set_threads(1)
+
+
 def test_unknown_backend_is_refused(encoder):
     with pytest.raises(ModelError, match="unknown backend 'tensorrt': use one of torch, onnx, onnx-int8"):
         Encoder(encoder.model, encoder.tokenizer, encoder.name, backend="tensorrt")

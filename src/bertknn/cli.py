@@ -38,8 +38,8 @@ def _fail(err: Exception) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _threads(threads: int) -> None:
-    set_threads(threads or os.cpu_count() or 1)
+def _threads(threads: int, backend: str = "torch") -> None:
+    set_threads(threads or os.cpu_count() or 1, backend)
 
 
 @contextlib.contextmanager
@@ -162,7 +162,7 @@ def build(
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
 ) -> None:
     """Embed every target word of a corpus into a datastore and index its documents. Rerun to resume."""
-    _threads(threads)
+    _threads(threads, backend)
     try:
         _build(corpus, out, model, layer, lazy, pack, backend, int8_keys)
     except USER_ERRORS as err:
@@ -190,7 +190,7 @@ def ask(
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
 ) -> None:
     """Answer a cloze question: BERT, kNN and BERT-kNN side by side, with the evidence sentences."""
-    _threads(threads)
+    _threads(threads, backend)
     try:
         knn = BertKNN.load(datastore, model, backend=backend, n_docs=n_docs, k=k, temperature=temperature, lam=lam)
         prediction = knn.predict(question, subject=subject, top_k=top_k, retrieval=retrieval)
@@ -252,7 +252,7 @@ def add(
     """Add documents: embedded and indexed in place, searchable at once. Rerun after a crash to complete it."""
     from bertknn.text import iter_corpus
 
-    _threads(threads)
+    _threads(threads, backend)
     try:
         docs = list(iter_corpus(corpus))  # the whole file is read first: a bad line changes nothing
         knn = BertKNN.load(datastore, backend=backend)
@@ -305,7 +305,7 @@ def demo(
         fresh_facts,
     )
 
-    _threads(threads)
+    _threads(threads, backend)
     try:
         encoder = Encoder.load(model, backend=backend)
         out = demo_path(encoder)
@@ -412,7 +412,7 @@ def eval_lama(
     from bertknn.report import write_report
     from bertknn.train_head import is_heldout
 
-    _threads(threads)
+    _threads(threads, backend)
     began = time.time()
     try:
         if vocab not in ("full", "common"):
@@ -524,7 +524,7 @@ def tune(
     from bertknn.train_head import is_heldout
     from bertknn.tune import cache_facts, grid_search
 
-    _threads(threads)
+    _threads(threads, backend)
     try:
         encoder = Encoder.load(model, backend=backend)
         facts = ev.load_lama(data, encoder.tokenizer, ("T-REx", "Google-RE", "SQuAD"), warn=console.print)
@@ -597,7 +597,7 @@ def serve(
     from bertknn.demo import build_demo
     from bertknn.service import create_app
 
-    _threads(threads)
+    _threads(threads, backend)
     try:
         if datastore == "demo":
             with phase_progress() as report:

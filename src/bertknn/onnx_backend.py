@@ -19,6 +19,13 @@ import torch
 from torch import nn
 
 INPUTS = ("ids", "attention", "rows", "cols")
+_threads: int | None = None  # intra-op threads of sessions opened from now on (None: PyTorch's count)
+
+
+def set_threads(n: int | None) -> None:
+    """Threads of the ONNX Runtime sessions opened from now on; None: as many as PyTorch has."""
+    global _threads
+    _threads = n
 
 
 class ExportError(ValueError):
@@ -91,7 +98,7 @@ class OnnxRunner:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()  # the count set_threads gave PyTorch
+        options.intra_op_num_threads = _threads or torch.get_num_threads()
         options.inter_op_num_threads = 1
         return ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
 

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from bertknn import datastore as ds
+from bertknn import onnx_backend
 from bertknn.combine import Neighbour, Prediction, interpolate, ranked
 from bertknn.datastore import Datastore, DatastoreError
 from bertknn.default_model import DEFAULT_MODEL
@@ -292,9 +293,15 @@ class BertKNN:
         }
 
 
-def set_threads(n: int) -> None:
-    """Give PyTorch n threads and numpy's BLAS one: two busy pools on few cores stall each other."""
+def set_threads(n: int, backend: str = "torch") -> None:
+    """Give the model n threads and numpy's BLAS one: two busy pools on few cores stall each other.
+
+    With an ONNX backend, ONNX Runtime gets the n threads and PyTorch (left with small array work: softmax, top-k)
+    one, so that its OpenMP pool does not stall ONNX Runtime's (bench/README.md: ~0.7 ms less per question).
+    """
     from threadpoolctl import threadpool_limits
 
-    torch.set_num_threads(n)
+    onnx = backend != "torch"
+    torch.set_num_threads(1 if onnx else n)
+    onnx_backend.set_threads(n if onnx else None)
     threadpool_limits(1, user_api="blas")
