@@ -5,7 +5,7 @@
 
 The server (`bertknn.service.create_app`) runs in its own process over the demo corpus's datastore with the offline
 default model (built and cached as by `bertknn demo`), or over --datastore, with the model in --backend (onnx, as
-`bertknn serve` does by default, or torch). Each client posts the demo questions
+`bertknn serve` does by default, torch or onnx-int8). Each client posts the demo questions
 (with their subjects) one after another for --seconds, after a warm-up; the figures are requests/s, p50/p99
 latency, the error count (non-200 answers and failed requests) and requests per model call. The server runs once
 with micro-batching (--max-batch waiting requests share one predict_batch call) and once without (max_batch=1:
@@ -26,6 +26,7 @@ import httpx
 import numpy as np
 
 from bertknn.demo import demo_questions
+from bertknn.encoder import BACKENDS
 
 WARM_UP = 8
 
@@ -134,7 +135,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="server's CPU threads [default: all cores]")
     parser.add_argument("--max-batch", type=int, default=32, help="requests per model call with batching on")
     parser.add_argument("--window-ms", type=float, default=0.0, help="how long the worker waits for more requests")
-    parser.add_argument("--backend", default="onnx", choices=("onnx", "torch", "onnx-int8"), help="the model runtime")
+    parser.add_argument("--backend", default="onnx", choices=BACKENDS, help="the model runtime")
     parser.add_argument("--datastore", help="datastore directory [default: the demo corpus's, with the default model]")
     args = parser.parse_args()
     questions = [{"text": q["question"], "subject": q["subject"], "top_k": 10, "evidence": 3} for q in demo_questions()]

@@ -228,11 +228,10 @@ class Encoder:
         encoded = [self.question_ids(t) for t in texts]
         probs = np.empty((len(texts), self.vocab_size), np.float32)
         states = np.empty((len(texts), self.dim), np.float32)
-        int8 = self.backend == "onnx-int8"
+        int8, outputs = self.backend == "onnx-int8", ("logits", "states")
         for batch in length_batches([len(ids) for ids, _ in encoded], token_budget):
             ids, attention = self._pad([np.asarray(encoded[i][0]) for i in batch])
             rows, cols = torch.arange(len(batch)), torch.tensor([encoded[i][1] for i in batch])
-            outputs = ("logits", "states")
             logits, states[batch] = self._run(self._mask_outputs, outputs, ids, attention, rows, cols, int8=int8)
             probs[batch] = torch.softmax(torch.from_numpy(logits), dim=-1).numpy()
         return probs, states
