@@ -52,16 +52,16 @@ def load_sentences(tokenizer, n_contexts: int) -> list:
 @torch.inference_mode()
 def reference_keys(model, sentences: list, layer: int, mask_id: int, batch: int = 124) -> np.ndarray:
     """The reference approach: full MLM forward (logits everywhere), corpus order, batches of 124, padded."""
-    contexts = [(s, int(p)) for s in sentences for p in s.positions]
+    contexts = [(s.windows[w], int(p)) for s in sentences for w, p in zip(s.window, s.positions)]
     keys = []
     for start in range(0, len(contexts), batch):
         part = contexts[start : start + batch]
-        width = max(len(s.input_ids) for s, _ in part)
+        width = max(len(window) for window, _ in part)
         ids = torch.zeros((len(part), width), dtype=torch.long)
         attention = torch.zeros_like(ids)
-        for i, (s, p) in enumerate(part):
-            ids[i, : len(s.input_ids)] = torch.from_numpy(s.input_ids)
-            attention[i, : len(s.input_ids)] = 1
+        for i, (window, p) in enumerate(part):
+            ids[i, : len(window)] = torch.from_numpy(window)
+            attention[i, : len(window)] = 1
             ids[i, p] = mask_id
         out = model(input_ids=ids, attention_mask=attention, output_hidden_states=True)
         out.logits.sum()  # the logits at every position are computed, as in the reference

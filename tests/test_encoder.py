@@ -108,7 +108,7 @@ def test_packed_keys_are_the_states_of_their_jointly_masked_sentence(encoder, to
     row = 0
     for s in sentences:
         for group in mask_groups(len(s.positions), 3):
-            ids = torch.tensor(s.input_ids).unsqueeze(0).clone()
+            ids = torch.tensor(s.windows[0]).unsqueeze(0).clone()
             ids[0, s.positions[group]] = tokenizer.mask_token_id
             with torch.no_grad():
                 states = encoder.model(input_ids=ids, output_hidden_states=True).hidden_states[3][0]

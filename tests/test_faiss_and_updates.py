@@ -190,6 +190,9 @@ def test_cli_index_add_remove(tmp_path, built, monkeypatch):
     ask = ["ask", store, QUESTION, "--subject", SUBJECT, "--retrieval", "faiss", "--threads", "1"]
     assert "tallinn" in runner.invoke(app, ask).output
     result = runner.invoke(app, ["remove", store, "--doc", "n1"])
-    assert result.exit_code == 0 and "removed 1 document(s)" in result.output
-    result = runner.invoke(app, ["remove", store, "--doc", "n1"])
-    assert result.exit_code == 2 and "no document with id 'n1'" in result.output
+    assert result.exit_code == 0 and "removed 1 document(s)" in result.output, result.output
+    result = runner.invoke(app, ["remove", store, "--doc", "n1"])  # a rerun finishes at once
+    assert result.exit_code == 0 and "removed 0 document(s)" in result.output and "before: n1" in result.output
+    result = runner.invoke(app, ["remove", store, "--doc", "d1", "--doc", "nope"])  # all or nothing
+    assert result.exit_code == 2 and "no document with id 'nope'" in result.output
+    assert built.store.states(["d1"]) == {"d1": "live"}

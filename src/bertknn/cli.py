@@ -21,6 +21,7 @@ from bertknn.combine import Prediction
 from bertknn.default_model import DEFAULT_MODEL, HEAD_FILE
 from bertknn.encoder import Encoder
 from bertknn.pipeline import DEFAULTS, BertKNN, set_threads
+from bertknn.text import printable
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 data_app = typer.Typer(no_args_is_help=True, help="Get and verify evaluation data.")
@@ -30,7 +31,7 @@ app.add_typer(eval_app, name="eval")
 TUNED = "default: the datastore's tuned value, else "
 DATA_DIR = Path(os.environ.get("BERTKNN_DATA", "../shared/data")) / "lama"
 console = Console()
-USER_ERRORS = (ValueError, FileNotFoundError)
+USER_ERRORS = (ValueError, OSError)  # bertknn's errors are ValueErrors; OSError: disk full, permissions...
 
 
 def _fail(err: Exception) -> typer.Exit:
@@ -126,9 +127,14 @@ def _prob(p: float) -> str:
     return f"{p:.3f}" if p >= 1e-3 else f"{p:.0e}"
 
 
+def _shown(text: str) -> str:
+    """A user or corpus string as rich markup that prints it as it is, control characters escaped (\\x1b)."""
+    return escape(printable(text))
+
+
 def render(prediction: Prediction, top_k: int = 10, evidence_words: int = 3) -> Group:
     """The three ranked lists side by side, then the evidence sentences of the top kNN words."""
-    table = Table(title=escape(prediction.question), title_justify="left")
+    table = Table(title=_shown(prediction.question), title_justify="left")
     table.add_column("#", justify="right", style="dim")
     for name in ("BERT", "kNN", "BERT-kNN"):
         table.add_column(name)
@@ -137,15 +143,15 @@ def render(prediction: Prediction, top_k: int = 10, evidence_words: int = 3) -> 
     for i in range(top_k):
         cells = [str(i + 1)]
         for ranked in lists:
-            cells += [escape(ranked[i].token), _prob(ranked[i].probability)] if i < len(ranked) else ["", ""]
+            cells += [_shown(ranked[i].token), _prob(ranked[i].probability)] if i < len(ranked) else ["", ""]
         table.add_row(*cells)
     docs = ", ".join(prediction.documents) or "none (BERT alone answers)"
-    lines = [f"[dim]documents:[/] {escape(docs)}"]
+    lines = [f"[dim]documents:[/] {_shown(docs)}"]
     for word, neighbours in list(prediction.evidence.items())[:evidence_words]:
         for n in neighbours:
             a, b = n.span
-            sentence = f"{escape(n.sentence[:a])}[bold yellow]{escape(n.sentence[a:b])}[/]{escape(n.sentence[b:])}"
-            lines.append(f"[bold]{escape(word)}[/] d²={n.distance:.1f} [dim]{escape(n.title)}:[/] {sentence}")
+            sentence = f"{_shown(n.sentence[:a])}[bold yellow]{_shown(n.sentence[a:b])}[/]{_shown(n.sentence[b:])}"
+            lines.append(f"[bold]{_shown(word)}[/] d²={n.distance:.1f} [dim]{_shown(n.title)}:[/] {sentence}")
     return Group(table, Panel("\n".join(lines), title="evidence", title_align="left"))
 
 
@@ -177,7 +183,7 @@ def ask(
     datastore: Annotated[Path, typer.Argument(help="datastore directory made by `bertknn build`")],
     question: Annotated[str, typer.Argument(help="cloze question with exactly one [MASK]")],
     subject: Annotated[str | None, typer.Option(help="subject of a knowledge-base question (steers retrieval)")] = None,
-    top_k: Annotated[int, typer.Option(help="answers to list")] = 10,
+    top_k: Annotated[int, typer.Option(min=1, max=1000, help="answers to list")] = 10,
     n_docs: NDocsOption = None,
     k: KOption = None,
     temperature: TemperatureOption = None,
@@ -276,16 +282,45 @@ def remove(
     datastore: Annotated[Path, typer.Argument(help="datastore directory made by `bertknn build`")],
     doc: Annotated[list[str], typer.Option("--doc", help="id of a document to hide (repeatable)")],
 ) -> None:
-    """Remove documents: hidden from IR, kNN and FAISS search at once (their stored rows are kept)."""
+    """Remove documents: hidden from IR, kNN and FAISS search at once, all or none (their stored rows are kept)."""
     from bertknn.datastore import Datastore
 
     try:
         store = Datastore(datastore)
-        for doc_id in doc:
-            store.remove(doc_id)
+        with store.writing():
+            removed, before = store.remove(doc)
     except USER_ERRORS as err:
         raise _fail(err) from None
-    console.print(f"removed {len(doc)} document(s) from {datastore}")
+    console.print(
+        f"removed {len(removed)} document(s) from {escape(str(datastore))}"
+        + (f"; already removed before: {escape(', '.join(before))}" if before else "")
+    )
+
+
+@app.command()
+def verify(
+    datastore: Annotated[Path, typer.Argument(help="datastore directory made by `bertknn build`")],
+    record: Annotated[
+        bool, typer.Option(help="record the checksums of the files as they are now (only for files known sound)")
+    ] = False,
+) -> None:
+    """Check a datastore: every checksum block of every file, SQLite's integrity, keys. Exit status 1 on damage."""
+    from bertknn import datastore as ds
+
+    try:
+        if record:
+            ds.record_checksums(datastore)
+        with phase_progress() as report:
+            found = ds.verify(datastore, progress=lambda done, total: report("verifying", done, total))
+    except USER_ERRORS as err:
+        raise _fail(err) from None
+    for note in found.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}")
+    for problem in found.problems:
+        console.print(f"[bold red]damaged:[/] {escape(problem)}")
+    if found.problems:
+        raise typer.Exit(1)
+    console.print(f"{escape(str(datastore))}: sound ({found.blocks:,} checksum blocks checked)")
 
 
 @app.command()
@@ -557,7 +592,8 @@ def tune(
         f"disjoint from the eval sample of {exclude_sample_per_relation} per relation (seed {seed})"
     )
     hparams = {k: best[k] for k in ("n_docs", "k", "temperature", "lam")}
-    knn.store.set_manifest(tuned={"hparams": hparams, "dev": description, "P@1": best["P@1"]})
+    with knn.store.writing():
+        knn.store.set_manifest(tuned={"hparams": hparams, "dev": description, "P@1": best["P@1"]})
     out.mkdir(parents=True, exist_ok=True)
     (out / "grid.json").write_text(json.dumps({"dev": description, "grid": grid}, indent=1), encoding="utf-8")
     lines = [
@@ -588,6 +624,23 @@ def serve(
     host: Annotated[str, typer.Option(help="interface to bind (loopback: this machine only)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
     writable: Annotated[bool, typer.Option(help="allow POST /documents and DELETE /documents/{id}")] = False,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="BERTKNN_TOKEN",
+            show_default=False,
+            help="token that writes need (Authorization: Bearer TOKEN); required for --writable off loopback. "
+            "Prefer the environment variable: a command line is visible to other users",
+        ),
+    ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            show_default=False,
+            help="Host header value to answer, repeatable [default: the loopback names; binding another address "
+            "adds it and this machine's names and addresses]",
+        ),
+    ] = None,
     backend: BackendOption = "onnx",
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
 ) -> None:
@@ -595,8 +648,13 @@ def serve(
     import uvicorn
 
     from bertknn.demo import build_demo
-    from bertknn.service import create_app
+    from bertknn.service import allowed_hosts_for, create_app, is_loopback
 
+    token = token or None
+    network = not is_loopback(host)
+    if writable and network and not token:
+        raise _fail(ValueError(f"--writable on {host} lets the network write: pass --token or set BERTKNN_TOKEN"))
+    hosts = allowed_host or allowed_hosts_for(host)
     _threads(threads, backend)
     try:
         if datastore == "demo":
@@ -607,9 +665,16 @@ def serve(
         knn.encoder.query(["[MASK] ."])  # the first request should not pay for loading (or exporting) the model
     except USER_ERRORS as err:
         raise _fail(err) from None
-    mode = "writable" if writable else "read-only"
+    if network:
+        console.print(
+            f"[bold yellow]warning:[/] bound to {escape(host)}: the service is reachable from the network, by anyone "
+            "who can connect to this machine"
+        )
+    mode = ("writable, with token" if token else "writable") if writable else "read-only"
     console.print(
         f"datastore {knn.store.path} ({knn.store.n_documents:,} documents, {knn.store.size:,} contexts, {mode}), "
-        f"model {knn.encoder.name}\nserving on [bold]http://{host}:{port}/[/] (Ctrl+C stops)"
+        f"model {knn.encoder.name}\nserving on [bold]http://{escape(host)}:{port}/[/] for the Host names "
+        f"{escape(', '.join(hosts))} (--allowed-host sets others; Ctrl+C stops)"
     )
-    uvicorn.run(create_app(knn, writable=writable), host=host, port=port, log_level="warning")
+    service = create_app(knn, writable=writable, token=token, allowed_hosts=hosts)
+    uvicorn.run(service, host=host, port=port, log_level="warning")

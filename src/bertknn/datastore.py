@@ -7,27 +7,37 @@ Layout of a datastore directory:
 - store.sqlite: documents (each with one contiguous entry range and a state), sentences and each entry's provenance.
 
 A document's state is 'live' (searched), 'adding' (registered by `bertknn add` but not yet searchable: it becomes
-live in one transaction once its keys and index entries are all written) or 'removed' (hidden from every path).
+live in one transaction once its keys and index entries are all written) or 'removed' (hidden from every path; its
+id moves to `removed_id`, so the id is free again).
 
 The build appends one chunk of documents at a time: keys and values are written and fsynced first, then SQLite
 commits the chunk's rows and the new entry count in one transaction. That count is the truth: a reader and a
 resumed build ignore any bytes past it, so a build killed at any point resumes to exactly the uninterrupted result.
+
+One process writes at a time (`Datastore.writing`: an flock on write.lock); a writer first re-reads what others
+committed and, when it is done, records per-block checksums of every data file (integrity.py). Opening a store
+checks its manifest against SQLite, every file's size, and a sample of checksum blocks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import sqlite3
+import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from bertknn.encoder import Encoder
+from bertknn.encoder import TOKEN_BUDGET, Encoder
+from bertknn.integrity import ChecksumError, Checksums, Damage
 from bertknn.text import Document, iter_corpus, normalize_title, split_sentences, tokenize_sentences, validate_corpus
 
 FORMAT = "bertknn-datastore"
@@ -37,13 +47,25 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS documents (
     idx INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, title TEXT NOT NULL, norm_title TEXT NOT NULL,
     start INTEGER, end INTEGER,  -- the entry range [start, end); NULL until the document is embedded
-    state TEXT NOT NULL DEFAULT 'live');
+    state TEXT NOT NULL DEFAULT 'live',
+    digest TEXT,  -- sha256 of the document's title and passages: an add with other text under the same id is seen
+    removed_id TEXT);  -- a removed document's id (its `id` becomes REMOVED_PREFIX + idx, so the id is free)
 CREATE INDEX IF NOT EXISTS documents_title ON documents (norm_title);
 CREATE TABLE IF NOT EXISTS sentences (idx INTEGER PRIMARY KEY, doc INTEGER NOT NULL, text TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS sentences_doc ON sentences (doc);
 CREATE TABLE IF NOT EXISTS entries (
     idx INTEGER PRIMARY KEY, sentence INTEGER NOT NULL, start INTEGER NOT NULL, end INTEGER NOT NULL);
 """
+REMOVED_PREFIX = "\x1f"  # a control character, which document ids may not hold (text.parse_document)
+SQL_PARAMS = 900  # SQLite caps the number of parameters of one statement (999 in old builds)
+LOCK_FILE, SQLITE = "write.lock", "store.sqlite"
+REGISTER_DOCS = 500  # documents registered per transaction by a build
+LAZY_WAIT = 600.0  # seconds a lazy store's reader waits for another writer before it embeds on demand
+CHARS_PER_WORD = 6  # a chunk's size is estimated from its characters: about one target word per 6 of them
+SAMPLE_BLOCKS = 16  # checksum blocks checked at random when a store is opened (besides each file's last block)
+IDENTITY = ("model_hash", "layer", "dim", "pack", "int8")  # manifest fields SQLite keeps a copy of
+REQUIRED = {"model": str, "model_hash": str, "layer": int, "dim": int, "status": str}
+NOT_DATA = {"manifest.json", "checksums.json", LOCK_FILE}  # files of a datastore that checksums do not cover
 
 
 class DatastoreError(ValueError):
@@ -61,6 +83,11 @@ class Evidence:
     span: tuple[int, int]
 
 
+def document_digest(doc: Document) -> str:
+    """sha256 of a document's title and passages: tells an add of the same document from one with other text."""
+    return hashlib.sha256(json.dumps([doc.title, list(doc.passages)]).encode()).hexdigest()
+
+
 def file_sha256(path: Path) -> str:
     """sha256 of a file, read in blocks."""
     digest = hashlib.sha256()
@@ -68,6 +95,79 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _stat(path: Path) -> list[int] | None:
+    """(size, modification time in ns) of a file, None when it does not exist."""
+    with contextlib.suppress(FileNotFoundError):
+        info = path.stat()
+        return [info.st_size, info.st_mtime_ns]
+    return None
+
+
+def data_files(path: Path) -> list[str]:
+    """The files of a datastore directory that checksums cover (relative names), temporary files excluded."""
+    return sorted(
+        str(file.relative_to(path))
+        for file in [*path.iterdir(), *path.glob("tfidf_add_*/*")]
+        if file.is_file()
+        and file.name not in NOT_DATA
+        and not file.name.endswith(".tmp")
+        and not file.parent.name.endswith(".tmp")
+    )
+
+
+def _read_manifest(path: Path) -> dict:
+    """The manifest, checked: format, version and the fields every command needs, with their types."""
+    file = path / "manifest.json"
+    if not file.is_file():
+        raise DatastoreError(f"{path} is not a datastore (no manifest.json); create one with `bertknn build`")
+    try:
+        manifest = json.loads(file.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DatastoreError(f"{file} is damaged ({err}); restore it from a copy or rebuild the datastore") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise DatastoreError(f"{file} is not a {FORMAT} version {VERSION} manifest")
+    for field, kind in REQUIRED.items():
+        if not isinstance(manifest.get(field), kind) or isinstance(manifest.get(field), bool):
+            raise DatastoreError(
+                f"{file} is damaged: field {field!r} is missing or not a {kind.__name__}; restore it or rebuild"
+            )
+    if manifest["dim"] < 1 or manifest["layer"] < 0:
+        raise DatastoreError(f"{file} is damaged: dim {manifest['dim']} / layer {manifest['layer']} are impossible")
+    return manifest
+
+
+def _acquire(path: Path, wait: float):
+    """The datastore's writer lock (an open, flocked file), waiting up to `wait` seconds for the holder."""
+    handle = (path / LOCK_FILE).open("a+", encoding="utf-8")
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                handle.seek(0)
+                holder = handle.read().strip() or "another process"
+                handle.close()
+                raise DatastoreError(
+                    f"{path} is being written by {holder}; one writer at a time: rerun when it has finished"
+                ) from None
+            time.sleep(0.05)
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} ({' '.join(os.path.basename(a) for a in sys.argv[:2])})")
+    handle.flush()
+    return handle
+
+
+def _damage_message(path: Path, damage: list) -> str:
+    shown = "; ".join(str(d) for d in damage[:5]) + (f"; and {len(damage) - 5} more" if len(damage) > 5 else "")
+    return (
+        f"{path} is damaged: {shown}. `bertknn verify {path}` checks every block; restore the damaged files from a "
+        "copy, or rebuild (a damaged faiss.index: delete faiss.index and faiss.json and rerun `bertknn index`)"
+    )
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -81,39 +181,71 @@ def _write_json(path: Path, obj: dict) -> None:
 
 
 class Datastore:
-    """A datastore directory opened for reading (and, during a build, appending)."""
+    """A datastore directory opened for reading (and, under `writing()`, for appending).
 
-    def __init__(self, path: str | Path) -> None:
+    `check` verifies the manifest against SQLite, the sizes of all checksummed files and `SAMPLE_BLOCKS` random
+    checksum blocks (all of them in a small store): damage found raises DatastoreError naming file and block.
+    """
+
+    def __init__(self, path: str | Path, check: bool = True) -> None:
         self.path = Path(path)
-        manifest = self.path / "manifest.json"
-        if not manifest.is_file():
-            raise DatastoreError(f"{self.path} is not a datastore (no manifest.json); create one with `bertknn build`")
-        try:
-            self.manifest = json.loads(manifest.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise DatastoreError(f"{manifest} is corrupt ({err.msg}); rebuild the datastore") from None
-        if self.manifest.get("format") != FORMAT or self.manifest.get("version") != VERSION:
-            raise DatastoreError(f"{manifest} is not a {FORMAT} version {VERSION} manifest")
+        self.manifest = _read_manifest(self.path)
         self.dim = int(self.manifest["dim"])
-        self.db = sqlite3.connect(self.path / "store.sqlite", check_same_thread=False)
-        self.db.executescript(SCHEMA)
-        if "state" not in {row[1] for row in self.db.execute("PRAGMA table_info(documents)")}:  # before add/remove
-            with self.db:
-                self.db.execute("ALTER TABLE documents ADD COLUMN state TEXT NOT NULL DEFAULT 'live'")
-        self.db.execute("CREATE INDEX IF NOT EXISTS documents_state ON documents (state)")
+        self._lock: tuple | None = None  # (open lock file, depth) while this object holds the writer lock
+        with self.sqlite_errors():
+            self.db = sqlite3.connect(self.path / SQLITE, check_same_thread=False, timeout=30)
+            self.db.executescript(SCHEMA)
+            columns = {row[1] for row in self.db.execute("PRAGMA table_info(documents)")}
+            for column, kind in (("state", "TEXT NOT NULL DEFAULT 'live'"), ("digest", "TEXT"), ("removed_id", "TEXT")):
+                if column not in columns:  # a datastore made before the column existed
+                    with self.db:
+                        self.db.execute(f"ALTER TABLE documents ADD COLUMN {column} {kind}")
+            self.db.execute("CREATE INDEX IF NOT EXISTS documents_state ON documents (state)")
+            self._check_identity()
         self._owners: tuple | None = None  # (entry count, range starts, documents) cached by `documents_of`
         self._map()
+        self.version = self._data_version()
+        self.faiss_damage: list[Damage] = []  # damage confined to the FAISS files: IR questions still work
+        if check:
+            damage = self.check(sample=SAMPLE_BLOCKS)
+            self.faiss_damage = [d for d in damage if d.file.startswith("faiss")]
+            if len(damage) > len(self.faiss_damage):
+                raise DatastoreError(_damage_message(self.path, damage))
+
+    @contextlib.contextmanager
+    def sqlite_errors(self) -> Iterator[None]:
+        """Turn SQLite's errors about a damaged or foreign file into a DatastoreError that names the file."""
+        try:
+            yield
+        except sqlite3.IntegrityError:
+            raise
+        except sqlite3.DatabaseError as err:
+            raise DatastoreError(
+                f"{self.path / SQLITE} is damaged or unreadable ({err}); `bertknn verify {self.path}` locates the "
+                "damage"
+            ) from None
+
+    def _check_identity(self) -> None:
+        """Refuse a manifest whose model, layer or key settings disagree with the copy kept in SQLite."""
+        known = json.loads(self._meta("identity", "{}"))
+        for field, value in known.items():
+            if self.manifest.get(field) != value:
+                raise DatastoreError(
+                    f"{self.path / 'manifest.json'} says {field} = {self.manifest.get(field)!r} but {SQLITE} records "
+                    f"{value!r}: the manifest was edited or damaged; restore {field} = {value!r}"
+                )
 
     def _map(self) -> None:
         """Memory-map the committed entries; anything past the committed count is ignored."""
-        self.size = int(self._meta("entries", "0"))
-        self.n_documents = self.db.execute("SELECT count(*) FROM documents").fetchone()[0]
+        with self.sqlite_errors():
+            self.size = int(self._meta("entries", "0"))
+            self.n_documents = self.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents").fetchone()[0]
         for name, width in (("keys.f16", 2 * self.dim), ("values.i32", 4)):
             have = (self.path / name).stat().st_size if (self.path / name).exists() else 0
             if have < self.size * width:
                 raise DatastoreError(
                     f"{self.path / name} is truncated ({have:,} bytes for {self.size:,} entries): the datastore is "
-                    "corrupt; rebuild it"
+                    "damaged; restore it from a copy or rebuild it"
                 )
         if self.size:
             self.keys = np.memmap(self.path / "keys.f16", np.float16, "r", shape=(self.size, self.dim))
@@ -125,6 +257,91 @@ class Datastore:
     def _meta(self, key: str, default: str) -> str:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else default
+
+    def _data_version(self) -> tuple:
+        """Changes whenever another connection commits to SQLite or a checksummed file is rewritten."""
+        with self.sqlite_errors():
+            version = self.db.execute("PRAGMA data_version").fetchone()[0]
+        return version, _stat(self.path / "checksums.json")
+
+    def reload(self) -> bool:
+        """Re-read what other processes committed (entries, documents, manifest); True if anything changed."""
+        version = self._data_version()
+        if version == self.version:
+            return False
+        self.version = version
+        self.manifest = _read_manifest(self.path)
+        self._map()
+        return True
+
+    @contextlib.contextmanager
+    def writing(self, wait: float = 0.0) -> Iterator[Datastore]:
+        """Hold the datastore's writer lock (waiting up to `wait` seconds for another writer), re-read the committed
+        state, and on success record the checksums of what was written. Re-entrant."""
+        if self._lock is not None:
+            handle, depth = self._lock
+            self._lock = (handle, depth + 1)
+            try:
+                yield self
+            finally:
+                self._lock = (handle, depth)
+            return
+        handle = _acquire(self.path, wait)
+        self._lock = (handle, 1)
+        try:
+            self.reload()
+            yield self
+            self.seal()
+        finally:
+            self._lock = None
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.close()
+
+    def seal(self) -> None:
+        """Record checksums: the new tail of keys and values, SQLite whole, and any other data file changed."""
+        sums = Checksums(self.path)
+        sums.extend("keys.f16", self.size * 2 * self.dim)
+        sums.extend("values.i32", self.size * 4)
+        sums.meta["sqlite_changes"] = self._changes()
+        sums.record(SQLITE)
+        on_disk = set(data_files(self.path))
+        sums.forget(set(sums.files) - on_disk)
+        for name in sorted(on_disk - {"keys.f16", "values.i32", SQLITE}):
+            known = sums.files.get(name, {})
+            if known.get("stat") != _stat(self.path / name):
+                sums.record(name)
+                sums.files[name]["stat"] = _stat(self.path / name)
+        sums.save()
+        self.version = self._data_version()
+
+    def rewriting(self, *names: str) -> None:
+        """Drop the checksums of files about to be replaced, so an interrupted rewrite is not taken for damage (the
+        writer's seal records them again)."""
+        sums = Checksums(self.path)
+        if set(names) & set(sums.files):
+            sums.forget(names)
+            sums.save()
+
+    def _changes(self) -> int:
+        """SQLite's file change counter (header bytes 24-27): it grows with every committed transaction."""
+        with (self.path / SQLITE).open("rb") as handle:
+            handle.seek(24)
+            return int.from_bytes(handle.read(4), "big")
+
+    def check(self, sample: int | None = None, progress: Callable[[int, int], None] | None = None) -> list:
+        """Damage found in the checksummed files: sizes always, then `sample` random blocks (None: every block).
+
+        SQLite is only compared when it has not been committed to since its checksums were recorded (a writer that
+        was interrupted seals it on its next run).
+        """
+        try:
+            sums = Checksums(self.path)
+        except ChecksumError as err:
+            return [Damage("checksums.json", None, str(err))]
+        names = set(sums.files)
+        if sums.meta.get("sqlite_changes") != self._changes():
+            names.discard(SQLITE)
+        return sums.verify(names, sample, progress)
 
     @property
     def complete(self) -> bool:
@@ -213,29 +430,73 @@ class Datastore:
 
     def register(self, docs: list[Document], state: str = "live") -> None:
         """Add documents and their sentences (text only, not yet embedded) in one transaction."""
-        sent_idx = self.db.execute("SELECT count(*) FROM sentences").fetchone()[0]
-        with self.db:
-            for doc_idx, doc in enumerate(docs, self.n_documents):
-                self.db.execute(
-                    "INSERT INTO documents VALUES (?, ?, ?, ?, NULL, NULL, ?)",
-                    (doc_idx, doc.id, doc.title, normalize_title(doc.title), state),
-                )
-                sentences = [s for p in doc.passages for s in split_sentences(p)]
-                self.db.executemany(
-                    "INSERT INTO sentences VALUES (?, ?, ?)",
-                    [(sent_idx + i, doc_idx, t) for i, t in enumerate(sentences)],
-                )
-                sent_idx += len(sentences)
+        with self.sqlite_errors(), self.db:
+            self._insert(docs, state)
         self.n_documents += len(docs)
 
-    def states(self, ids: list[str]) -> dict[str, str]:
-        """The state of each of the given document ids that the datastore holds."""
-        found = {}
-        for i in range(0, len(ids), 900):  # SQLite caps the number of parameters of one statement
-            part = ids[i : i + 900]
-            query = f"SELECT id, state FROM documents WHERE id IN ({','.join('?' * len(part))})"
-            found.update(dict(self.db.execute(query, part).fetchall()))
+    def _insert(self, docs: list[Document], state: str) -> None:
+        first, sent_idx = self.db.execute(
+            "SELECT (SELECT coalesce(max(idx) + 1, 0) FROM documents), "
+            "(SELECT coalesce(max(idx) + 1, 0) FROM sentences)"
+        ).fetchone()
+        for doc_idx, doc in enumerate(docs, first):
+            self.db.execute(
+                "INSERT INTO documents VALUES (?, ?, ?, ?, NULL, NULL, ?, ?, NULL)",
+                (doc_idx, doc.id, doc.title, normalize_title(doc.title), state, document_digest(doc)),
+            )
+            sentences = [s for p in doc.passages for s in split_sentences(p)]
+            self.db.executemany(
+                "INSERT INTO sentences VALUES (?, ?, ?)", [(sent_idx + i, doc_idx, t) for i, t in enumerate(sentences)]
+            )
+            sent_idx += len(sentences)
+
+    def _rows(self, column: str, values: list) -> list[tuple]:
+        """(value, idx, state, digest) of the documents whose `column` is one of `values`."""
+        found = []
+        for i in range(0, len(values), SQL_PARAMS):
+            part = values[i : i + SQL_PARAMS]
+            marks = ",".join("?" * len(part))
+            query = f"SELECT {column}, idx, state, digest FROM documents WHERE {column} IN ({marks})"
+            found += self.db.execute(query, part).fetchall()
         return found
+
+    def states(self, ids: list[str]) -> dict[str, str]:
+        """The state of each of the given document ids that the datastore holds (removed ones are not held)."""
+        with self.sqlite_errors():
+            return {doc_id: state for doc_id, _, state, _ in self._rows("id", ids)}
+
+    def stage(self, docs: list[Document]) -> list[str]:
+        """Register the given documents as 'adding' (hidden) unless the same document is there; return the ids
+        skipped because a live document has the same id and text. In one transaction.
+
+        A live document with the same id but other text is refused (remove it first); an 'adding' one left by an
+        interrupted add with other text is replaced, so a rerun with corrected text never keeps the old one.
+        """
+        with self.sqlite_errors():
+            held = {
+                doc_id: (idx, state, digest) for doc_id, idx, state, digest in self._rows("id", [d.id for d in docs])
+            }
+        changed = [d for d in docs if d.id in held and held[d.id][2] not in (None, document_digest(d))]
+        conflicts = [d.id for d in changed if held[d.id][1] == "live"]
+        if conflicts:
+            raise DatastoreError(
+                f"document id(s) {conflicts[:5]} are in {self.path} with other text; remove them first "
+                "(`bertknn remove --doc ID`), then add the new text"
+            )
+        skipped = [d.id for d in docs if d.id in held and held[d.id][1] == "live"]
+        new = [d for d in docs if d.id not in held or d in changed]
+        with self.sqlite_errors(), self.db:
+            self._hide([held[d.id][0] for d in changed])
+            self._insert(new, "adding")
+        self.n_documents = self.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents").fetchone()[0]
+        return skipped
+
+    def _hide(self, docs: list[int]) -> None:
+        """Mark documents removed and free their ids (inside the caller's transaction)."""
+        self.db.executemany(
+            "UPDATE documents SET state = 'removed', removed_id = id, id = ? || idx WHERE idx = ?",
+            [(REMOVED_PREFIX, d) for d in docs],
+        )
 
     def adding(self) -> list[int]:
         """Documents registered by an add that has not been published yet."""
@@ -243,18 +504,27 @@ class Datastore:
 
     def publish(self) -> None:
         """Make every 'adding' document live, in one transaction."""
-        with self.db:
+        with self.sqlite_errors(), self.db:
             self.db.execute("UPDATE documents SET state = 'live' WHERE state = 'adding'")
 
-    def remove(self, doc_id: str) -> None:
-        """Hide a live document from every search path, in one transaction; its id becomes free for a new one."""
-        with self.db:
-            changed = self.db.execute(
-                "UPDATE documents SET state = 'removed', id = id || '#removed-' || idx WHERE id = ? AND state = 'live'",
-                (doc_id,),
-            ).rowcount
-        if not changed:
-            raise DatastoreError(f"no document with id {doc_id!r} in {self.path}")
+    def remove(self, ids: list[str]) -> tuple[list[str], list[str]]:
+        """Hide documents from every search path, all in one transaction; return (removed now, removed before).
+
+        An id the datastore never held raises DatastoreError and nothing changes, so a rerun of the same removal
+        finishes it: ids removed by the first run are reported as removed before.
+        """
+        ids = list(dict.fromkeys(str(i) for i in ids))
+        with self.sqlite_errors():
+            held = {doc_id: idx for doc_id, idx, state, _ in self._rows("id", ids) if state in ("live", "adding")}
+            before = {doc_id for doc_id, *_ in self._rows("removed_id", [i for i in ids if i not in held])}
+        unknown = [i for i in ids if i not in held and i not in before]
+        if unknown:
+            raise DatastoreError(
+                f"no document with id {', '.join(map(repr, unknown[:5]))} in {self.path}; nothing was removed"
+            )
+        with self.sqlite_errors(), self.db:
+            self._hide(list(held.values()))
+        return list(held), [i for i in ids if i in before]
 
     def live_documents(self) -> int:
         """How many documents searches can return."""
@@ -280,8 +550,8 @@ class Datastore:
             return [r[0] for r in self.db.execute(f"{query} ORDER BY idx")]
         docs = sorted(set(docs))
         found: set[int] = set()
-        for i in range(0, len(docs), 900):  # SQLite caps the number of parameters of one statement
-            part = docs[i : i + 900]
+        for i in range(0, len(docs), SQL_PARAMS):
+            part = docs[i : i + SQL_PARAMS]
             found |= {r[0] for r in self.db.execute(f"{query} AND idx IN ({','.join('?' * len(part))})", part)}
         return [d for d in docs if d in found]
 
@@ -290,7 +560,7 @@ class Datastore:
         docs: list[int],
         encoder: Encoder,
         chunk_entries: int = 4096,
-        token_budget: int = 1024,
+        token_budget: int = TOKEN_BUDGET,
         progress: Callable[[int], None] | None = None,
     ) -> int:
         """Embed the given documents that are not embedded yet; return how many entries were added.
@@ -298,21 +568,26 @@ class Datastore:
         Documents are taken in index order and committed in chunks of whole documents that end once they hold about
         `chunk_entries` sentences' worth of words; `progress(documents_done)` is called after each chunk.
         """
-        added, chunk, words, done = 0, [], 0, 0
         todo = self.pending(docs)
-        for i, doc in enumerate(todo):
-            chunk.append(doc)
-            words += self.db.execute("SELECT sum(length(text)) FROM sentences WHERE doc = ?", (doc,)).fetchone()[0] // 6
-            if words >= chunk_entries or i == len(todo) - 1:
-                added += self._embed_chunk(chunk, encoder, token_budget)
-                done += len(chunk)
-                chunk, words = [], 0
-                if progress:
-                    progress(done)
-        if added and self.manifest.get("status") != "building":
-            embedded = self.n_documents - len(self.pending())
-            status = "complete" if embedded == self.n_documents else "lazy"
-            self.set_manifest(status=status, embedded=embedded, entries=self.size)
+        if not todo:
+            return 0
+        with self.writing(wait=LAZY_WAIT):  # in a lazy store, a reader embeds: it waits for a writer to finish
+            todo = self.pending(todo)  # what another writer did meanwhile is not redone
+            added, chunk, words, done = 0, [], 0, 0
+            for i, doc in enumerate(todo):
+                chunk.append(doc)
+                length = self.db.execute("SELECT sum(length(text)) FROM sentences WHERE doc = ?", (doc,)).fetchone()[0]
+                words += (length or 0) // CHARS_PER_WORD
+                if words >= chunk_entries or i == len(todo) - 1:
+                    added += self._embed_chunk(chunk, encoder, token_budget)
+                    done += len(chunk)
+                    chunk, words = [], 0
+                    if progress:
+                        progress(done)
+            if added and self.manifest.get("status") != "building":
+                embedded = self.n_documents - len(self.pending())
+                status = "complete" if embedded == self.n_documents else "lazy"
+                self.set_manifest(status=status, embedded=embedded, entries=self.size)
         return added
 
     def _embed_chunk(self, docs: list[int], encoder: Encoder, token_budget: int) -> int:
@@ -322,6 +597,11 @@ class Datastore:
         ).fetchall()
         flat = tokenize_sentences(encoder.tokenizer, [r[2] for r in rows])
         keys = encoder.embed(flat, token_budget, self.pack, self.int8).astype(np.float16)
+        if not np.isfinite(keys).all():  # float16 overflows past 65,504: such keys would poison every distance
+            raise DatastoreError(
+                f"the model gave non-finite keys (NaN, or beyond float16's range) for documents {docs[:5]}; nothing "
+                "of them was stored. Check the model, or choose another --layer"
+            )
         values = np.concatenate([s.target_ids for s in flat]) if flat else np.zeros(0, np.int32)
         start = self.size
         for name, array, width in (("keys.f16", keys, 2 * self.dim), ("values.i32", values, 4)):
@@ -343,7 +623,7 @@ class Datastore:
 
     def _commit_entries(self, docs: list[int], first: dict[int, int], rows: list, start: int, end: int) -> None:
         """One transaction: the chunk's entry rows, each document's [start, end) range and the new entry count."""
-        with self.db:
+        with self.sqlite_errors(), self.db:
             self.db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?)", rows)
             bounds = [first.get(d, start) for d in docs]  # every document of a chunk has >= 1 sentence
             ends = [*bounds[1:], end]
@@ -352,6 +632,12 @@ class Datastore:
                 [(a, b, d) for d, a, b in zip(docs, bounds, ends)],
             )
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('entries', ?)", (str(end),))
+
+    def record_identity(self) -> None:
+        """Keep a copy of the manifest's model and key settings in SQLite, which opening the store compares."""
+        identity = json.dumps({field: self.manifest.get(field) for field in IDENTITY})
+        with self.sqlite_errors(), self.db:
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity,))
 
     def set_manifest(self, **changes: object) -> None:
         """Update the manifest atomically."""
@@ -364,15 +650,19 @@ def create(
 ) -> Datastore:
     """Create an empty datastore directory for `encoder` (or reopen it when it was made for the same model)."""
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise DatastoreError(f"{path} is a file, not a directory; choose a new or empty directory for the datastore")
     if (path / "manifest.json").exists():
         store = Datastore(path)
         store.check_encoder(encoder)
         known = store.manifest.get("corpus") or {}
         if corpus and known and known.get("sha256") != corpus["sha256"]:
-            raise DatastoreError(
-                f"{path} holds a datastore of another corpus ({known.get('path')}); "
-                "choose another --out directory or delete this one"
-            )
+            if store.n_documents:
+                raise DatastoreError(
+                    f"{path} holds a datastore of another corpus ({known.get('path')}); "
+                    "choose another --out directory or delete this one"
+                )
+            store.set_manifest(corpus=corpus)  # nothing was read from the other corpus: start over with this one
         if store.pack != pack:
             raise DatastoreError(
                 f"{path} holds keys computed with pack={store.pack}; resume it with the same --pack, or choose "
@@ -382,11 +672,17 @@ def create(
             have, flag = ("int8", "with --int8-keys") if store.int8 else ("float32", "without --int8-keys")
             raise DatastoreError(f"{path} holds {have} keys; resume it {flag}, or choose another --out directory")
         return store
-    if path.exists() and any(path.iterdir()):
+    leftovers = list(path.iterdir()) if path.exists() else []
+    if any(not p.name.endswith(".tmp") for p in leftovers):
         raise DatastoreError(f"{path} exists and is not a datastore; choose an empty or new directory")
+    for tmp in leftovers:  # what a create killed before its first manifest was in place left behind
+        (shutil.rmtree if tmp.is_dir() else Path.unlink)(tmp)
     path.mkdir(parents=True, exist_ok=True)
-    _write_json(path / "manifest.json", _new_manifest(encoder, corpus, pack, int8))
-    return Datastore(path)
+    manifest = _new_manifest(encoder, corpus, pack, int8)
+    _write_json(path / "manifest.json", manifest)
+    store = Datastore(path)
+    store.record_identity()
+    return store
 
 
 def _new_manifest(encoder: Encoder, corpus: dict | None, pack: int, int8: bool) -> dict:
@@ -428,6 +724,7 @@ def copy_registration(
         (shutil.copytree if name.is_dir() else shutil.copyfile)(name, tmp / name.name)
     manifest = _new_manifest(encoder, src.manifest.get("corpus"), pack, int8)
     _write_json(tmp / "manifest.json", manifest)
+    Datastore(tmp, check=False).record_identity()
     tmp.replace(path)
     return Datastore(path)
 
@@ -440,12 +737,12 @@ def build(
     pack: int = 1,
     int8: bool = False,
     chunk_entries: int = 4096,
-    token_budget: int = 1024,
+    token_budget: int = TOKEN_BUDGET,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Datastore:
     """Build (or resume building) the datastore of a JSONL corpus.
 
-    Documents are first registered (text and sentences, in chunks of 500 documents), then embedded in chunks
+    Documents are first registered (text and sentences, in chunks of REGISTER_DOCS documents), then embedded in chunks
     (`Datastore.embed`); with `lazy`, embedding is left for later and done per document on demand.
     `pack` > 1 masks that many targets per pass and `int8` runs the encoder quantised (`Encoder.embed`); the manifest
     records both: a resume with others is refused, and later embedding (lazy, `add`) follows them.
@@ -457,23 +754,94 @@ def build(
     corpus_info = {"path": str(corpus.resolve()), "sha256": file_sha256(corpus), "documents": n_docs}
     store = create(out, encoder, corpus_info, pack, int8)
     report = progress or (lambda phase, done, total: None)
-    chunk: list[Document] = []
-    report("reading", store.n_documents, n_docs)
-    for i, doc in enumerate(iter_corpus(corpus)):
-        if i < store.n_documents:
-            continue
-        chunk.append(doc)
-        if len(chunk) == 500 or i == n_docs - 1:
-            store.register(chunk)
-            chunk = []
-            report("reading", store.n_documents, n_docs)
-    if not lazy:
-        todo = store.pending()
-        done = n_docs - len(todo)
-        report("embedding", done, n_docs)
-        store.embed(todo, encoder, chunk_entries, token_budget, lambda d: report("embedding", done + d, n_docs))
-    embedded = n_docs - len(store.pending())
-    store.set_manifest(
-        status="complete" if embedded == n_docs else "lazy", documents=n_docs, embedded=embedded, entries=store.size
-    )
+    with store.writing():
+        report("reading", store.n_documents, n_docs)
+        chunk: list[Document] = []
+        for i, doc in enumerate(iter_corpus(corpus)):
+            if i < store.n_documents:
+                continue
+            chunk.append(doc)
+            if len(chunk) == REGISTER_DOCS or i == n_docs - 1:
+                store.register(chunk)
+                chunk = []
+                report("reading", store.n_documents, n_docs)
+        if not lazy:
+            todo = store.pending()
+            done = n_docs - len(todo)
+            report("embedding", done, n_docs)
+            store.embed(todo, encoder, chunk_entries, token_budget, lambda d: report("embedding", done + d, n_docs))
+        embedded = n_docs - len(store.pending())
+        status = "complete" if embedded == n_docs else "lazy"
+        store.set_manifest(status=status, documents=n_docs, embedded=embedded, entries=store.size)
     return store
+
+
+@dataclass
+class Report:
+    """What `verify` found: problems (damage) and notes (what could not be checked, and why)."""
+
+    problems: list[str]
+    notes: list[str]
+    blocks: int = 0
+
+
+def verify(path: str | Path, progress: Callable[[int, int], None] | None = None) -> Report:
+    """Every check of a datastore that needs no model: manifest, SQLite's own integrity check, every checksum
+    block of every file, finite keys and entry ranges. `progress(done, total)` follows the checksum blocks."""
+    path = Path(path)
+    try:
+        store = Datastore(path, check=False)
+    except DatastoreError as err:
+        return Report([str(err)], [])
+    report = Report([], [])
+    with store.sqlite_errors():
+        rows = [r[0] for r in store.db.execute("PRAGMA integrity_check")]
+    if rows != ["ok"]:
+        report.problems.append(f"{path / SQLITE}: {'; '.join(rows[:5])}")
+    try:
+        sums = Checksums(path)
+    except ChecksumError as err:
+        return Report([*report.problems, str(err)], [])
+    if not sums.files:
+        report.notes.append(
+            "no checksums recorded (a datastore made before bertknn recorded them, or never "
+            "finished): `bertknn verify --record` records them"
+        )
+    unrecorded = sorted(set(data_files(path)) - set(sums.files))
+    if unrecorded:
+        report.notes.append(f"not yet checksummed (written by an interrupted command): {', '.join(unrecorded[:5])}")
+    if SQLITE in sums.files and sums.meta.get("sqlite_changes") != store._changes():
+        report.notes.append(
+            f"{SQLITE} was committed to after its checksums were recorded (an interrupted writer); "
+            "its blocks were checked by SQLite's integrity check only"
+        )
+    damage = store.check(progress=progress)
+    report.blocks = sum(len(r["blocks"]) for r in sums.files.values())
+    report.problems += [str(d) for d in damage]
+    report.problems += _entry_problems(store)
+    return report
+
+
+def _entry_problems(store: Datastore, rows: int = 1 << 16) -> list[str]:
+    """Non-finite keys, and document ranges that point past the committed entries."""
+    problems = []
+    for start in range(0, store.size, rows):
+        finite = np.isfinite(store.keys[start : start + rows]).all(axis=1)
+        if not finite.all():
+            bad = (start + np.flatnonzero(~finite))[:5].tolist()
+            problems.append(f"{store.path / 'keys.f16'}: entries {bad} hold non-finite values")
+    with store.sqlite_errors():
+        outside = store.db.execute(
+            "SELECT count(*) FROM documents WHERE start < 0 OR end > ? OR end < start", (store.size,)
+        ).fetchone()[0]
+    if outside:
+        problems.append(f"{store.path / SQLITE}: {outside} document(s) with entry ranges outside the datastore")
+    return problems
+
+
+def record_checksums(path: str | Path) -> None:
+    """Record the checksums of a datastore's files as they are now (for a store made before checksums existed, or
+    after restoring files from a copy): only do this for files known to be sound."""
+    store = Datastore(path, check=False)
+    with store.writing():
+        (store.path / "checksums.json").unlink(missing_ok=True)

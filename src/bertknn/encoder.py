@@ -23,7 +23,7 @@ from transformers import __version__ as transformers_version
 
 from bertknn.default_model import DEFAULT_MODEL, load_default_model
 from bertknn.onnx_backend import OnnxRunner
-from bertknn.text import MASK, Sentence, mask_count_error
+from bertknn.text import MASK, Sentence, question_error
 
 BLOCK_PATHS = ("encoder.layer", "transformer.layer", "encoder.layers", "layers")
 BACKENDS = ("torch", "onnx", "onnx-int8")
@@ -43,7 +43,7 @@ class ModelError(ValueError):
 
 
 class QuestionError(ValueError):
-    """A question that is not a cloze question with exactly one [MASK]."""
+    """A question that is not a cloze question with exactly one [MASK], or not valid Unicode."""
 
 
 @contextlib.contextmanager
@@ -190,6 +190,11 @@ class Encoder:
         """Size of the output distribution."""
         return self.model.get_output_embeddings().weight.shape[0]
 
+    @property
+    def max_length(self) -> int:
+        """The most tokens one input may have: the tokenizer's limit, or the model's position embeddings' if fewer."""
+        return min(self.tokenizer.model_max_length, self.model.config.max_position_embeddings)
+
     @cached_property
     def weights_hash(self) -> str:
         """sha256 over every weight (name, shape and bytes): identifies the exact model a datastore was built with."""
@@ -200,13 +205,19 @@ class Encoder:
         return digest.hexdigest()
 
     def question_ids(self, text: str) -> tuple[list[int], int]:
-        """Token ids of a cloze question and the position of its single mask (QuestionError otherwise)."""
-        error = mask_count_error(text)
+        """Token ids of a cloze question (cut to `max_length`) and the position of its single mask (QuestionError
+        otherwise)."""
+        error = question_error(text)
         if error:
             raise QuestionError(error)
-        ids = self.tokenizer(text.replace(MASK, self.tokenizer.mask_token), truncation=True)["input_ids"]
+        text = text.replace(MASK, self.tokenizer.mask_token)
+        ids = self.tokenizer(text, truncation=True, max_length=self.max_length)["input_ids"]
         if ids.count(self.mask_id) != 1:
-            raise QuestionError(f"the question is too long: its {MASK} falls beyond the model's input length")
+            raise QuestionError(
+                f"the question is too long: its {MASK} falls beyond the model's input length"
+                if ids.count(self.mask_id) == 0
+                else f"the question holds the model's mask token {self.tokenizer.mask_token!r} besides its {MASK}"
+            )
         return ids, ids.index(self.mask_id)
 
     def _pad(self, seqs: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -242,30 +253,29 @@ class Encoder:
     ) -> np.ndarray:
         """Layer-L keys of every target of `sentences` (sentence order, then target order) as float32 [n, d].
 
-        A context is its sentence's token ids with the target replaced by the mask id. With `pack` > 1, up to `pack`
-        non-adjacent targets of a sentence are masked together and read from one pass (as in BERT's pre-training,
+        A context is the token ids of the target's window (its whole sentence unless that is long: Sentence) with the
+        target replaced by the mask id. With `pack` > 1, up to `pack` non-adjacent targets of a window are masked
+        together and read from one pass (as in BERT's pre-training,
         which masks 15% of tokens): fewer passes, keys close to but not equal to single-mask keys. With `int8`, the
         passes run in ONNX Runtime quantised to int8 (whatever the backend): faster, keys close to float32's. Passes
         are sorted by length and batched under `token_budget` padded tokens.
         """
         first = np.cumsum([0] + [len(s.positions) for s in sentences])
-        passes = [
-            (i, first[i] + np.asarray(group))
+        passes = [  # (window token ids, positions masked in it, their rows in `keys`)
+            (ids, s.positions[targets[group]], first[i] + targets[group])
             for i, s in enumerate(sentences)
-            for group in mask_groups(len(s.positions), pack)
+            for ids, targets in s.window_targets()
+            for group in mask_groups(len(targets), pack)
         ]
         keys = np.empty((first[-1], self.dim), dtype=np.float32)
-        lengths = [len(sentences[i].input_ids) for i, _ in passes]
-        for order in length_batches(lengths, token_budget):
+        for order in length_batches([len(ids) for ids, _, _ in passes], token_budget):
             batch = [passes[j] for j in order]
-            ids, attention = self._pad([sentences[i].input_ids for i, _ in batch])
-            rows = torch.tensor(np.concatenate([np.full(len(c), r) for r, (_, c) in enumerate(batch)]))
-            cols = torch.tensor(
-                np.concatenate([sentences[i].positions[c - first[i]] for i, c in batch]).astype(np.int64)
-            )
+            ids, attention = self._pad([window for window, _, _ in batch])
+            rows = torch.tensor(np.concatenate([np.full(len(p), r) for r, (_, p, _) in enumerate(batch)]))
+            cols = torch.tensor(np.concatenate([p for _, p, _ in batch]).astype(np.int64))
             ids[rows, cols] = self.mask_id
             (states,) = self._run(self._key_states, ("states",), ids, attention, rows, cols, int8=int8)
-            keys[np.concatenate([c for _, c in batch])] = states
+            keys[np.concatenate([k for _, _, k in batch])] = states
         return keys
 
     def _run(self, forward, outputs: tuple[str, ...], *inputs: torch.Tensor, int8: bool = False) -> list[np.ndarray]:

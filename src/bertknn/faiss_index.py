@@ -45,14 +45,47 @@ def auto_train_size(index: faiss.Index, size: int) -> int:
 
 def _settings(path: Path) -> dict | None:
     file = path / SETTINGS_FILE
-    return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
+    if not file.is_file():
+        return None
+    try:
+        settings = json.loads(file.read_bytes().decode("utf-8"))
+        if not isinstance(settings, dict) or not isinstance(settings.get("nprobe"), int):
+            raise ValueError("no nprobe")
+    except ValueError as err:  # JSON and UTF-8 errors included
+        raise DatastoreError(
+            f"{file} is damaged ({err}); delete {SETTINGS_FILE} and {INDEX_FILE}, then rerun `bertknn index`"
+        ) from None
+    return settings
 
 
-def _save(index: faiss.Index, path: Path) -> None:
+def _read(store: Datastore) -> faiss.Index:
+    """faiss.index of a datastore; DatastoreError naming the file when it is damaged."""
+    if store.faiss_damage:
+        raise DatastoreError(
+            f"{store.path / INDEX_FILE} is damaged ({store.faiss_damage[0].problem}); delete {INDEX_FILE} and "
+            f"{SETTINGS_FILE}, then rerun `bertknn index {store.path}`"
+        )
+    try:
+        index = faiss.read_index(str(store.path / INDEX_FILE))
+    except RuntimeError as err:
+        raise DatastoreError(
+            f"{store.path / INDEX_FILE} is damaged ({str(err).splitlines()[-1]}); delete {INDEX_FILE} and "
+            f"{SETTINGS_FILE}, then rerun `bertknn index {store.path}`"
+        ) from None
+    if index.d != store.dim or index.ntotal > store.size:
+        raise DatastoreError(
+            f"{store.path / INDEX_FILE} does not fit the datastore ({index.ntotal:,} keys of width {index.d}, the "
+            f"store has {store.size:,} of width {store.dim}); delete it and {SETTINGS_FILE}, then rerun `bertknn index`"
+        )
+    return index
+
+
+def _save(index: faiss.Index, store: Datastore) -> None:
     """Write the index to a temporary file, then rename it over the old one."""
-    tmp = path / f"{INDEX_FILE}.tmp"
+    tmp = store.path / f"{INDEX_FILE}.tmp"
     faiss.write_index(index, str(tmp))
-    tmp.replace(path / INDEX_FILE)
+    store.rewriting(INDEX_FILE)
+    tmp.replace(store.path / INDEX_FILE)
 
 
 def _set_nprobe(index: faiss.Index, nprobe: int) -> None:
@@ -73,7 +106,7 @@ class FaissIndex:
         settings = _settings(store.path)
         if settings is None or not (store.path / INDEX_FILE).is_file():
             return None
-        return cls(faiss.read_index(str(store.path / INDEX_FILE)), store, settings)
+        return cls(_read(store), store, settings)
 
     @classmethod
     def build(
@@ -93,6 +126,11 @@ class FaissIndex:
         """
         if not store.complete:
             raise DatastoreError(f"the datastore at {store.path} is not fully embedded; a FAISS index needs all keys")
+        with store.writing():
+            return cls._build(store, factory, train_size, nprobe, chunk, seed, progress)
+
+    @classmethod
+    def _build(cls, store, factory, train_size, nprobe, chunk, seed, progress) -> FaissIndex:
         known = _settings(store.path)
         resuming = known is not None and (store.path / INDEX_FILE).is_file()
         if factory == AUTO:
@@ -106,7 +144,7 @@ class FaissIndex:
                     f"{store.path} has a FAISS index {known['factory']!r} (train size {known['train_size']}); "
                     "delete faiss.index and faiss.json to build another"
                 )
-            index = faiss.read_index(str(store.path / INDEX_FILE))
+            index = _read(store)
         else:
             try:
                 index = faiss.index_factory(store.dim, factory, faiss.METRIC_L2)
@@ -123,7 +161,8 @@ class FaissIndex:
                         f"cannot train FAISS index {factory!r} on {len(sample):,} keys ({str(err).splitlines()[-1]}); "
                         "use a larger --train-size or fewer IVF lists"
                     ) from None
-            _save(index, store.path)
+            _save(index, store)
+        store.rewriting(SETTINGS_FILE)
         (store.path / SETTINGS_FILE).write_text(json.dumps(settings, indent=2), encoding="utf-8")
         built = cls(index, store, settings)
         built.update(chunk, progress)
@@ -135,7 +174,7 @@ class FaissIndex:
         while done < self.store.size:
             stop = min(done + chunk, self.store.size)
             self.index.add(np.asarray(self.store.keys[done:stop], np.float32))
-            _save(self.index, self.store.path)
+            _save(self.index, self.store)
             done = stop
             if progress:
                 progress(done, self.store.size)

@@ -18,7 +18,7 @@ from bertknn.encoder import Encoder, QuestionError
 from bertknn.faiss_index import FaissIndex
 from bertknn.knn import candidates, knn_distribution, nearest, neighbour_weights
 from bertknn.retrieval import TfidfIndex, select_documents
-from bertknn.text import CorpusError, Document, mask_count_error, parse_document
+from bertknn.text import CorpusError, Document, parse_document, question_error, unicode_error
 
 DEFAULTS = {"n_docs": 3, "k": 128, "temperature": 6.0, "lam": 0.3}
 
@@ -51,21 +51,40 @@ def merge_hparams(base: dict, overrides: dict) -> dict:
 RETRIEVALS = ("ir", "faiss", "ir+faiss")
 
 
+def _indexed(store: Datastore) -> int:
+    """How many documents (from the first) the datastore's IR index covers."""
+    try:
+        return TfidfIndex.load(store.path).n_docs
+    except FileNotFoundError:
+        return 0
+
+
 def ensure_index(store: Datastore, segment_docs: int = 5000) -> TfidfIndex:
     """The datastore's IR index, extended by segments of at most `segment_docs` for the documents it lacks.
 
-    A new datastore's index is built the same way, segment by segment, so memory stays bounded by one segment.
+    A new datastore's index is built the same way, segment by segment, so memory stays bounded by one segment. Only
+    a writer extends it: this takes the datastore's writer lock when there is something to add.
     """
-    try:
-        first = TfidfIndex.load(store.path).n_docs
-    except FileNotFoundError:
-        first = 0
-    if first > store.n_documents:
-        raise DatastoreError(f"the IR index of {store.path} covers {first} documents but the store has fewer")
-    for start in range(first, store.n_documents, segment_docs):
-        stop = min(start + segment_docs, store.n_documents)
-        TfidfIndex.build(store.iter_document_texts(start, stop), start).save(store.path, start)
+    if _indexed(store) < store.n_documents:
+        with store.writing(wait=ds.LAZY_WAIT):
+            first = _indexed(store)
+            if first > store.n_documents:
+                raise DatastoreError(f"the IR index of {store.path} covers {first} documents but the store has fewer")
+            for start in range(first, store.n_documents, segment_docs):
+                stop = min(start + segment_docs, store.n_documents)
+                TfidfIndex.build(store.iter_document_texts(start, stop), start).save(store.path, start)
     return TfidfIndex.load(store.path)
+
+
+def load_index(store: Datastore) -> TfidfIndex:
+    """The IR index as it is on disk, extended (by a writer) only when it lacks documents that are live; documents
+    being added by another process are hidden until published, so a reader never waits for that writer."""
+    try:
+        index = TfidfIndex.load(store.path)
+    except FileNotFoundError:
+        return ensure_index(store)
+    live = store.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents WHERE state = 'live'").fetchone()[0]
+    return index if index.n_docs >= live else ensure_index(store)
 
 
 class BertKNN:
@@ -84,8 +103,29 @@ class BertKNN:
             raise DatastoreError(f"the datastore at {store.path} is incomplete: rerun `bertknn build` to finish it")
         store.check_encoder(encoder)
         self.encoder, self.store = encoder, store
-        self.index = index or ensure_index(store)
-        self.faiss = FaissIndex.load(store)
+        self.index = index or load_index(store)
+        self._load_faiss()
+        self._version = store.version  # the store's state that index and faiss were loaded at
+
+    def _load_faiss(self) -> None:
+        """(Re)open the FAISS index; a damaged one is set aside with its error, so IR questions still work."""
+        try:
+            self.faiss, self.faiss_error = FaissIndex.load(self.store), None
+        except DatastoreError as err:
+            self.faiss, self.faiss_error = None, err
+
+    def refresh(self) -> bool:
+        """Take in what another process committed (documents added or removed, a FAISS index built); True if any.
+
+        Cheap when nothing changed (one SQLite pragma and one stat), so a long-running service calls it per request.
+        """
+        self.store.reload()
+        if self.store.version == self._version:
+            return False
+        self.index = load_index(self.store)
+        self._load_faiss()
+        self._version = self.store.version
+        return True
 
     @classmethod
     def load(
@@ -162,16 +202,24 @@ class BertKNN:
         if retrieval not in RETRIEVALS:
             raise ValueError(f"retrieval must be one of {', '.join(RETRIEVALS)}, not {retrieval!r}")
         if retrieval != "ir" and self.faiss is None:
-            raise DatastoreError(
+            raise self.faiss_error or DatastoreError(
                 f"{self.store.path} has no FAISS index: create one with `bertknn index {self.store.path}`"
             )
         subjects = list(subjects) if subjects is not None else [None] * len(texts)
         if len(subjects) != len(texts):
             raise ValueError(f"{len(texts)} questions but {len(subjects)} subjects")
-        for i, text in enumerate(texts):
-            error = mask_count_error(text)
+        vocab = self.encoder.vocab_size
+        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or not 1 <= top_k <= vocab:
+            raise ValueError(f"top_k must be an integer from 1 to the vocabulary size {vocab} (got {top_k!r})")
+        if isinstance(evidence, bool) or not isinstance(evidence, (int, np.integer)) or evidence < 0:
+            raise ValueError(f"evidence must be an integer >= 0 (got {evidence!r})")
+        for i, (text, subject) in enumerate(zip(texts, subjects)):
+            error = question_error(text)
             if error:
                 raise QuestionError(f"question {i + 1} ({text!r}): {error}")
+            error = unicode_error(subject) if subject is not None else None
+            if error:
+                raise QuestionError(f"subject {i + 1} ({subject!r}): the subject is {error}")
         out = []
         for start in range(0, len(texts), batch_size):
             probs, states = self.encoder.query(texts[start : start + batch_size])
@@ -203,6 +251,7 @@ class BertKNN:
     ) -> Prediction:
         docs, entries, dist = self._neighbours(text, subject, state, h, retrieval)
         values = np.asarray(self.store.values[entries]) if len(entries) else np.zeros(0, np.int32)
+        self._check_neighbours(entries, values, dist, len(p_bert))
         p_knn = knn_distribution(values, dist, h["temperature"], len(p_bert)) if len(entries) else None
         p = interpolate(p_bert.astype(np.float64), p_knn, h["lam"])
         tok = self.encoder.tokenizer
@@ -220,6 +269,15 @@ class BertKNN:
             p_knn=p_knn,
             p=p,
         )
+
+    def _check_neighbours(self, entries: np.ndarray, values: np.ndarray, dist: np.ndarray, vocab: int) -> None:
+        """A damaged key (NaN) or value (outside the vocabulary) must never reach an answer."""
+        bad = ~np.isfinite(dist) | (values < 0) | (values >= vocab)
+        if bad.any():
+            raise DatastoreError(
+                f"{self.store.path} is damaged: entries {entries[bad][:5].tolist()} hold a non-finite key or a value "
+                f"outside the model's vocabulary; `bertknn verify {self.store.path}` locates the damage"
+            )
 
     def _neighbours(
         self, text: str, subject: str | None, state: np.ndarray, h: dict, retrieval: str
@@ -244,10 +302,11 @@ class BertKNN:
     def add_documents(self, docs: list[dict | Document], skip_existing: bool = False, progress=None) -> int:
         """Embed and index new documents ({id, title, text}) without rebuilding anything; return contexts added.
 
-        The documents are registered hidden, embedded (not in a lazy datastore: there on demand), given an IR index
-        segment and appended to the FAISS index, then made live in one transaction: a crash at any point leaves the
-        previous state queryable, and calling again (with any documents) completes the pending ones. Ids already in
-        the datastore raise DatastoreError, or are skipped with `skip_existing`.
+        Under the datastore's writer lock, the documents are registered hidden, embedded (not in a lazy datastore:
+        there on demand), given an IR index segment and appended to the FAISS index, then made live in one
+        transaction: a crash at any point leaves the previous state queryable, and calling again completes the
+        pending ones. Ids already live raise DatastoreError; with `skip_existing` the same document (same text) is
+        skipped instead, while one with other text still raises.
         """
         parsed = [d if isinstance(d, Document) else parse_document(d, f"document {i + 1}") for i, d in enumerate(docs)]
         ids = [d.id for d in parsed]
@@ -255,24 +314,35 @@ class BertKNN:
             raise CorpusError(
                 f"duplicate document id(s) in the request: {sorted({i for i in ids if ids.count(i) > 1})}"
             )
-        states = self.store.states(ids)
-        live = [i for i in ids if states.get(i) == "live"]
-        if live and not skip_existing:
-            raise DatastoreError(f"document id(s) already in the datastore: {live[:5]}; remove them first")
-        before = self.store.size
-        self.store.register([d for d in parsed if d.id not in states], state="adding")
-        if not self.store.lazy:
-            self.store.embed(self.store.adding(), self.encoder, progress=progress)
-        self.index = ensure_index(self.store)
-        if self.faiss is not None:
-            self.faiss.update()
-        self.store.publish()
-        self.store.set_manifest(documents=self.store.n_documents, entries=self.store.size)
+        with self.store.writing():
+            self.refresh()
+            live = [i for i, state in self.store.states(ids).items() if state == "live"]
+            if live and not skip_existing:
+                raise DatastoreError(f"document id(s) already in the datastore: {live[:5]}; remove them first")
+            before = self.store.size
+            self.store.stage(parsed)
+            if not self.store.lazy:
+                self.store.embed(self.store.adding(), self.encoder, progress=progress)
+            self.index = ensure_index(self.store)
+            if self.faiss is not None:
+                self.faiss.update()
+            self.store.publish()
+            embedded = self.store.n_documents - len(self.store.pending())
+            self.store.set_manifest(documents=self.store.n_documents, embedded=embedded, entries=self.store.size)
+        self._version = self.store.version  # index and faiss in memory are what this add wrote
         return self.store.size - before
 
+    def remove_documents(self, ids: list[str]) -> tuple[list[str], list[str]]:
+        """Hide documents from every retrieval path, all in one transaction: (removed now, removed before).
+        An unknown id raises DatastoreError and nothing is removed."""
+        with self.store.writing():
+            return self.store.remove([str(i) for i in ids])
+
     def remove_document(self, doc_id: str) -> None:
-        """Hide a document from every retrieval path (one transaction; DatastoreError for an unknown id)."""
-        self.store.remove(str(doc_id))
+        """Hide one document from every retrieval path (DatastoreError for an id never held or removed before)."""
+        removed, _ = self.remove_documents([doc_id])
+        if not removed:
+            raise DatastoreError(f"document {doc_id!r} was removed before from {self.store.path}")
 
     def _evidence(
         self, words, entries, values, dist, n_evidence: int, temperature: float

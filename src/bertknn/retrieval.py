@@ -22,7 +22,7 @@ import numpy as np
 from scipy import sparse
 from sklearn.utils import murmurhash3_32
 
-from bertknn.datastore import Datastore
+from bertknn.datastore import Datastore, DatastoreError
 from bertknn.text import MASK, STOPWORDS
 
 NUM_BUCKETS = 2**24
@@ -69,6 +69,26 @@ class Segment:
             return np.zeros(len(qh), np.int64), np.zeros(len(qh), bool)
         cols = np.minimum(np.searchsorted(self.hashes, qh), len(self.hashes) - 1)
         return cols, self.hashes[cols] == qh
+
+
+def _load_segment(part: Path) -> Segment:
+    """A segment's arrays, memory-mapped and checked for the shapes that make them one index."""
+    arrays = []
+    for name in FILES:
+        try:
+            arrays.append(np.load(part / name, mmap_mode="r"))
+        except (ValueError, OSError, EOFError) as err:
+            raise DatastoreError(f"{part / name} is damaged ({err}); `bertknn verify` checks the store") from None
+    segment = Segment(*arrays)
+    ok = (
+        segment.hashes.ndim == segment.indptr.ndim == segment.docs.ndim == segment.logtf.ndim == 1
+        and len(segment.indptr) == len(segment.hashes) + 1
+        and len(segment.docs) == len(segment.logtf)
+        and (len(segment.indptr) == 0 or segment.indptr[-1] == len(segment.docs))
+    )
+    if not ok:
+        raise DatastoreError(f"the IR index in {part} is damaged (its arrays do not fit together)")
+    return segment
 
 
 class TfidfIndex:
@@ -128,14 +148,14 @@ class TfidfIndex:
             missing = [n for n in (*FILES, "tfidf_ndocs.txt") if not (part / n).is_file()]
             if missing:
                 raise FileNotFoundError(f"{part} has no IR index ({', '.join(missing)} missing): rerun `bertknn build`")
-            segments.append(Segment(*(np.load(part / n, mmap_mode="r") for n in FILES)))
-            n_docs = max(n_docs, int((part / "tfidf_ndocs.txt").read_text()))
+            segments.append(_load_segment(part))
+            try:
+                n_docs = max(n_docs, int((part / "tfidf_ndocs.txt").read_text(encoding="utf-8")))
+            except (ValueError, UnicodeDecodeError):
+                raise DatastoreError(
+                    f"{part / 'tfidf_ndocs.txt'} is damaged; `bertknn verify` checks the store"
+                ) from None
         return cls(segments, n_docs)
-
-    def extend(self, other: TfidfIndex) -> None:
-        """Add the segments of an index of the documents that follow this one's."""
-        self.segments += other.segments
-        self.n_docs = other.n_docs
 
     def idf(self, nt: np.ndarray) -> np.ndarray:
         """idf from document frequencies: max(0, log((N - Nt + .5) / (Nt + .5)))."""
@@ -149,7 +169,9 @@ class TfidfIndex:
             return np.zeros(0, np.int64), np.zeros(0)
         qh = np.fromiter(counted.keys(), np.int64)
         found = [(seg, *seg.lookup(qh)) for seg in self.segments]
-        nt = sum(np.where(has, seg.indptr[cols + 1] - seg.indptr[cols], 0) for seg, cols, has in found)
+        nt = np.zeros(len(qh), np.int64)
+        for seg, cols, has in found:  # a segment may hold no feature at all (documents of stopwords only)
+            nt[has] += seg.indptr[cols[has] + 1] - seg.indptr[cols[has]]
         weight = np.log1p(np.fromiter(counted.values(), np.float64)) * self.idf(nt) ** 2  # query weight x doc idf
         docs, vals = [], []
         for seg, cols, has in found:

@@ -3,13 +3,20 @@
 Every model call runs on one worker thread (`MicroBatcher`), under one lock shared with the document endpoints, so
 the model and the datastore are never used by two requests at once. /predict requests that wait together with the
 same settings are answered by one `predict_batch` call: one forward pass instead of one per request.
+
+Safe to expose: writes can require a bearer token, the Host header is checked (TrustedHostMiddleware), request
+bodies, documents and the time a prediction may take are limited, malformed requests get a 4xx (never a 5xx),
+/health names no paths and /docs loads nothing from outside.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import ipaddress
 import queue
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -19,10 +26,17 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Literal
 
-from fastapi import Depends, FastAPI, HTTPException, status
-from fastapi.responses import FileResponse
+import swagger_ui_bundle
+from fastapi import Depends, FastAPI, HTTPException, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from starlette.datastructures import Headers
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import bertknn
 from bertknn.combine import Prediction
@@ -32,18 +46,46 @@ from bertknn.pipeline import BertKNN, merge_hparams
 from bertknn.text import MASK, CorpusError, mask_count_error
 
 WEB_DIR = Path(str(files("bertknn") / "web"))
+SWAGGER_DIR = Path(swagger_ui_bundle.swagger_ui_path)
+DOCS_ASSETS = "/docs-assets"
 MAX_TEXT = 1000
 MAX_BATCH = 64
+MAX_N_DOCS = 100
+MAX_K = 10_000
+MAX_BODY_BYTES = 1 << 20
+MAX_DOCUMENT_CHARS = 20_000
+REQUEST_TIMEOUT_S = 30.0
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+TOKEN_ENV = "BERTKNN_TOKEN"
 GENERIC_EXAMPLES = [
     {"question": "Paris is the capital of [MASK] .", "subject": "Paris"},
     {"question": "Dante was born in [MASK] .", "subject": "Dante Alighieri"},
     {"question": "The cello is a [MASK] instrument .", "subject": None},
 ]
 READ_ONLY = "read-only datastore: start the server with `bertknn serve DIR --writable` to add or remove documents"
+UNAUTHORIZED = (
+    f"missing or wrong token: send the header `Authorization: Bearer TOKEN` with the token the server was started "
+    f"with (`bertknn serve --token` or {TOKEN_ENV})"
+)
+BEARER = HTTPBearer(auto_error=False, description=f"the token given to `bertknn serve --token` or {TOKEN_ENV}")
 
-Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT, description=f"cloze question with exactly one {MASK}")]
+
+def _utf8(value: str) -> str:
+    """`value` if UTF-8 can encode it; a lone surrogate (from a JSON escape such as "\\ud800") is refused."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"not valid Unicode: a lone surrogate at position {err.start}") from None
+    return value
+
+
+UTF8 = AfterValidator(_utf8)  # last in a string's Annotated, after its length limits
+Text = Annotated[
+    str, Field(min_length=1, max_length=MAX_TEXT, description=f"cloze question with exactly one {MASK}"), UTF8
+]
 Subject = Annotated[
-    str | None, Field(default=None, max_length=300, description="subject: a document with this title is searched")
+    Annotated[str, Field(max_length=300), UTF8] | None,
+    Field(default=None, description="subject: a document with this title is searched"),
 ]
 TopK = Annotated[int, Field(default=10, ge=1, le=100, description="answers per ranking")]
 EvidenceCount = Annotated[int, Field(default=3, ge=0, le=20, description="evidence sentences per kNN answer")]
@@ -53,10 +95,10 @@ class Options(BaseModel):
     """Per-request hyperparameters; unset ones keep the server's (the datastore's tuned values or the paper's)."""
 
     model_config = ConfigDict(extra="forbid")
-    n_docs: int | None = Field(default=None, description="documents retrieved")
-    k: int | None = Field(default=None, description="nearest neighbours")
-    temperature: float | None = Field(default=None, description="l in exp(-d/l)")
-    lam: float | None = Field(default=None, description="weight of p_kNN in [0, 1]")
+    n_docs: int | None = Field(default=None, ge=1, le=MAX_N_DOCS, description="documents retrieved")
+    k: int | None = Field(default=None, ge=1, le=MAX_K, description="nearest neighbours")
+    temperature: float | None = Field(default=None, allow_inf_nan=False, description="l in exp(-d/l)")
+    lam: float | None = Field(default=None, allow_inf_nan=False, description="weight of p_kNN in [0, 1]")
     retrieval: Literal["ir", "faiss", "ir+faiss"] | None = Field(
         default=None, description="neighbours from IR documents (default), the whole datastore's FAISS index, or both"
     )
@@ -91,15 +133,15 @@ class BatchRequest(BaseModel):
     options: Options | None = None
 
 
-Passage = Annotated[str, Field(max_length=100_000)]
+Passage = Annotated[str, Field(max_length=100_000), UTF8]
 
 
 class DocumentIn(BaseModel):
     """A document to add: the corpus format's {id, title, text}."""
 
     model_config = ConfigDict(extra="forbid")
-    id: str | int
-    title: str = Field(min_length=1, max_length=1000)
+    id: Annotated[str, UTF8] | int
+    title: Annotated[str, Field(min_length=1, max_length=1000), UTF8]
     text: Passage | Annotated[list[Passage], Field(min_length=1, max_length=1000)] = Field(
         description="the text, or a list of passages"
     )
@@ -249,6 +291,108 @@ class MicroBatcher:
             start += len(job.texts)
 
 
+class BodyTooLarge(HTTPException):
+    """A request body over the limit (413)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(
+            status.HTTP_413_CONTENT_TOO_LARGE, detail=f"request body over the limit of {max_bytes:,} bytes"
+        )
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` gets 413, refused by its Content-Length before it is read,
+    or as soon as a streamed (chunked) body passes the limit."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = Headers(scope=scope).get("content-length", "")
+        if length.isascii() and length.isdigit() and int(length) > self.max_bytes:
+            await _error_response(BodyTooLarge(self.max_bytes))(scope, receive, send)
+            return
+        received, started = 0, False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise BodyTooLarge(self.max_bytes)  # FastAPI answers it; otherwise the except below does
+            return message
+
+        async def watched_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, watched_send)
+        except BodyTooLarge as err:
+            if started:
+                raise
+            await _error_response(err)(scope, receive, send)
+
+
+def _error_response(err: HTTPException) -> JSONResponse:
+    return JSONResponse({"detail": err.detail}, status_code=err.status_code, headers=err.headers)
+
+
+def _encodable(value: object) -> str | int:
+    """A location part or message that JSON in UTF-8 can carry: lone surrogates become backslash escapes."""
+    return value if isinstance(value, int) else str(value).encode("utf-8", "backslashreplace").decode()
+
+
+async def _validation_error(_: Request, err: RequestValidationError) -> JSONResponse:
+    """422 with each error's loc, msg and type only: the input and context FastAPI would echo may not be JSON
+    (NaN, infinity) or not encodable (lone surrogates), which made its own handler fail with a 500."""
+    errors = [
+        {"loc": [_encodable(part) for part in e["loc"]], "msg": _encodable(e["msg"]), "type": _encodable(e["type"])}
+        for e in err.errors()
+    ]
+    return JSONResponse({"detail": errors}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps the server on this machine: localhost, 127.0.0.0/8 or ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_hosts_for(host: str) -> list[str]:
+    """The Host names a server bound to `host` answers: the loopback names, plus for a network bind that address
+    and this machine's names and addresses."""
+    if is_loopback(host):
+        return list(LOOPBACK_NAMES)
+    names = {host, socket.gethostname(), socket.getfqdn()}
+    with contextlib.suppress(OSError):
+        names.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    return [*LOOPBACK_NAMES, *sorted(names - set(LOOPBACK_NAMES))]
+
+
+def _host_patterns(hosts: list[str]) -> list[str]:
+    """`hosts` as TrustedHostMiddleware matches them: IPv6 literals in brackets, as they stand in a Host header."""
+    return [f"[{h.strip('[]')}]" if ":" in h else h for h in hosts]
+
+
+def _document_chars(doc: DocumentIn) -> int:
+    passages = [doc.text] if isinstance(doc.text, str) else doc.text
+    return len(doc.title) + sum(len(p) for p in passages)
+
+
+def _public_name(name: str | Path) -> str:
+    """A model or datastore as /health shows it: a path's last part only, never where it lies on the server."""
+    return Path(name).name if Path(name).is_absolute() else str(name)
+
+
 def _unprocessable(message: str) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=message)
 
@@ -269,12 +413,22 @@ def _checked(knn: BertKNN, questions: list[Question], options: Options | None) -
     return hparams
 
 
-async def _predict(batcher: MicroBatcher, questions: list[Question], top_k: int, evidence: int, hparams: dict) -> list:
+async def _predict(
+    batcher: MicroBatcher, questions: list[Question], top_k: int, evidence: int, hparams: dict, timeout_s: float
+) -> list:
+    """The questions' predictions as dicts; 503 when they are not ready within `timeout_s` (the job is then
+    cancelled, so the worker skips it unless it has started)."""
     future = batcher.submit([q.text for q in questions], [q.subject for q in questions], top_k, evidence, hparams)
     try:
-        predictions: list[Prediction] = await asyncio.wrap_future(future)
+        predictions: list[Prediction] = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
     except (ValueError, TypeError) as err:  # QuestionError (e.g. a [MASK] past the model's input length) included
         raise _unprocessable(str(err)) from None
+    except asyncio.TimeoutError:
+        future.cancel()
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            detail=f"no answer within the server's time limit of {timeout_s:g} s: it is busy, try again later",
+        ) from None
     return [p.to_dict() for p in predictions]
 
 
@@ -283,13 +437,28 @@ def _is_demo(knn: BertKNN) -> bool:
     return corpus.get("sha256") == file_sha256(DEMO_CORPUS)
 
 
-def create_app(knn: BertKNN, writable: bool = False, max_batch: int = 32, batch_window_ms: float = 0.0) -> FastAPI:
+def create_app(
+    knn: BertKNN,
+    writable: bool = False,
+    max_batch: int = 32,
+    batch_window_ms: float = 0.0,
+    token: str | None = None,
+    allowed_hosts: list[str] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_document_chars: int = MAX_DOCUMENT_CHARS,
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
+) -> FastAPI:
     """The HTTP API and web page over `knn`.
 
-    `writable` enables POST /documents and DELETE /documents/{id} (403 otherwise). `max_batch` caps how many
-    waiting /predict requests share one model call (1 turns micro-batching off); `batch_window_ms` is how long the
-    worker waits for more requests once it has one.
+    `writable` enables POST /documents and DELETE /documents/{id} (403 otherwise); with a `token` they also need
+    `Authorization: Bearer <token>` (401 otherwise). `allowed_hosts` are the Host header values answered (400
+    otherwise; default: the loopback names). A request body over `max_body_bytes` gets 413, and so does a document
+    over `max_document_chars` (title and text together); a prediction not ready within `request_timeout_s` gets 503.
+    `max_batch` caps how many waiting /predict requests share one model call (1 turns micro-batching off);
+    `batch_window_ms` is how long the worker waits for more requests once it has one.
     """
+    if token is not None and not token:
+        raise ValueError("the token must not be empty")
     lock = threading.Lock()
     batcher = MicroBatcher(knn, lock, max_batch, batch_window_ms)
     examples = (
@@ -309,35 +478,57 @@ def create_app(knn: BertKNN, writable: bool = False, max_batch: int = 32, batch_
         description="BERT-kNN: a masked LM answers cloze questions together with a nearest-neighbour search over a "
         "datastore of word contexts, and shows the evidence sentences.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.batcher = batcher
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=_host_patterns(allowed_hosts or list(LOOPBACK_NAMES)))
+    expected = token.encode() if token else b""
+
+    def require_token(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]) -> None:
+        given = credentials.credentials.encode("latin-1") if credentials else b""  # header bytes as sent
+        if not hmac.compare_digest(given, expected):
+            raise HTTPException(
+                status.HTTP_401_UNAUTHORIZED, detail=UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"}
+            )
 
     def require_writable() -> None:
         if not writable:
             raise HTTPException(status.HTTP_403_FORBIDDEN, detail=READ_ONLY)
+
+    write_checks = [Depends(require_token), Depends(require_writable)] if token else [Depends(require_writable)]
 
     @app.post("/predict", response_model=PredictionOut, summary="Answer one cloze question")
     async def predict(req: PredictRequest) -> dict:
         """BERT's, kNN's and BERT-kNN's rankings with probabilities, and the evidence behind the kNN answers."""
         questions = [Question(text=req.text, subject=req.subject)]
         hparams = _checked(knn, questions, req.options)
-        return (await _predict(batcher, questions, req.top_k, req.evidence, hparams))[0]
+        return (await _predict(batcher, questions, req.top_k, req.evidence, hparams, request_timeout_s))[0]
 
     @app.post("/predict/batch", response_model=BatchOut, summary="Answer up to 64 cloze questions")
     async def predict_batch(req: BatchRequest) -> dict:
         """The /predict answer for each question, in order, from one model call."""
         hparams = _checked(knn, req.questions, req.options)
-        return {"predictions": await _predict(batcher, req.questions, req.top_k, req.evidence, hparams)}
+        answers = await _predict(batcher, req.questions, req.top_k, req.evidence, hparams, request_timeout_s)
+        return {"predictions": answers}
 
     @app.post(
         "/documents",
         response_model=DocumentOut,
         status_code=status.HTTP_201_CREATED,
-        dependencies=[Depends(require_writable)],
+        dependencies=write_checks,
         summary="Add a document (--writable only)",
     )
     def add_document(doc: DocumentIn) -> dict:
         """Embed a document's words into the datastore: its facts become answerable at once."""
+        if (chars := _document_chars(doc)) > max_document_chars:
+            raise HTTPException(
+                status.HTTP_413_CONTENT_TOO_LARGE,
+                detail=f"the document has {chars:,} characters; the limit is {max_document_chars:,} characters "
+                "(title and text together)",
+            )
         try:
             with lock:
                 added = knn.add_documents([doc.model_dump()])
@@ -348,8 +539,8 @@ def create_app(knn: BertKNN, writable: bool = False, max_batch: int = 32, batch_
         return {"id": str(doc.id), "contexts_added": added, **_counts(knn, lock)}
 
     @app.delete(
-        "/documents/{doc_id}",
-        dependencies=[Depends(require_writable)],
+        "/documents/{doc_id:path}",
+        dependencies=write_checks,
         summary="Remove a document (--writable only)",
     )
     def remove_document(doc_id: str) -> dict:
@@ -366,9 +557,9 @@ def create_app(knn: BertKNN, writable: bool = False, max_batch: int = 32, batch_
         """Liveness plus what is being served."""
         return {
             "status": "ok",
-            "model": knn.encoder.name,
+            "model": _public_name(knn.encoder.name),
             "layer": knn.store.layer,
-            "datastore": str(knn.store.path),
+            "datastore": _public_name(knn.store.path),
             **_counts(knn, lock),
             "hparams": knn.hparams,
             "writable": writable,
@@ -385,7 +576,21 @@ def create_app(knn: BertKNN, writable: bool = False, max_batch: int = 32, batch_
     def page() -> FileResponse:
         return FileResponse(WEB_DIR / "index.html")
 
+    @app.get("/docs", include_in_schema=False)
+    def docs(request: Request) -> HTMLResponse:
+        """Swagger UI from the files of the swagger-ui-bundle package: nothing is loaded from another site."""
+        root = request.scope.get("root_path", "").rstrip("/")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} API",
+            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon-32x32.png",
+            swagger_ui_parameters={"validatorUrl": None},  # no badge from validator.swagger.io
+        )
+
     app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+    app.mount(DOCS_ASSETS, StaticFiles(directory=SWAGGER_DIR), name="docs-assets")
     return app
 
 

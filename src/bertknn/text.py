@@ -8,6 +8,7 @@ the target's id replaced by the mask id, never a sentence rebuilt from wordpiece
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
 STOPWORDS: frozenset[str] = frozenset(ENGLISH_STOP_WORDS)
 MASK = "[MASK]"
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0 and C1 control characters and DEL
 
 
 class CorpusError(ValueError):
@@ -36,17 +38,40 @@ class Document:
 
 @dataclass(frozen=True)
 class Sentence:
-    """A tokenized sentence and its targets (token positions, token ids and character spans in `text`)."""
+    """A tokenized sentence and its targets: the window each is read in, its position there, its character span.
+
+    A sentence that fits the model's input has one window, all its tokens. A longer one is covered by overlapping
+    windows ([CLS] + a slice of its tokens + [SEP]), and each target is read in the window where it has the most
+    context on both sides.
+    """
 
     text: str
-    input_ids: np.ndarray  # int64 [CLS] ... [SEP]
-    positions: np.ndarray  # int32 token positions of the targets
+    windows: tuple[np.ndarray, ...]  # int64 token ids of each window, [CLS] ... [SEP]
+    window: np.ndarray  # int32 window of each target
+    positions: np.ndarray  # int32 token position of each target in its window
     spans: np.ndarray  # int32 (n, 2) character spans of the targets in `text`
 
     @property
     def target_ids(self) -> np.ndarray:
         """The vocabulary ids of the targets: the datastore's values."""
-        return self.input_ids[self.positions].astype(np.int32)
+        return np.asarray([self.windows[w][p] for w, p in zip(self.window, self.positions)], np.int32).reshape(-1)
+
+    def window_targets(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Each window's token ids with the indices of the targets read in it (in position order)."""
+        for w, ids in enumerate(self.windows):
+            yield ids, np.flatnonzero(self.window == w)
+
+    def split(self) -> list[Sentence]:
+        """One single-window Sentence per window, with the targets read in that window."""
+        return [
+            Sentence(self.text, (ids,), np.zeros(len(t), np.int32), self.positions[t], self.spans[t])
+            for ids, t in self.window_targets()
+        ]
+
+
+def printable(text: str) -> str:
+    """`text` safe to show in a terminal: each control character (C0, DEL, C1) written as an escape like \\x1b."""
+    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def normalize_title(title: str) -> str:
@@ -54,11 +79,22 @@ def normalize_title(title: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", title).casefold().split())
 
 
+def unicode_error(text: str) -> str | None:
+    """Why `text` cannot be encoded to UTF-8 (a lone surrogate code point), or None when it can."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return f"not valid Unicode (unpaired surrogate at position {err.start})"
+    return None
+
+
 def _parse_line(line: str, where: str) -> Document:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as err:
         raise CorpusError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    except (ValueError, RecursionError) as err:  # an integer of over 4,300 digits, nesting too deep
+        raise CorpusError(f"{where}: not valid JSON ({err})") from None
     return parse_document(obj, where)
 
 
@@ -67,18 +103,31 @@ def parse_document(obj: object, where: str) -> Document:
     if not isinstance(obj, dict):
         raise CorpusError(f"{where}: expected a JSON object with id, title and text")
     doc_id, title = obj.get("id"), obj.get("title")
-    if not isinstance(doc_id, (str, int)) or isinstance(doc_id, bool) or str(doc_id) == "":
-        raise CorpusError(f"{where}: missing or empty 'id' (a string or integer)")
+    if isinstance(doc_id, int) and not isinstance(doc_id, bool) and doc_id.bit_length() <= 64:
+        doc_id = str(doc_id)
+    if not isinstance(doc_id, str) or doc_id == "":
+        raise CorpusError(f"{where}: missing or empty 'id' (a string or a 64-bit integer)")
     if not isinstance(title, str):
         raise CorpusError(f"{where}: missing 'title' (a string)")
-    text = obj.get("text", obj.get("sentences"))
+    field = "text" if "text" in obj else "sentences"
+    text = obj.get(field)
     passages = [text] if isinstance(text, str) else text
     if not isinstance(passages, list) or not all(isinstance(p, str) for p in passages):
         raise CorpusError(f"{where}: 'text' must be a string (or 'sentences' a list of strings)")
+    named = [("'id'", doc_id), ("'title'", title)] + [
+        (f"'{field}'" if isinstance(text, str) else f"'{field}' item {j + 1}", p) for j, p in enumerate(passages)
+    ]
+    for name, value in named:
+        error = unicode_error(value)
+        if error:
+            raise CorpusError(f"{where}: {name} is {error}")
+    control = next((c for c in CONTROL.findall(doc_id) if c not in "\t\n"), None)
+    if control:
+        raise CorpusError(f"{where}: 'id' {doc_id!r} holds the control character U+{ord(control):04X}")
     passages = [p.strip() for p in passages if p.strip()]
     if not passages:
         raise CorpusError(f"{where}: document {doc_id!r} has no text")
-    return Document(str(doc_id), title.strip(), tuple(passages))
+    return Document(doc_id, title.strip(), tuple(passages))
 
 
 def iter_corpus(path: str | Path) -> Iterator[Document]:
@@ -88,8 +137,13 @@ def iter_corpus(path: str | Path) -> Iterator[Document]:
         raise CorpusError(f"{path}: no such corpus file")
     seen: set[str] = set()
     count = 0
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                byte = f"byte 0x{raw[err.start]:02x} at column {err.start + 1}"
+                raise CorpusError(f"{path}:{number}: not valid UTF-8 ({byte})") from None
             if not line.strip():
                 continue
             doc = _parse_line(line, f"{path}:{number}")
@@ -124,13 +178,37 @@ def is_content_word(word: str) -> bool:
     return any(ch.isalnum() for ch in word) and word.lower() not in STOPWORDS
 
 
+def _windows(
+    ids: list[int], body: list[int], positions: np.ndarray, max_length: int
+) -> tuple[tuple[np.ndarray, ...], np.ndarray, np.ndarray]:
+    """(windows, window of each target, position in it) for a sentence's token ids; `body` lists the positions of
+    the sentence's own tokens (contiguous), `positions` those of its targets.
+
+    One window when the sentence fits in `max_length` tokens; else windows of `max_length` tokens whose slices of
+    the body start half a slice apart, the last one ending with the body.
+    """
+    if len(ids) <= max_length:
+        return (np.asarray(ids, np.int64),), np.zeros(len(positions), np.int32), positions.astype(np.int32)
+    first, n = body[0], len(body)
+    head, tail = ids[:first], ids[first + n :]
+    width = max_length - len(head) - len(tail)
+    starts = np.asarray([*range(0, n - width, max(1, width // 2)), n - width])
+    windows = tuple(np.asarray(head + ids[first + a : first + a + width] + tail, np.int64) for a in starts)
+    offset = positions[:, None] - first - starts  # each target's offset in each window's slice
+    window = np.argmax(np.minimum(offset, width - 1 - offset), axis=1)  # most context on its nearer side
+    return windows, window.astype(np.int32), (positions - starts[window]).astype(np.int32)
+
+
 def tokenize_sentences(tokenizer, sentences: list[str], max_length: int = 128) -> list[Sentence]:
-    """Tokenize sentences once each and find their targets: one-token, non-stopword, non-punctuation words."""
+    """Tokenize sentences once each and find their targets: one-token, non-stopword, non-punctuation words.
+
+    A sentence of more than `max_length` tokens is read in overlapping windows (Sentence): no word is dropped.
+    """
+    if max_length <= tokenizer.num_special_tokens_to_add():
+        raise ValueError(f"max_length {max_length} leaves no room for a sentence's tokens")
     if not sentences:
         return []
-    enc = tokenizer(
-        sentences, truncation=True, max_length=max_length, return_offsets_mapping=True, add_special_tokens=True
-    )
+    enc = tokenizer(sentences, return_offsets_mapping=True, add_special_tokens=True, verbose=False)
     special = set(tokenizer.all_special_ids)
     out = []
     for i, text in enumerate(sentences):
@@ -145,15 +223,16 @@ def tokenize_sentences(tokenizer, sentences: list[str], max_length: int = 128) -
             if w is not None and counts[w] == 1 and ids[pos] not in special and is_content_word(text[start:end]):
                 positions.append(pos)
                 spans.append((start, end))
-        out.append(
-            Sentence(
-                text,
-                np.asarray(ids, dtype=np.int64),
-                np.asarray(positions, dtype=np.int32),
-                np.asarray(spans, dtype=np.int32).reshape(-1, 2),
-            )
-        )
+        body = [pos for pos, seq in enumerate(enc.sequence_ids(i)) if seq is not None]
+        windows, window, in_window = _windows(ids, body, np.asarray(positions, np.int64), max_length)
+        out.append(Sentence(text, windows, window, in_window, np.asarray(spans, dtype=np.int32).reshape(-1, 2)))
     return out
+
+
+def question_error(text: str) -> str | None:
+    """Return why `text` is not a usable cloze question (not valid Unicode, not exactly one mask), or None."""
+    error = unicode_error(text)
+    return f"the question is {error}" if error else mask_count_error(text)
 
 
 def mask_count_error(text: str, mask: str = MASK) -> str | None:

@@ -35,26 +35,27 @@ def is_heldout(title: str) -> bool:
 
 
 def load_split(corpus: str | Path, tokenizer, max_length: int) -> tuple[list[Sentence], list[Sentence]]:
-    """Tokenized sentences with at least one target, split into (train, held-out) by document title."""
+    """Tokenized sentences with at least one target, split into (train, held-out) by document title; a sentence
+    longer than `max_length` tokens gives one single-window Sentence per window."""
     parts: dict[bool, list[str]] = {False: [], True: []}
     for doc in iter_corpus(corpus):
         parts[is_heldout(doc.title)].extend(s for p in doc.passages for s in split_sentences(p))
     out = []
     for held in (False, True):
         sents = tokenize_sentences(tokenizer, parts[held], max_length=max_length)
-        out.append([s for s in sents if len(s.positions)])
+        out.append([w for s in sents for w in s.split() if len(w.positions)])
     return out[0], out[1]
 
 
 def _mask_batch(batch: list[Sentence], mask_id: int, rng: random.Random, p_content: float, p_other: float):
     """Pad a batch and choose mask positions: content targets with p_content, other tokens with p_other."""
-    width = max(len(s.input_ids) for s in batch)
+    width = max(len(s.windows[0]) for s in batch)
     ids = torch.zeros((len(batch), width), dtype=torch.long)
     attn = torch.zeros_like(ids)
     rows, cols, labels = [], [], []
     for i, s in enumerate(batch):
-        n = len(s.input_ids)
-        ids[i, :n] = torch.from_numpy(s.input_ids)
+        n = len(s.windows[0])
+        ids[i, :n] = torch.from_numpy(s.windows[0])
         attn[i, :n] = 1
         content = set(s.positions.tolist())
         chosen = [p for p in range(1, n - 1) if rng.random() < (p_content if p in content else p_other)]
@@ -62,7 +63,7 @@ def _mask_batch(batch: list[Sentence], mask_id: int, rng: random.Random, p_conte
         for p in chosen:
             rows.append(i)
             cols.append(p)
-            labels.append(int(s.input_ids[p]))
+            labels.append(int(s.windows[0][p]))
     rows_t, cols_t = torch.tensor(rows), torch.tensor(cols)
     ids[rows_t, cols_t] = mask_id
     return ids, attn, rows_t, cols_t, torch.tensor(labels)
@@ -78,13 +79,13 @@ def evaluate(model, sentences: list[Sentence], mask_id: int, seed: int = 0, batc
         hits1 = hits10 = 0
         for start in range(0, len(sentences), batch_size):
             batch = sentences[start : start + batch_size]
-            width = max(len(s.input_ids) for s in batch)
+            width = max(len(s.windows[0]) for s in batch)
             ids = torch.zeros((len(batch), width), dtype=torch.long)
             pos = []
             for i, s in enumerate(batch):
-                ids[i, : len(s.input_ids)] = torch.from_numpy(s.input_ids)
+                ids[i, : len(s.windows[0])] = torch.from_numpy(s.windows[0])
                 pos.append(
-                    rng.choice(s.positions.tolist()) if kind == "content" else rng.randrange(1, len(s.input_ids) - 1)
+                    rng.choice(s.positions.tolist()) if kind == "content" else rng.randrange(1, len(s.windows[0]) - 1)
                 )
             rows, cols = torch.arange(len(batch)), torch.tensor(pos)
             gold = ids[rows, cols].clone()
