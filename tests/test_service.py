@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -120,7 +121,7 @@ def test_health_counts_the_store(client, built):
     assert health["status"] == "ok" and health["writable"] is False
     assert health["documents"] == built.store.n_documents == 5
     assert health["contexts"] == built.store.size > 0
-    assert health["layer"] == built.store.layer and health["model"] == built.encoder.name.rsplit("/", 1)[-1]
+    assert health["layer"] == built.store.layer and health["model"] == Path(built.encoder.name).name
     assert health["hparams"] == built.hparams and health["datastore"] == built.store.path.name
 
 
@@ -143,6 +144,9 @@ class _Gated:
 
     def __init__(self, knn: BertKNN) -> None:
         self.knn, self.entered, self.release = knn, threading.Event(), threading.Event()
+
+    def refresh(self) -> bool:
+        return self.knn.refresh()
 
     def predict_batch(self, *args, **kwargs):
         self.entered.set()

@@ -31,11 +31,12 @@ app.add_typer(eval_app, name="eval")
 TUNED = "default: the datastore's tuned value, else "
 DATA_DIR = Path(os.environ.get("BERTKNN_DATA", "../shared/data")) / "lama"
 console = Console()
+LOG_EVERY_S = 30  # a progress line this often when the output is not a terminal (a log file, CI)
 USER_ERRORS = (ValueError, OSError)  # bertknn's errors are ValueErrors; OSError: disk full, permissions...
 
 
 def _fail(err: Exception) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {escape(str(err))}")
+    console.print(f"[bold red]error:[/] {escape(printable(str(err)))}")
     return typer.Exit(2)
 
 
@@ -56,6 +57,7 @@ def phase_progress() -> Iterator[Callable[[str, int, int], None]]:
     )
     with Progress(*columns, console=console) as progress:
         tasks: dict[str, tuple[int, int, float]] = {}
+        logged = [time.time()]  # when the last log line was printed (output that is not a terminal)
 
         def report(phase: str, done: int, total: int) -> None:
             if phase not in tasks:  # the first report of a phase says where a resumed run starts
@@ -64,6 +66,9 @@ def phase_progress() -> Iterator[Callable[[str, int, int], None]]:
             task, first, began = tasks[phase]
             rate = (done - first) / max(time.time() - began, 1e-9)
             progress.update(task, completed=done, total=total, rate=f"{rate:,.1f}/s")
+            if not console.is_terminal and (time.time() - logged[0] >= LOG_EVERY_S or done == total):
+                logged[0] = time.time()
+                console.log(f"{phase}: {done:,} of {total:,} ({rate:,.1f}/s)")
 
         yield report
 
@@ -637,8 +642,8 @@ def serve(
         list[str] | None,
         typer.Option(
             show_default=False,
-            help="Host header value to answer, repeatable [default: the loopback names; binding another address "
-            "adds it and this machine's names and addresses]",
+            help="Host header value to answer, repeatable (default: the loopback names; binding another address "
+            "adds it and this machine's names and addresses)",
         ),
     ] = None,
     backend: BackendOption = "onnx",
@@ -653,7 +658,7 @@ def serve(
     token = token or None
     network = not is_loopback(host)
     if writable and network and not token:
-        raise _fail(ValueError(f"--writable on {host} lets the network write: pass --token or set BERTKNN_TOKEN"))
+        raise _fail(ValueError(f"--writable on {host} needs a token: pass --token or set BERTKNN_TOKEN"))
     hosts = allowed_host or allowed_hosts_for(host)
     _threads(threads, backend)
     try:

@@ -59,6 +59,7 @@ CREATE TABLE IF NOT EXISTS entries (
 REMOVED_PREFIX = "\x1f"  # a control character, which document ids may not hold (text.parse_document)
 SQL_PARAMS = 900  # SQLite caps the number of parameters of one statement (999 in old builds)
 LOCK_FILE, SQLITE = "write.lock", "store.sqlite"
+KEY_WINDOW = 128  # tokens a key's context may have; a longer sentence is read in overlapping windows (text.py)
 REGISTER_DOCS = 500  # documents registered per transaction by a build
 LAZY_WAIT = 600.0  # seconds a lazy store's reader waits for another writer before it embeds on demand
 CHARS_PER_WORD = 6  # a chunk's size is estimated from its characters: about one target word per 6 of them
@@ -70,6 +71,10 @@ NOT_DATA = {"manifest.json", "checksums.json", LOCK_FILE}  # files of a datastor
 
 class DatastoreError(ValueError):
     """A datastore that is missing, corrupt, incomplete, or made with another model or layer."""
+
+
+class BusyError(DatastoreError):
+    """Another process holds the datastore's writer lock (and did not let go within the time given)."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,7 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _stat(path: Path) -> list[int] | None:
+def file_stat(path: Path) -> list[int] | None:
     """(size, modification time in ns) of a file, None when it does not exist."""
     with contextlib.suppress(FileNotFoundError):
         info = path.stat()
@@ -151,7 +156,7 @@ def _acquire(path: Path, wait: float):
                 handle.seek(0)
                 holder = handle.read().strip() or "another process"
                 handle.close()
-                raise DatastoreError(
+                raise BusyError(
                     f"{path} is being written by {holder}; one writer at a time: rerun when it has finished"
                 ) from None
             time.sleep(0.05)
@@ -262,7 +267,7 @@ class Datastore:
         """Changes whenever another connection commits to SQLite or a checksummed file is rewritten."""
         with self.sqlite_errors():
             version = self.db.execute("PRAGMA data_version").fetchone()[0]
-        return version, _stat(self.path / "checksums.json")
+        return version, file_stat(self.path / "checksums.json")
 
     def reload(self) -> bool:
         """Re-read what other processes committed (entries, documents, manifest); True if anything changed."""
@@ -308,9 +313,9 @@ class Datastore:
         sums.forget(set(sums.files) - on_disk)
         for name in sorted(on_disk - {"keys.f16", "values.i32", SQLITE}):
             known = sums.files.get(name, {})
-            if known.get("stat") != _stat(self.path / name):
+            if known.get("stat") != file_stat(self.path / name):
                 sums.record(name)
-                sums.files[name]["stat"] = _stat(self.path / name)
+                sums.files[name]["stat"] = file_stat(self.path / name)
         sums.save()
         self.version = self._data_version()
 
@@ -417,6 +422,11 @@ class Datastore:
                 (json.dumps([int(e) for e in entries]),),
             )
         }
+        missing = [int(e) for e in entries if int(e) not in found]
+        if missing:
+            raise DatastoreError(
+                f"{self.path / SQLITE} has no provenance for entries {missing[:5]}: it is damaged; `bertknn verify`"
+            )
         return [found[int(e)] for e in entries]
 
     def iter_document_texts(self, first: int = 0, stop: int | None = None) -> Iterator[str]:
@@ -595,7 +605,7 @@ class Datastore:
         rows = self.db.execute(
             f"SELECT idx, doc, text FROM sentences WHERE doc IN ({','.join('?' * len(docs))}) ORDER BY doc, idx", docs
         ).fetchall()
-        flat = tokenize_sentences(encoder.tokenizer, [r[2] for r in rows])
+        flat = tokenize_sentences(encoder.tokenizer, [r[2] for r in rows], min(KEY_WINDOW, encoder.max_length))
         keys = encoder.embed(flat, token_budget, self.pack, self.int8).astype(np.float16)
         if not np.isfinite(keys).all():  # float16 overflows past 65,504: such keys would poison every distance
             raise DatastoreError(

@@ -193,7 +193,8 @@ class Encoder:
     @property
     def max_length(self) -> int:
         """The most tokens one input may have: the tokenizer's limit, or the model's position embeddings' if fewer."""
-        return min(self.tokenizer.model_max_length, self.model.config.max_position_embeddings)
+        limit = self.tokenizer.model_max_length
+        return min(limit, getattr(self.model.config, "max_position_embeddings", limit))
 
     @cached_property
     def weights_hash(self) -> str:

@@ -15,7 +15,7 @@ from bertknn.combine import Neighbour, Prediction, interpolate, ranked
 from bertknn.datastore import Datastore, DatastoreError
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder, QuestionError
-from bertknn.faiss_index import FaissIndex
+from bertknn.faiss_index import INDEX_FILE, SETTINGS_FILE, FaissIndex
 from bertknn.knn import candidates, knn_distribution, nearest, neighbour_weights
 from bertknn.retrieval import TfidfIndex, select_documents
 from bertknn.text import CorpusError, Document, parse_document, question_error, unicode_error
@@ -108,11 +108,16 @@ class BertKNN:
         self._version = store.version  # the store's state that index and faiss were loaded at
 
     def _load_faiss(self) -> None:
-        """(Re)open the FAISS index; a damaged one is set aside with its error, so IR questions still work."""
+        """(Re)open the FAISS index when its file changed; a damaged one is set aside with its error, so IR
+        questions still work."""
+        stat = ds.file_stat(self.store.path / INDEX_FILE), ds.file_stat(self.store.path / SETTINGS_FILE)
+        if stat == getattr(self, "_faiss_stat", None) and not self.store.faiss_damage:
+            return
         try:
             self.faiss, self.faiss_error = FaissIndex.load(self.store), None
         except DatastoreError as err:
             self.faiss, self.faiss_error = None, err
+        self._faiss_stat = stat
 
     def refresh(self) -> bool:
         """Take in what another process committed (documents added or removed, a FAISS index built); True if any.
@@ -223,9 +228,10 @@ class BertKNN:
         out = []
         for start in range(0, len(texts), batch_size):
             probs, states = self.encoder.query(texts[start : start + batch_size])
-            for j, (p_bert, state) in enumerate(zip(probs, states)):
-                question = (texts[start + j], subjects[start + j])
-                out.append(self._predict_one(*question, p_bert, state, top_k, evidence, h, retrieval))
+            with self.store.sqlite_errors():  # a damaged page met by a question: an error naming the file
+                for j, (p_bert, state) in enumerate(zip(probs, states)):
+                    question = (texts[start + j], subjects[start + j])
+                    out.append(self._predict_one(*question, p_bert, state, top_k, evidence, h, retrieval))
         return out
 
     def retrieve(self, text: str, subject: str | None = None, n_docs: int | None = None) -> list[int]:
@@ -299,14 +305,16 @@ class BertKNN:
             docs = list(dict.fromkeys(owners))
         return docs, entries, dist
 
-    def add_documents(self, docs: list[dict | Document], skip_existing: bool = False, progress=None) -> int:
+    def add_documents(
+        self, docs: list[dict | Document], skip_existing: bool = False, progress=None, wait: float = 0.0
+    ) -> int:
         """Embed and index new documents ({id, title, text}) without rebuilding anything; return contexts added.
 
         Under the datastore's writer lock, the documents are registered hidden, embedded (not in a lazy datastore:
         there on demand), given an IR index segment and appended to the FAISS index, then made live in one
         transaction: a crash at any point leaves the previous state queryable, and calling again completes the
         pending ones. Ids already live raise DatastoreError; with `skip_existing` the same document (same text) is
-        skipped instead, while one with other text still raises.
+        skipped instead, while one with other text still raises. `wait`: seconds to wait for another writer.
         """
         parsed = [d if isinstance(d, Document) else parse_document(d, f"document {i + 1}") for i, d in enumerate(docs)]
         ids = [d.id for d in parsed]
@@ -314,7 +322,7 @@ class BertKNN:
             raise CorpusError(
                 f"duplicate document id(s) in the request: {sorted({i for i in ids if ids.count(i) > 1})}"
             )
-        with self.store.writing():
+        with self.store.writing(wait):
             self.refresh()
             live = [i for i, state in self.store.states(ids).items() if state == "live"]
             if live and not skip_existing:
@@ -332,15 +340,15 @@ class BertKNN:
         self._version = self.store.version  # index and faiss in memory are what this add wrote
         return self.store.size - before
 
-    def remove_documents(self, ids: list[str]) -> tuple[list[str], list[str]]:
+    def remove_documents(self, ids: list[str], wait: float = 0.0) -> tuple[list[str], list[str]]:
         """Hide documents from every retrieval path, all in one transaction: (removed now, removed before).
-        An unknown id raises DatastoreError and nothing is removed."""
-        with self.store.writing():
+        An unknown id raises DatastoreError and nothing is removed; `wait`: seconds to wait for another writer."""
+        with self.store.writing(wait):
             return self.store.remove([str(i) for i in ids])
 
-    def remove_document(self, doc_id: str) -> None:
+    def remove_document(self, doc_id: str, wait: float = 0.0) -> None:
         """Hide one document from every retrieval path (DatastoreError for an id never held or removed before)."""
-        removed, _ = self.remove_documents([doc_id])
+        removed, _ = self.remove_documents([doc_id], wait)
         if not removed:
             raise DatastoreError(f"document {doc_id!r} was removed before from {self.store.path}")
 

@@ -1,8 +1,10 @@
 """HTTP service and web page over a `BertKNN`: `create_app(knn)` gives the FastAPI app that `bertknn serve` runs.
 
-Every model call runs on one worker thread (`MicroBatcher`), under one lock shared with the document endpoints, so
-the model and the datastore are never used by two requests at once. /predict requests that wait together with the
-same settings are answered by one `predict_batch` call: one forward pass instead of one per request.
+Every question runs on one worker thread (`MicroBatcher`), which first takes in what any process committed to the
+datastore (`BertKNN.refresh`: documents added or removed by `bertknn add` or by this service, a new FAISS index).
+/predict requests that wait together with the same settings are answered by one `predict_batch` call: one forward
+pass instead of one per request. Writes run outside the questions' lock, on their own connection to the datastore,
+under its cross-process writer lock: an add embeds while questions go on, and becomes visible when it is published.
 
 Safe to expose: writes can require a bearer token, the Host header is checked (TrustedHostMiddleware), request
 bodies, documents and the time a prediction may take are limited, malformed requests get a 4xx (never a 5xx),
@@ -24,7 +26,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import swagger_ui_bundle
 from fastapi import Depends, FastAPI, HTTPException, Request, status
@@ -40,7 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import bertknn
 from bertknn.combine import Prediction
-from bertknn.datastore import DatastoreError, file_sha256
+from bertknn.datastore import BusyError, Datastore, DatastoreError, file_sha256
 from bertknn.demo import DEMO_CORPUS, demo_questions
 from bertknn.pipeline import BertKNN, merge_hparams
 from bertknn.text import MASK, CorpusError, mask_count_error
@@ -55,6 +57,7 @@ MAX_K = 10_000
 MAX_BODY_BYTES = 1 << 20
 MAX_DOCUMENT_CHARS = 20_000
 REQUEST_TIMEOUT_S = 30.0
+WRITE_WAIT_S = 20.0  # how long a write waits for another writer (another process, or this service) before 503
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 TOKEN_ENV = "BERTKNN_TOKEN"
 GENERIC_EXAMPLES = [
@@ -70,22 +73,26 @@ UNAUTHORIZED = (
 BEARER = HTTPBearer(auto_error=False, description=f"the token given to `bertknn serve --token` or {TOKEN_ENV}")
 
 
-def _utf8(value: str) -> str:
-    """`value` if UTF-8 can encode it; a lone surrogate (from a JSON escape such as "\\ud800") is refused."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise ValueError(f"not valid Unicode: a lone surrogate at position {err.start}") from None
+def _utf8(value: Any) -> Any:
+    """`value` if UTF-8 can encode its strings (it, or a list's items): a lone surrogate, from a JSON escape such
+    as "\\ud800", is refused."""
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise ValueError(f"not valid Unicode: a lone surrogate at position {err.start}") from None
     return value
 
 
-UTF8 = AfterValidator(_utf8)  # last in a string's Annotated, after its length limits
+UTF8 = AfterValidator(_utf8)  # on a whole field, so that errors name the field, not a member of its union
 Text = Annotated[
     str, Field(min_length=1, max_length=MAX_TEXT, description=f"cloze question with exactly one {MASK}"), UTF8
 ]
 Subject = Annotated[
-    Annotated[str, Field(max_length=300), UTF8] | None,
-    Field(default=None, description="subject: a document with this title is searched"),
+    str | None,
+    Field(default=None, max_length=300, description="subject: a document with this title is searched"),
+    UTF8,
 ]
 TopK = Annotated[int, Field(default=10, ge=1, le=100, description="answers per ranking")]
 EvidenceCount = Annotated[int, Field(default=3, ge=0, le=20, description="evidence sentences per kNN answer")]
@@ -133,16 +140,16 @@ class BatchRequest(BaseModel):
     options: Options | None = None
 
 
-Passage = Annotated[str, Field(max_length=100_000), UTF8]
+Passage = Annotated[str, Field(max_length=100_000)]
 
 
 class DocumentIn(BaseModel):
     """A document to add: the corpus format's {id, title, text}."""
 
     model_config = ConfigDict(extra="forbid")
-    id: Annotated[str, UTF8] | int
+    id: Annotated[str | int, UTF8]
     title: Annotated[str, Field(min_length=1, max_length=1000), UTF8]
-    text: Passage | Annotated[list[Passage], Field(min_length=1, max_length=1000)] = Field(
+    text: Annotated[Passage | Annotated[list[Passage], Field(min_length=1, max_length=1000)], UTF8] = Field(
         description="the text, or a list of passages"
     )
 
@@ -277,6 +284,7 @@ class MicroBatcher:
         try:
             with self.lock:
                 self.calls += 1
+                self.knn.refresh()
                 predictions = self.knn.predict_batch(texts, subjects, top_k, evidence, **dict(hparams))
         except Exception as err:
             if len(group) > 1:
@@ -289,6 +297,10 @@ class MicroBatcher:
         for job in group:
             job.future.set_result(predictions[start : start + len(job.texts)])
             start += len(job.texts)
+
+
+def _error_response(err: HTTPException) -> JSONResponse:
+    return JSONResponse({"detail": err.detail}, status_code=err.status_code, headers=err.headers)
 
 
 class BodyTooLarge(HTTPException):
@@ -336,10 +348,6 @@ class BodyLimit:
             if started:
                 raise
             await _error_response(err)(scope, receive, send)
-
-
-def _error_response(err: HTTPException) -> JSONResponse:
-    return JSONResponse({"detail": err.detail}, status_code=err.status_code, headers=err.headers)
 
 
 def _encodable(value: object) -> str | int:
@@ -499,6 +507,17 @@ def create_app(
             raise HTTPException(status.HTTP_403_FORBIDDEN, detail=READ_ONLY)
 
     write_checks = [Depends(require_token), Depends(require_writable)] if token else [Depends(require_writable)]
+    writers: list[BertKNN] = []  # the one BertKNN that writes, opened on first use
+    writer_lock = threading.Lock()
+
+    def writer() -> BertKNN:
+        """A BertKNN over its own connection to the datastore (sharing the model): documents are embedded there
+        while questions go on; the question side takes the commit in through `refresh`."""
+        with writer_lock:
+            if not writers:
+                store = Datastore(knn.store.path, check=False)
+                writers.append(BertKNN(knn.encoder, store, **{k: v for k, v in knn.hparams.items()}))
+            return writers[0]
 
     @app.post("/predict", response_model=PredictionOut, summary="Answer one cloze question")
     async def predict(req: PredictRequest) -> dict:
@@ -530,10 +549,11 @@ def create_app(
                 "(title and text together)",
             )
         try:
-            with lock:
-                added = knn.add_documents([doc.model_dump()])
+            added = writer().add_documents([doc.model_dump()], wait=WRITE_WAIT_S)
         except CorpusError as err:
             raise _unprocessable(str(err)) from None
+        except BusyError as err:
+            raise _busy(err) from None
         except DatastoreError as err:
             raise HTTPException(status.HTTP_409_CONFLICT, detail=str(err)) from None
         return {"id": str(doc.id), "contexts_added": added, **_counts(knn, lock)}
@@ -546,8 +566,9 @@ def create_app(
     def remove_document(doc_id: str) -> dict:
         """Remove a document from every search."""
         try:
-            with lock:
-                knn.remove_document(doc_id)
+            writer().remove_document(doc_id, wait=WRITE_WAIT_S)
+        except BusyError as err:
+            raise _busy(err) from None
         except DatastoreError as err:
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(err)) from None
         return {"id": doc_id, "removed": True, **_counts(knn, lock)}
@@ -596,4 +617,9 @@ def create_app(
 
 def _counts(knn: BertKNN, lock: threading.Lock) -> dict:
     with lock:
+        knn.refresh()
         return {"documents": knn.store.live_documents(), "contexts": knn.store.size}
+
+
+def _busy(err: BusyError) -> HTTPException:
+    return HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail=str(err), headers={"Retry-After": "5"})

@@ -54,7 +54,8 @@ class Sentence:
     @property
     def target_ids(self) -> np.ndarray:
         """The vocabulary ids of the targets: the datastore's values."""
-        return np.asarray([self.windows[w][p] for w, p in zip(self.window, self.positions)], np.int32).reshape(-1)
+        first = np.cumsum([0, *map(len, self.windows)])[:-1]  # where each window starts in their concatenation
+        return np.concatenate(self.windows)[first[self.window] + self.positions].astype(np.int32)
 
     def window_targets(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Each window's token ids with the indices of the targets read in it (in position order)."""

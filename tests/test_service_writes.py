@@ -1,0 +1,81 @@
+"""The service and other writers: commits of another process are taken in, adds do not stall questions, a busy
+datastore answers 503, never 500."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from bertknn import BertKNN
+from bertknn import service as svc
+from bertknn.datastore import Datastore
+from bertknn.service import create_app
+
+BASE = "http://localhost"
+FRESH = {"id": "n1", "title": "Zorblat Quenmire", "text": "Zorblat Quenmire was born in Tallinn. He sells boats."}
+ASK = {"text": "Zorblat Quenmire was born in [MASK] .", "subject": "Zorblat Quenmire", "top_k": 1}
+
+
+@pytest.fixture()
+def writable(built):
+    with TestClient(create_app(built, writable=True), base_url=BASE) as client:
+        yield client
+
+
+def _knn_top(response) -> str | None:
+    assert response.status_code == 200, response.text
+    knn = response.json()["knn"]
+    return knn[0]["token"] if knn else None
+
+
+def test_another_process_commits_are_answered_and_writes_go_on(writable, built):
+    assert _knn_top(writable.post("/predict", json=ASK)) != "tallinn"
+    other = BertKNN.load(built.store.path, str(built.encoder.name))  # as `bertknn add` in another process
+    other.add_documents([FRESH])
+    assert _knn_top(writable.post("/predict", json=ASK)) == "tallinn"
+    assert writable.get("/health").json()["documents"] == 6
+    more = {"id": "n2", "title": "Ruxana Pell", "text": "Ruxana Pell was born in Riga."}
+    assert writable.post("/documents", json=more).status_code == 201  # no clash with the other's document
+    other.remove_documents(["n1"])
+    body = writable.post("/predict", json=ASK).json()
+    assert "Zorblat Quenmire" not in body["documents"]
+    assert writable.delete("/documents/n2").status_code == 200
+    assert other.refresh() and other.store.states(["n2"]) == {}
+
+
+def test_an_add_does_not_stall_questions(writable, monkeypatch):
+    embedding, release = threading.Event(), threading.Event()
+    real = Datastore._embed_chunk
+
+    def slow_chunk(self, *args, **kwargs):
+        embedding.set()
+        assert release.wait(60)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Datastore, "_embed_chunk", slow_chunk)
+    adding = threading.Thread(target=lambda: writable.post("/documents", json=FRESH))
+    adding.start()
+    try:
+        assert embedding.wait(60)
+        began = time.monotonic()
+        assert _knn_top(writable.post("/predict", json=ASK)) != "tallinn"  # not published yet
+        assert time.monotonic() - began < 10  # answered while the add is still embedding
+    finally:
+        release.set()
+        adding.join(60)
+    assert _knn_top(writable.post("/predict", json=ASK)) == "tallinn"
+
+
+def test_a_write_while_another_process_writes_gets_503(writable, built, monkeypatch):
+    monkeypatch.setattr(svc, "WRITE_WAIT_S", 0.2)
+    holder = Datastore(built.store.path)
+    with holder.writing():
+        response = writable.post("/documents", json=FRESH)
+        assert response.status_code == 503 and response.headers["retry-after"] == "5"
+        assert "one writer at a time" in response.json()["detail"]
+        assert writable.delete("/documents/d1").status_code == 503
+        assert writable.post("/predict", json=ASK).status_code == 200  # questions are not blocked by a writer
+    assert writable.post("/documents", json=FRESH).status_code == 201
