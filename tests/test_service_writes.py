@@ -79,3 +79,17 @@ def test_a_write_while_another_process_writes_gets_503(writable, built, monkeypa
         assert writable.delete("/documents/d1").status_code == 503
         assert writable.post("/predict", json=ASK).status_code == 200  # questions are not blocked by a writer
     assert writable.post("/documents", json=FRESH).status_code == 201
+
+
+def test_concurrent_adds_through_the_service_all_land(writable):
+    docs = [{"id": f"c{i}", "title": f"Person {i}", "text": f"Person {i} was born in Riga."} for i in range(4)]
+    codes: list[int] = []
+    threads = [
+        threading.Thread(target=lambda d=d: codes.append(writable.post("/documents", json=d).status_code)) for d in docs
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert sorted(codes) == [201] * 4
+    assert writable.get("/health").json()["documents"] == 9

@@ -29,6 +29,7 @@ import os
 import shutil
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -196,7 +197,8 @@ class Datastore:
         self.path = Path(path)
         self.manifest = _read_manifest(self.path)
         self.dim = int(self.manifest["dim"])
-        self._lock: tuple | None = None  # (open lock file, depth) while this object holds the writer lock
+        self._lock = None  # the open, flocked write.lock while this object holds the writer lock
+        self._threads = threading.RLock()  # one writing thread per object; the flock is taken once per object
         with self.sqlite_errors():
             self.db = sqlite3.connect(self.path / SQLITE, check_same_thread=False, timeout=30)
             self.db.executescript(SCHEMA)
@@ -282,25 +284,27 @@ class Datastore:
     @contextlib.contextmanager
     def writing(self, wait: float = 0.0) -> Iterator[Datastore]:
         """Hold the datastore's writer lock (waiting up to `wait` seconds for another writer), re-read the committed
-        state, and on success record the checksums of what was written. Re-entrant."""
-        if self._lock is not None:
-            handle, depth = self._lock
-            self._lock = (handle, depth + 1)
-            try:
-                yield self
-            finally:
-                self._lock = (handle, depth)
-            return
-        handle = _acquire(self.path, wait)
-        self._lock = (handle, 1)
+        state, and on success record the checksums of what was written. Re-entrant within a thread; other threads
+        of this process wait like other processes."""
+        began = time.monotonic()
+        got = self._threads.acquire(timeout=wait) if wait > 0 else self._threads.acquire(blocking=False)
+        if not got:
+            raise BusyError(f"{self.path} is being written by another thread of this process; rerun when it is done")
         try:
-            self.reload()
-            yield self
-            self.seal()
+            if self._lock is not None:  # this thread holds it already
+                yield self
+                return
+            self._lock = _acquire(self.path, max(0.0, wait - (time.monotonic() - began)))
+            try:
+                self.reload()
+                yield self
+                self.seal()
+            finally:
+                handle, self._lock = self._lock, None
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                handle.close()
         finally:
-            self._lock = None
-            fcntl.flock(handle, fcntl.LOCK_UN)
-            handle.close()
+            self._threads.release()
 
     def seal(self) -> None:
         """Record checksums: the new tail of keys and values, SQLite whole, and any other data file changed."""
@@ -734,7 +738,9 @@ def copy_registration(
         (shutil.copytree if name.is_dir() else shutil.copyfile)(name, tmp / name.name)
     manifest = _new_manifest(encoder, src.manifest.get("corpus"), pack, int8)
     _write_json(tmp / "manifest.json", manifest)
-    Datastore(tmp, check=False).record_identity()
+    made = Datastore(tmp, check=False)
+    made.record_identity()
+    made.db.close()
     tmp.replace(path)
     return Datastore(path)
 
