@@ -67,6 +67,7 @@ CHARS_PER_WORD = 6  # a chunk's size is estimated from its characters: about one
 SAMPLE_BLOCKS = 16  # checksum blocks checked at random when a store is opened (besides each file's last block)
 IDENTITY = ("model_hash", "layer", "dim", "pack", "int8")  # manifest fields SQLite keeps a copy of
 REQUIRED = {"model": str, "model_hash": str, "layer": int, "dim": int, "status": str}
+OPTIONAL = {"pack": int, "int8": bool, "corpus": (dict, type(None)), "tuned": dict, "entries": int, "embedded": int}
 NOT_DATA = {"manifest.json", "checksums.json", LOCK_FILE}  # files of a datastore that checksums do not cover
 
 
@@ -139,6 +140,10 @@ def _read_manifest(path: Path) -> dict:
             raise DatastoreError(
                 f"{file} is damaged: field {field!r} is missing or not a {kind.__name__}; restore it or rebuild"
             )
+    for field, kind in OPTIONAL.items():
+        value = manifest.get(field)
+        if field in manifest and (not isinstance(value, kind) or (isinstance(value, bool) and kind is int)):
+            raise DatastoreError(f"{file} is damaged: field {field!r} has the wrong type; restore it or rebuild")
     if manifest["dim"] < 1 or manifest["layer"] < 0:
         raise DatastoreError(f"{file} is damaged: dim {manifest['dim']} / layer {manifest['layer']} are impossible")
     return manifest

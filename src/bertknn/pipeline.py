@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
@@ -24,11 +25,19 @@ DEFAULTS = {"n_docs": 3, "k": 128, "temperature": 6.0, "lam": 0.3}
 
 
 def _check_hparams(n_docs: int, k: int, temperature: float, lam: float) -> None:
+    values = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam}
+    odd = [
+        f"{name} must be a finite number (got {value!r})"
+        for name, value in values.items()
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+    ]
+    if odd:
+        raise ValueError("; ".join(odd))
     problems = [
         msg
         for bad, msg in (
-            (n_docs < 1, f"n_docs must be >= 1 (got {n_docs})"),
-            (k < 1, f"k must be >= 1 (got {k})"),
+            (n_docs < 1 or n_docs != int(n_docs), f"n_docs must be a whole number >= 1 (got {n_docs})"),
+            (k < 1 or k != int(k), f"k must be a whole number >= 1 (got {k})"),
             (not temperature > 0, f"temperature must be > 0 (got {temperature})"),
             (not 0 <= lam <= 1, f"lam must be in [0, 1] (got {lam})"),
         )
@@ -98,7 +107,14 @@ class BertKNN:
 
     def __init__(self, encoder: Encoder, store: Datastore, index: TfidfIndex | None = None, **hparams: float) -> None:
         tuned = store.manifest.get("tuned", {}).get("hparams", {})  # set by `bertknn tune`
-        self.hparams = merge_hparams({**DEFAULTS, **tuned}, hparams)
+        try:
+            base = merge_hparams(DEFAULTS, tuned if isinstance(tuned, dict) else {"hparams": tuned})
+        except (TypeError, ValueError) as err:
+            raise DatastoreError(
+                f"{store.path / 'manifest.json'} holds bad tuned hyperparameters ({err}); rerun `bertknn tune` or "
+                "delete its 'tuned' field"
+            ) from None
+        self.hparams = merge_hparams(base, hparams)
         if not (store.complete or store.lazy):
             raise DatastoreError(f"the datastore at {store.path} is incomplete: rerun `bertknn build` to finish it")
         store.check_encoder(encoder)
