@@ -237,3 +237,19 @@ def test_an_interrupted_writer_is_not_taken_for_damage(built, monkeypatch):
     rerun = BertKNN.load(built.store.path, str(built.encoder.name))
     rerun.add_documents([FRESH], skip_existing=True)
     assert ds.verify(built.store.path).notes == [] and _top(rerun, "faiss") == "tallinn"
+
+
+def test_a_writer_never_records_damage_as_sound(built, tmp_path):
+    path = shutil.copytree(built.store.path, tmp_path / "s")
+    segment = path / "tfidf_logtf.npy"
+    _damage(segment, segment.stat().st_size - 4, b"\x00\x00\x80\x7f")  # after the open check, before a writer
+    writer = Datastore(path, check=False)
+    with writer.writing():
+        writer.remove(["d5"])
+    assert any("tfidf_logtf.npy block 0" in p for p in ds.verify(path).problems)  # still reported
+    keys = path / "keys.f16"
+    _damage(keys, 6, bytes([keys.read_bytes()[6] ^ 4]))  # inside the last, partly filled block
+    writer = BertKNN(built.encoder, Datastore(path, check=False))
+    with pytest.raises(DatastoreError, match=r"keys.f16 block 0 .*checksum mismatch"):
+        writer.add_documents([FRESH])
+    assert writer.store.states(["n1"]) == {}  # refused before anything was written

@@ -302,6 +302,7 @@ class Datastore:
             self._lock = _acquire(self.path, max(0.0, wait - (time.monotonic() - began)))
             try:
                 self.reload()
+                self._check_tails()
                 yield self
                 self.seal()
             finally:
@@ -311,20 +312,31 @@ class Datastore:
         finally:
             self._threads.release()
 
+    def _check_tails(self) -> None:
+        """Refuse to append to keys or values whose last, partly filled block was damaged: the seal would have to
+        hash that block again, and would take the damage for data."""
+        try:
+            damage = Checksums(self.path).verify(["keys.f16", "values.i32"], sample=0)
+        except ChecksumError as err:
+            damage = [Damage("checksums.json", None, str(err))]
+        if damage:
+            raise DatastoreError(_damage_message(self.path, damage))
+
     def seal(self) -> None:
-        """Record checksums: the new tail of keys and values, SQLite whole, and any other data file changed."""
-        sums = Checksums(self.path)
-        sums.extend("keys.f16", self.size * 2 * self.dim)
-        sums.extend("values.i32", self.size * 4)
+        """Record checksums: the new tail of keys and values, SQLite whole, and the data files not recorded yet (new,
+        or announced by `rewriting`). A recorded file is never re-recorded here, so damage stays visible."""
+        try:
+            sums = Checksums(self.path)
+            sums.extend("keys.f16", self.size * 2 * self.dim)
+            sums.extend("values.i32", self.size * 4)
+        except ChecksumError as err:
+            raise DatastoreError(f"{err}: damaged before this write; its checksums are kept") from None
         sums.meta["sqlite_changes"] = self._changes()
         sums.record(SQLITE)
         on_disk = set(data_files(self.path))
         sums.forget(set(sums.files) - on_disk)
-        for name in sorted(on_disk - {"keys.f16", "values.i32", SQLITE}):
-            known = sums.files.get(name, {})
-            if known.get("stat") != file_stat(self.path / name):
-                sums.record(name)
-                sums.files[name]["stat"] = file_stat(self.path / name)
+        for name in sorted(on_disk - set(sums.files)):
+            sums.record(name)
         sums.save()
         self.version = self._data_version()
 
@@ -864,5 +876,10 @@ def record_checksums(path: str | Path) -> None:
     """Record the checksums of a datastore's files as they are now (for a store made before checksums existed, or
     after restoring files from a copy): only do this for files known to be sound."""
     store = Datastore(path, check=False)
-    with store.writing():
+    handle = _acquire(store.path, 0.0)
+    try:
         (store.path / "checksums.json").unlink(missing_ok=True)
+        store.seal()
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()

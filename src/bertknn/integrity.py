@@ -102,6 +102,8 @@ class Checksums:
             self.record(name, length)
             return
         full = known["length"] // BLOCK
+        if known["length"] % BLOCK and _digest(self.directory / name, full, known["length"]) != known["blocks"][full]:
+            raise ChecksumError(f"{self.directory / name}: {Damage(name, full, 'checksum mismatch')}; `bertknn verify`")
         blocks = known["blocks"][:full] + _hash_blocks(self.directory / name, length, full)
         self.files[name] = {"length": length, "blocks": blocks}
 

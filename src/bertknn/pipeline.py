@@ -81,6 +81,7 @@ def ensure_index(store: Datastore, segment_docs: int = 5000) -> TfidfIndex:
                 raise DatastoreError(f"the IR index of {store.path} covers {first} documents but the store has fewer")
             for start in range(first, store.n_documents, segment_docs):
                 stop = min(start + segment_docs, store.n_documents)
+                store.rewriting(*TfidfIndex.files(start))  # parts left by an interrupted run are written anew
                 TfidfIndex.build(store.iter_document_texts(start, stop), start).save(store.path, start)
     return TfidfIndex.load(store.path)
 

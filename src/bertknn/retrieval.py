@@ -122,6 +122,12 @@ class TfidfIndex:
         )
         return cls([segment], first + n)
 
+    @staticmethod
+    def files(first: int) -> list[str]:
+        """The files (relative to the datastore) that `save(..., first)` writes."""
+        names = [*FILES, "tfidf_ndocs.txt"]
+        return names if first == 0 else [f"{SEGMENT_PREFIX}{first:09d}/{name}" for name in names]
+
     def save(self, directory: str | Path, first: int = 0) -> None:
         """Write a one-segment index: documents from 0 as the base files, else as a segment folder (renamed whole)."""
         (segment,) = self.segments
