@@ -160,6 +160,9 @@ def indexed(built):
         ("manifest.json", "no-dim", "field 'dim' is missing"),
         ("manifest.json", "garbage", "manifest.json is damaged"),
         ("checksums.json", "garbage", "checksums.json is damaged"),
+        ("store.sqlite", "delete", "store.sqlite is missing or empty"),
+        ("store.sqlite", "append", r"store.sqlite: [\d,]+ bytes, [\d,]+ recorded"),
+        ("tfidf_docs.npy", "append", r"tfidf_docs.npy: [\d,]+ bytes, [\d,]+ recorded"),
     ],
 )
 def test_damage_is_found_when_the_store_is_opened_and_by_verify(indexed, tmp_path, name, how, message):
@@ -176,6 +179,11 @@ def test_damage_is_found_when_the_store_is_opened_and_by_verify(indexed, tmp_pat
         file.write_bytes(file.read_bytes()[: size // 2])
     elif how == "garbage":
         file.write_text("{not json")
+    elif how == "delete":
+        file.unlink()
+    elif how == "append":
+        with file.open("ab") as handle:
+            handle.write(b"junk")
     else:
         manifest = json.loads(file.read_text())
         if how == "layer":
@@ -186,7 +194,7 @@ def test_damage_is_found_when_the_store_is_opened_and_by_verify(indexed, tmp_pat
     with pytest.raises(DatastoreError, match=message):
         BertKNN.load(store).predict(QUESTION, subject=SUBJECT)
     result = CliRunner().invoke(app, ["verify", str(store)])
-    assert result.exit_code in (1, 2) and "Traceback" not in result.output
+    assert result.exit_code in (1, 2) and name in result.output.replace("\n", "")
     result = CliRunner().invoke(app, ["ask", str(store), QUESTION, "--backend", "torch", "--threads", "1"])
     assert result.exit_code == 2 and "Traceback" not in result.output and "error:" in result.output
 
@@ -199,6 +207,9 @@ def test_damaged_faiss_leaves_ir_questions_working(indexed, built):
     assert _top(knn) == reference
     with pytest.raises(DatastoreError, match=r"faiss.index is damaged.*rerun `bertknn index"):
         _top(knn, "faiss")
+    faiss_file.unlink()
+    with pytest.raises(DatastoreError, match=r"faiss.index is missing"):
+        _top(BertKNN.load(indexed, str(built.encoder.name)), "faiss")
 
 
 def test_verify_reports_the_damaged_block_and_passes_a_sound_store(built, tmp_path, monkeypatch):

@@ -64,10 +64,12 @@ KEY_WINDOW = 128  # tokens a key's context may have; a longer sentence is read i
 REGISTER_DOCS = 500  # documents registered per transaction by a build
 LAZY_WAIT = 600.0  # seconds a lazy store's reader waits for another writer before it embeds on demand
 CHARS_PER_WORD = 6  # a chunk's size is estimated from its characters: about one target word per 6 of them
+RECHECK_S = 0.2  # pause before damage found on opening is looked at again
 SAMPLE_BLOCKS = 16  # checksum blocks checked at random when a store is opened (besides each file's last block)
 IDENTITY = ("model_hash", "layer", "dim", "pack", "int8")  # manifest fields SQLite keeps a copy of
 REQUIRED = {"model": str, "model_hash": str, "layer": int, "dim": int, "status": str}
 OPTIONAL = {"pack": int, "int8": bool, "corpus": (dict, type(None)), "tuned": dict, "entries": int, "embedded": int}
+APPEND_ONLY = ("keys.f16", "values.i32")  # files that only grow; bytes past the committed entries are not data
 NOT_DATA = {"manifest.json", "checksums.json", LOCK_FILE}  # files of a datastore that checksums do not cover
 
 
@@ -204,8 +206,14 @@ class Datastore:
         self.dim = int(self.manifest["dim"])
         self._lock = None  # the open, flocked write.lock while this object holds the writer lock
         self._threads = threading.RLock()  # one writing thread per object; the flock is taken once per object
+        db_file = self.path / SQLITE
+        if (not db_file.is_file() or db_file.stat().st_size == 0) and self.manifest["status"] != "building":
+            raise DatastoreError(
+                f"{db_file} is missing or empty but the manifest says the datastore is {self.manifest['status']}: "
+                "restore it from a copy, or rebuild the datastore"
+            )
         with self.sqlite_errors():
-            self.db = sqlite3.connect(self.path / SQLITE, check_same_thread=False, timeout=30)
+            self.db = sqlite3.connect(db_file, check_same_thread=False, timeout=30)
             self.db.executescript(SCHEMA)
             columns = {row[1] for row in self.db.execute("PRAGMA table_info(documents)")}
             for column, kind in (("state", "TEXT NOT NULL DEFAULT 'live'"), ("digest", "TEXT"), ("removed_id", "TEXT")):
@@ -220,6 +228,9 @@ class Datastore:
         self.faiss_damage: list[Damage] = []  # damage confined to the FAISS files: IR questions still work
         if check:
             damage = self.check(sample=SAMPLE_BLOCKS)
+            if damage:  # another process's writer may have been between two steps: look again at what was found
+                time.sleep(RECHECK_S)
+                damage = self.check(only=damage)
             self.faiss_damage = [d for d in damage if d.file.startswith("faiss")]
             if len(damage) > len(self.faiss_damage):
                 raise DatastoreError(_damage_message(self.path, damage))
@@ -316,7 +327,7 @@ class Datastore:
         """Refuse to append to keys or values whose last, partly filled block was damaged: the seal would have to
         hash that block again, and would take the damage for data."""
         try:
-            damage = Checksums(self.path).verify(["keys.f16", "values.i32"], sample=0)
+            damage = Checksums(self.path).verify(APPEND_ONLY, sample=0, growing=APPEND_ONLY)
         except ChecksumError as err:
             damage = [Damage("checksums.json", None, str(err))]
         if damage:
@@ -354,7 +365,12 @@ class Datastore:
             handle.seek(24)
             return int.from_bytes(handle.read(4), "big")
 
-    def check(self, sample: int | None = None, progress: Callable[[int, int], None] | None = None) -> list:
+    def check(
+        self,
+        sample: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        only: list[Damage] | None = None,
+    ) -> list[Damage]:
         """Damage found in the checksummed files: sizes always, then `sample` random blocks (None: every block).
 
         SQLite is only compared when it has not been committed to since its checksums were recorded (a writer that
@@ -364,10 +380,25 @@ class Datastore:
             sums = Checksums(self.path)
         except ChecksumError as err:
             return [Damage("checksums.json", None, str(err))]
-        names = set(sums.files)
-        if sums.meta.get("sqlite_changes") != self._changes():
-            names.discard(SQLITE)
-        return sums.verify(names, sample, progress)
+        with self._read_transaction():  # no writer may commit to SQLite while its blocks are compared
+            names = set(sums.files)
+            if sums.meta.get("sqlite_changes") != self._changes():
+                names.discard(SQLITE)
+            return sums.verify(names, sample, progress, growing=APPEND_ONLY, only=only)
+
+    @contextlib.contextmanager
+    def _read_transaction(self) -> Iterator[None]:
+        """Hold SQLite's shared lock (a read transaction): other connections cannot commit meanwhile."""
+        with self.sqlite_errors():
+            if self.db.in_transaction:
+                yield
+                return
+            self.db.execute("BEGIN")
+            try:
+                self.db.execute("SELECT count(*) FROM meta").fetchone()
+                yield
+            finally:
+                self.db.execute("ROLLBACK")
 
     @property
     def complete(self) -> bool:
@@ -419,6 +450,8 @@ class Datastore:
                 f"SELECT idx, start, end FROM documents WHERE idx IN ({','.join('?' * len(docs))})", docs
             )
         )
+        if len(rows) < len(set(docs)):
+            raise DatastoreError(f"{self.path / SQLITE} lacks documents {sorted(set(docs) - set(rows))[:5]}: damaged")
         return [rows[d] for d in docs]
 
     def find_title(self, subject: str) -> int | None:
@@ -431,7 +464,10 @@ class Datastore:
 
     def titles(self, docs: list[int]) -> list[str]:
         """The titles of documents, by index."""
-        return [self.db.execute("SELECT title FROM documents WHERE idx = ?", (d,)).fetchone()[0] for d in docs]
+        rows = [self.db.execute("SELECT title FROM documents WHERE idx = ?", (d,)).fetchone() for d in docs]
+        if None in rows:
+            raise DatastoreError(f"{self.path / SQLITE} lacks documents the IR index returns: damaged")
+        return [row[0] for row in rows]
 
     def evidence(self, entries: list[int]) -> list[Evidence]:
         """Provenance of stored entries (one query for all): document, sentence and the target's span."""

@@ -104,8 +104,13 @@ class FaissIndex:
     def load(cls, store: Datastore) -> FaissIndex | None:
         """The datastore's FAISS index, or None when it has none."""
         settings = _settings(store.path)
-        if settings is None or not (store.path / INDEX_FILE).is_file():
+        if settings is None:
             return None
+        if not (store.path / INDEX_FILE).is_file():
+            raise DatastoreError(
+                f"{store.path / INDEX_FILE} is missing (its settings, {SETTINGS_FILE}, are there): rerun "
+                f"`bertknn index {store.path}`"
+            )
         return cls(_read(store), store, settings)
 
     @classmethod

@@ -118,23 +118,32 @@ class Checksums:
         sample: int | None = None,
         progress: Callable[[int, int], None] | None = None,
         seed: int | None = None,
+        growing: Iterable[str] = (),
+        only: Iterable[Damage] | None = None,
     ) -> list[Damage]:
         """Check recorded files (all, or `names`): every block, or `sample` random blocks plus each file's last one.
 
-        `progress(done, total)` is called as blocks are checked. A file shorter than recorded is damage; bytes past
-        the recorded length are not checked (an append-only file's uncommitted tail).
+        `progress(done, total)` is called as blocks are checked. A file of another length than recorded is damage,
+        except that the files named in `growing` (append-only) may be longer: their uncommitted tail is not checked.
+        `only`: look again at damage found before (those files' lengths and those blocks).
         """
+        growing = set(growing)
+        if only is not None:
+            only = list(only)
+            names = {d.file for d in only} & set(names if names is not None else self.files)
         damage, jobs = [], []
         for name in sorted(self.files if names is None else set(names) & set(self.files)):
             record = self.files[name]
             path = self.directory / name
             have = path.stat().st_size if path.is_file() else None
-            if have is None or have < record["length"]:
+            if have is None or have < record["length"] or (have > record["length"] and name not in growing):
                 problem = "missing" if have is None else f"{have:,} bytes, {record['length']:,} recorded"
                 damage.append(Damage(name, None, problem))
                 continue
             jobs += [(name, b) for b in range(len(record["blocks"]))]
-        if sample is not None and len(jobs) > sample:
+        if only is not None:
+            jobs = [job for job in jobs if job in {(d.file, d.block) for d in only}]
+        elif sample is not None and len(jobs) > sample:
             last = {name: (name, len(self.files[name]["blocks"]) - 1) for name, _ in jobs}
             picked = random.Random(seed).sample(jobs, sample)
             jobs = sorted(set(picked) | set(last.values()))
