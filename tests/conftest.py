@@ -139,3 +139,8 @@ def lama_dir(tmp_path):
         [{"sub_label": "Squad", "obj_label": "gold", "masked_sentences": ["The [MASK] color was used."]}],
     )
     return tmp_path
+
+
+def pytest_addoption(parser):
+    """`--long`: the reliability suite (tests/reliability) runs its long trials; BERTKNN_LONG=1 does the same."""
+    parser.addoption("--long", action="store_true", default=False, help="run tests/reliability in long mode")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -116,9 +117,25 @@ def test_one_writer_at_a_time(built, tmp_path):
     with other.writing():  # free again once the first writer is done
         other.remove(["d1"])
     more = write_corpus(tmp_path / "more.jsonl", [FRESH])
+    add = ["add", str(built.store.path), str(more), "--backend", "torch", "--threads", "1"]
     with built.store.writing():
-        result = CliRunner().invoke(app, ["add", str(built.store.path), str(more), "--backend", "torch"])
-    assert result.exit_code == 2 and "one writer at a time" in result.output and "Traceback" not in result.output
+        result = CliRunner().invoke(app, [*add, "--wait", "0.2"])
+    assert result.exit_code == 2 and "one writer at a time" in result.output.replace("\n", " ")
+    assert "waiting up to 0.2 s for pid" in result.output
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with Datastore(built.store.path).writing():
+            holding.set()
+            release.wait(60)
+
+    writer = threading.Thread(target=hold)
+    writer.start()
+    assert holding.wait(60)
+    threading.Timer(0.5, release.set).start()
+    result = CliRunner().invoke(app, add)  # waits (up to 60 s by default) for the other writer to finish
+    writer.join(60)
+    assert result.exit_code == 0 and "added 1 documents" in result.output, result.output
 
 
 def test_a_reader_takes_in_another_process_commits(built, tmp_path):

@@ -40,6 +40,26 @@ def _fail(err: Exception) -> typer.Exit:
     return typer.Exit(2)
 
 
+WaitOption = Annotated[
+    float, typer.Option(min=0, help="seconds to wait for another process writing to the datastore (one at a time)")
+]
+WAIT_S = 60.0
+
+
+@contextlib.contextmanager
+def _writer_wait(datastore: Path, wait: float) -> Iterator[None]:
+    """Let this command's writes wait up to `wait` seconds for another writer, and say so when one is at work."""
+    from bertknn.datastore import lock_holder, lock_wait
+
+    holder = lock_holder(datastore) if datastore.is_dir() else None
+    if holder and wait:
+        console.print(
+            f"[yellow]waiting[/] up to {wait:g} s for {escape(holder)} to finish writing {_shown(str(datastore))}"
+        )
+    with lock_wait(wait):
+        yield
+
+
 def _threads(threads: int, backend: str = "torch") -> None:
     set_threads(threads or os.cpu_count() or 1, backend)
 
@@ -171,11 +191,13 @@ def build(
     int8_keys: Int8Option = False,
     backend: BackendOption = "onnx",
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
+    wait: WaitOption = WAIT_S,
 ) -> None:
     """Embed every target word of a corpus into a datastore and index its documents. Rerun to resume."""
     _threads(threads, backend)
     try:
-        _build(corpus, out, model, layer, lazy, pack, backend, int8_keys)
+        with _writer_wait(out, wait):
+            _build(corpus, out, model, layer, lazy, pack, backend, int8_keys)
     except USER_ERRORS as err:
         raise _fail(err) from None
     except KeyboardInterrupt:
@@ -225,6 +247,7 @@ def index(
     ] = None,
     nprobe: Annotated[int, typer.Option(min=1, help="IVF lists searched per query")] = 16,
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
+    wait: WaitOption = WAIT_S,
 ) -> None:
     """Index every key of a datastore with FAISS (for `--retrieval faiss`). Rerun to resume."""
     import faiss
@@ -237,7 +260,7 @@ def index(
     began = time.time()
     try:
         store = Datastore(datastore)
-        with phase_progress() as report:
+        with _writer_wait(datastore, wait), phase_progress() as report:
             report("indexing", 0, store.size)
             built = FaissIndex.build(
                 store, factory, train_size, nprobe, progress=lambda done, total: report("indexing", done, total)
@@ -259,6 +282,7 @@ def add(
     corpus: Annotated[Path, typer.Argument(help="JSONL documents to add ({id, title, text} per line)")],
     backend: BackendOption = "onnx",
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
+    wait: WaitOption = WAIT_S,
 ) -> None:
     """Add documents: embedded and indexed in place, searchable at once. Rerun after a crash to complete it."""
     from bertknn.text import iter_corpus
@@ -268,7 +292,7 @@ def add(
         docs = list(iter_corpus(corpus))  # the whole file is read first: a bad line changes nothing
         knn = BertKNN.load(datastore, backend=backend)
         known = knn.store.states([d.id for d in docs])
-        with phase_progress() as report:
+        with _writer_wait(datastore, wait), phase_progress() as report:
             added = knn.add_documents(docs, skip_existing=True, progress=lambda n: report("embedding", n, len(docs)))
     except USER_ERRORS as err:
         raise _fail(err) from None
@@ -286,13 +310,14 @@ def add(
 def remove(
     datastore: Annotated[Path, typer.Argument(help="datastore directory made by `bertknn build`")],
     doc: Annotated[list[str], typer.Option("--doc", help="id of a document to hide (repeatable)")],
+    wait: WaitOption = WAIT_S,
 ) -> None:
     """Remove documents: hidden from IR, kNN and FAISS search at once, all or none (their stored rows are kept)."""
     from bertknn.datastore import Datastore
 
     try:
         store = Datastore(datastore)
-        with store.writing():
+        with _writer_wait(datastore, wait), store.writing():
             removed, before = store.remove(doc)
     except USER_ERRORS as err:
         raise _fail(err) from None

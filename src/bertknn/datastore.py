@@ -22,6 +22,7 @@ checks its manifest against SQLite, every file's size, and a sample of checksum 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
 import hashlib
 import json
@@ -151,6 +152,34 @@ def _read_manifest(path: Path) -> dict:
     return manifest
 
 
+LOCK_WAIT: contextvars.ContextVar[float] = contextvars.ContextVar("lock_wait", default=0.0)
+
+
+@contextlib.contextmanager
+def lock_wait(seconds: float) -> Iterator[None]:
+    """Within this block, writers wait up to `seconds` for another writer to finish (default: they fail at once)."""
+    token = LOCK_WAIT.set(seconds)
+    try:
+        yield
+    finally:
+        LOCK_WAIT.reset(token)
+
+
+def lock_holder(path: str | Path) -> str | None:
+    """Who holds a datastore's writer lock now ("pid N (command)"), or None when nobody does."""
+    file = Path(path) / LOCK_FILE
+    if not file.is_file():
+        return None
+    with file.open("a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            return handle.read().strip() or "another process"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
+
+
 def _acquire(path: Path, wait: float):
     """The datastore's writer lock (an open, flocked file), waiting up to `wait` seconds for the holder."""
     handle = (path / LOCK_FILE).open("a+", encoding="utf-8")
@@ -250,7 +279,10 @@ class Datastore:
 
     def _check_identity(self) -> None:
         """Refuse a manifest whose model, layer or key settings disagree with the copy kept in SQLite."""
-        known = json.loads(self._meta("identity", "{}"))
+        try:
+            known = dict(json.loads(self._meta("identity", "{}")))
+        except (ValueError, TypeError):
+            raise DatastoreError(f"{self.path / SQLITE} is damaged (its copy of the manifest is unreadable)") from None
         for field, value in known.items():
             if self.manifest.get(field) != value:
                 raise DatastoreError(
@@ -298,10 +330,11 @@ class Datastore:
         return True
 
     @contextlib.contextmanager
-    def writing(self, wait: float = 0.0) -> Iterator[Datastore]:
-        """Hold the datastore's writer lock (waiting up to `wait` seconds for another writer), re-read the committed
-        state, and on success record the checksums of what was written. Re-entrant within a thread; other threads
-        of this process wait like other processes."""
+    def writing(self, wait: float | None = None) -> Iterator[Datastore]:
+        """Hold the datastore's writer lock (waiting up to `wait` seconds for another writer; None: as `lock_wait`
+        says), re-read the committed state, and on success record the checksums of what was written. Re-entrant
+        within a thread; other threads of this process wait like other processes."""
+        wait = LOCK_WAIT.get() if wait is None else wait
         began = time.monotonic()
         got = self._threads.acquire(timeout=wait) if wait > 0 else self._threads.acquire(blocking=False)
         if not got:
@@ -912,7 +945,7 @@ def record_checksums(path: str | Path) -> None:
     """Record the checksums of a datastore's files as they are now (for a store made before checksums existed, or
     after restoring files from a copy): only do this for files known to be sound."""
     store = Datastore(path, check=False)
-    handle = _acquire(store.path, 0.0)
+    handle = _acquire(store.path, LOCK_WAIT.get())
     try:
         (store.path / "checksums.json").unlink(missing_ok=True)
         store.seal()

@@ -323,7 +323,7 @@ class BertKNN:
         return docs, entries, dist
 
     def add_documents(
-        self, docs: list[dict | Document], skip_existing: bool = False, progress=None, wait: float = 0.0
+        self, docs: list[dict | Document], skip_existing: bool = False, progress=None, wait: float | None = None
     ) -> int:
         """Embed and index new documents ({id, title, text}) without rebuilding anything; return contexts added.
 
@@ -331,7 +331,8 @@ class BertKNN:
         there on demand), given an IR index segment and appended to the FAISS index, then made live in one
         transaction: a crash at any point leaves the previous state queryable, and calling again completes the
         pending ones. Ids already live raise DatastoreError; with `skip_existing` the same document (same text) is
-        skipped instead, while one with other text still raises. `wait`: seconds to wait for another writer.
+        skipped instead, while one with other text still raises. `wait`: seconds to wait for another writer (None:
+        as `datastore.lock_wait` says, else 0).
         """
         parsed = [d if isinstance(d, Document) else parse_document(d, f"document {i + 1}") for i, d in enumerate(docs)]
         ids = [d.id for d in parsed]
@@ -357,13 +358,13 @@ class BertKNN:
         self._version = self.store.version  # index and faiss in memory are what this add wrote
         return self.store.size - before
 
-    def remove_documents(self, ids: list[str], wait: float = 0.0) -> tuple[list[str], list[str]]:
+    def remove_documents(self, ids: list[str], wait: float | None = None) -> tuple[list[str], list[str]]:
         """Hide documents from every retrieval path, all in one transaction: (removed now, removed before).
-        An unknown id raises DatastoreError and nothing is removed; `wait`: seconds to wait for another writer."""
+        An unknown id raises DatastoreError and nothing is removed; `wait` as in `add_documents`."""
         with self.store.writing(wait):
             return self.store.remove([str(i) for i in ids])
 
-    def remove_document(self, doc_id: str, wait: float = 0.0) -> None:
+    def remove_document(self, doc_id: str, wait: float | None = None) -> None:
         """Hide one document from every retrieval path (DatastoreError for an id never held or removed before)."""
         removed, _ = self.remove_documents([doc_id], wait)
         if not removed:

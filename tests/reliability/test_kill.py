@@ -1,0 +1,238 @@
+"""kill -9 at random moments of `bertknn build`, `add`, `remove` and `index`, then a rerun to completion: the result
+must equal an uninterrupted run of the same commands in another directory, byte for byte.
+
+Each command runs as its own process (conftest.Spawner). Kill delays are drawn uniformly between the process's start
+and the duration of the uninterrupted run (measured once); every other kill is drawn from the second half of that
+span, where the writes of the short commands (remove, index) happen. Trials kill 1, 2 or 3 times before the final
+rerun.
+Default: 3 trials per command; `--long`: 20.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ..conftest import write_corpus
+from .conftest import TORCH, Result, connect_ro, entry_multiset, faiss_vectors, keys_values, make_docs, tables
+
+COMMANDS = ("build", "add", "remove", "index")
+REMOVED = ("doc3", "doc7")  # `remove --doc doc3 --doc doc7`: both or neither
+STATS: dict[str, dict] = {}
+
+
+class Setup:
+    """The corpora, the base stores and the uninterrupted reference of each command."""
+
+    def __init__(self, root: Path, cli, model: Path) -> None:
+        self.root, self.cli, self.model = root, cli, model
+        # 60 documents of ~45 sentences: ~200k characters, so the build commits ~8 chunks of ~4096 words
+        self.docs = make_docs(60, 45, seed=1, prefix="doc")
+        self.corpus = write_corpus(root / "corpus.jsonl", self.docs)
+        self.more_docs = make_docs(30, 40, seed=2, prefix="new")
+        self.more = write_corpus(root / "more.jsonl", self.more_docs)
+        self.refs: dict[str, Path] = {}
+        self.durations: dict[str, float] = {}
+        self.answers: dict[tuple, Result] = {}
+        self.base = root / "base"  # built, no FAISS index (what `index` starts from)
+        self._reference("build", None, self.base)
+        self.base_faiss = root / "base-faiss"  # with a Flat FAISS index (what `add` and `remove` start from)
+        shutil.copytree(self.base, self.base_faiss)
+        self._ok(cli.run(["index", self.base_faiss, "--factory", "Flat", "--threads", "1"]))
+        for command, start in (("add", self.base_faiss), ("remove", self.base_faiss), ("index", self.base)):
+            self._reference(command, start, root / f"ref-{command}")
+
+    @staticmethod
+    def _ok(result: Result) -> Result:
+        assert result.rc == 0 and not result.traceback, result.describe() + "\n" + result.text[-3000:]
+        return result
+
+    def args(self, command: str, store: Path) -> list:
+        return {
+            "build": ["build", self.corpus, "--out", store, "--model", self.model, *TORCH],
+            "add": ["add", store, self.more, *TORCH],
+            "remove": ["remove", store, *(a for d in REMOVED for a in ("--doc", d))],
+            "index": ["index", store, "--factory", "Flat", "--threads", "1"],
+        }[command]
+
+    def start_state(self, command: str, store: Path) -> None:
+        """Put the store a trial of `command` starts from at `store` (nothing for a build)."""
+        if command in ("add", "remove"):
+            shutil.copytree(self.base_faiss, store)
+        elif command == "index":
+            shutil.copytree(self.base, store)
+
+    def _reference(self, command: str, start: Path | None, store: Path) -> None:
+        if start is not None:
+            shutil.copytree(start, store)
+        began = time.monotonic()
+        self._ok(self.cli.run(self.args(command, store)))
+        self.durations[command] = time.monotonic() - began
+        self.refs[command] = store
+
+    def reference_answer(self, command: str, question: list[str]) -> Result:
+        key = (command, *question)
+        if key not in self.answers:
+            self.answers[key] = self._ok(self.cli.run(["ask", self.refs[command], *question]))
+        return self.answers[key]
+
+    def questions(self, command: str) -> list[list[str]]:
+        """The `bertknn ask` questions whose answers a trial must reproduce."""
+        doc = self.more_docs[4] if command == "add" else self.docs[3 if command == "remove" else 5]
+        ask = [f"{doc['title']} was born in [MASK] .", "--subject", doc["title"], *TORCH]
+        faiss = [[*ask, "--retrieval", "faiss"]] if command != "build" else []
+        return [ask, *faiss]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, cli, tiny_model_dir) -> Setup:
+    return Setup(tmp_path_factory.mktemp("kill"), cli, tiny_model_dir)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def record(figures, setup):
+    yield
+    if STATS:
+        lines = [
+            "| command | trials | kills | kills that landed mid-run | kills after writing began | lost entries | "
+            "duplicated entries | tracebacks | verify damage after a kill | reruns not exit 0 | mismatches |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for command, s in STATS.items():
+            lines.append(
+                f"| {command} | {s['trials']} | {s['kills']} | {s['landed']} | {s['after_writing']} | {s['lost']} | "
+                f"{s['duplicated']} | {s['tracebacks']} | {s['verify_damage_after_kill']} | {s['failed_reruns']} | "
+                f"{len(s['problems'])} |"
+            )
+        durations = ", ".join(f"{c} {d:.2f} s" for c, d in setup.durations.items())
+        lines += ["", f"Uninterrupted run (kill delays drawn in [0, this]): {durations}."]
+        problems = [f"- {c}: {p}" for c, s in STATS.items() for p in s["problems"][:10]]
+        if problems:
+            lines += ["", "Mismatches (first 10 per command):", *problems]
+        figures.add("kill -9 (test_kill.py)", STATS, "\n".join(lines))
+
+
+def _fingerprint(store: Path) -> tuple:
+    """What changes when a command writes: the files' sizes and modification times (the lock file aside)."""
+    if not store.exists():
+        return ()
+    files = [p for p in store.rglob("*") if p.name != "write.lock"]
+    return tuple(sorted((str(p.relative_to(store)), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+
+
+def _pair_state(store: Path) -> str:
+    """'live', 'removed' or 'mixed' for the two documents of the removal."""
+    with connect_ro(store) as db:
+        live = {r[0] for r in db.execute("SELECT id FROM documents WHERE state = 'live' AND id IN (?, ?)", REMOVED)}
+        gone = {r[0] for r in db.execute("SELECT removed_id FROM documents WHERE removed_id IN (?, ?)", REMOVED)}
+    if live == set(REMOVED) and not gone:
+        return "live"
+    if gone == set(REMOVED) and not live:
+        return "removed"
+    return f"mixed (live {sorted(live)}, removed {sorted(gone)})"
+
+
+def _compare(setup: Setup, command: str, store: Path, stats: dict, problems: list[str]) -> None:
+    """The store after the rerun against the uninterrupted reference."""
+    ref = setup.refs[command]
+    want, got = entry_multiset(ref), entry_multiset(store)
+    stats["lost"] += sum((want - got).values())
+    stats["duplicated"] += sum((got - want).values())
+    ref_keys, ref_values = keys_values(ref)
+    keys, values = keys_values(store)
+    if keys.shape != ref_keys.shape:
+        problems.append(f"{keys.shape[0]} entries, the uninterrupted run has {ref_keys.shape[0]}")
+    elif not np.array_equal(keys, ref_keys):
+        problems.append("keys.f16 differs from the uninterrupted run's")
+    if values != ref_values:
+        problems.append("values.i32 differs from the uninterrupted run's")
+    want_tables, got_tables = tables(ref), tables(store)
+    for name in want_tables:
+        if want_tables[name] != got_tables[name]:
+            problems.append(f"table {name} differs from the uninterrupted run's")
+    want_faiss, got_faiss = faiss_vectors(ref), faiss_vectors(store)
+    if (want_faiss is None) != (got_faiss is None):
+        problems.append(f"faiss.index {'missing' if got_faiss is None else 'present'}, unlike the uninterrupted run")
+    elif want_faiss is not None:
+        stats["lost"] += max(0, len(want_faiss) - len(got_faiss))
+        stats["duplicated"] += max(0, len(got_faiss) - len(want_faiss))
+        if not np.array_equal(want_faiss, got_faiss):
+            problems.append(f"faiss.index holds {len(got_faiss)} vectors unlike the reference's {len(want_faiss)}")
+        if json.loads((ref / "faiss.json").read_text()) != json.loads((store / "faiss.json").read_text()):
+            problems.append("faiss.json differs from the uninterrupted run's")
+    if command == "remove" and _pair_state(store) != "removed":
+        problems.append(f"after the rerun the removed documents are {_pair_state(store)}")
+
+
+def _answers(setup: Setup, command: str, store: Path, stats: dict, problems: list[str]) -> None:
+    for question in setup.questions(command):
+        want = setup.reference_answer(command, question)
+        got = setup.cli.run(["ask", store, *question])
+        stats["tracebacks"] += got.traceback
+        if got.rc != 0 or got.out != want.out:
+            problems.append(f"`ask {' '.join(question[:1] + question[-2:])}` differs: {got.describe()}")
+    verify = setup.cli.run(["verify", store])
+    stats["tracebacks"] += verify.traceback
+    if verify.rc != 0:
+        problems.append(f"verify after the rerun: {verify.describe()}")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_kill_9_then_rerun_equals_the_uninterrupted_run(setup, command, long, rng, tmp_path):
+    cli, duration = setup.cli, setup.durations[command]
+    trials = 20 if long else 3
+    stats = STATS[command] = dict(
+        trials=0,
+        kills=0,
+        landed=0,
+        after_writing=0,
+        lost=0,
+        duplicated=0,
+        tracebacks=0,
+        verify_damage_after_kill=0,
+        failed_reruns=0,
+        uninterrupted_s=round(duration, 3),
+        problems=[],
+    )
+    for trial in range(trials):
+        store = tmp_path / f"trial-{trial}"
+        setup.start_state(command, store)
+        problems: list[str] = []
+        for _ in range(1 + trial % 3):  # 1, 2 or 3 kills before the final rerun
+            before = _fingerprint(store)
+            proc = cli.start(setup.args(command, store))
+            time.sleep(rng.uniform(0 if stats["kills"] % 2 else duration / 2, duration))  # half in the 2nd half
+            proc.kill()
+            result = proc.wait()
+            stats["kills"] += 1
+            stats["tracebacks"] += result.traceback
+            if result.killed:
+                stats["landed"] += 1
+                stats["after_writing"] += _fingerprint(store) != before
+            elif result.rc != 0:
+                problems.append(f"a run before the kill failed: {result.describe()}")
+            if command == "remove" and (state := _pair_state(store)) not in ("live", "removed"):
+                problems.append(f"after a kill the two removed documents are {state}")
+            if (store / "manifest.json").exists():
+                check = cli.run(["verify", store])
+                stats["tracebacks"] += check.traceback
+                stats["verify_damage_after_kill"] += check.rc != 0
+        rerun = cli.run(setup.args(command, store))
+        stats["tracebacks"] += rerun.traceback
+        if rerun.rc != 0:
+            stats["failed_reruns"] += 1
+            problems.append(f"rerun: {rerun.describe()}")
+        else:
+            _compare(setup, command, store, stats, problems)
+            _answers(setup, command, store, stats, problems)
+        stats["problems"] += [f"trial {trial}: {p}" for p in problems]
+        stats["trials"] += 1
+        shutil.rmtree(store, ignore_errors=True)
+    print(f"{command}: {json.dumps({k: v for k, v in stats.items() if k != 'problems'})}")
+    assert stats["problems"] == []
+    assert stats["lost"] == stats["duplicated"] == stats["tracebacks"] == stats["failed_reruns"] == 0
