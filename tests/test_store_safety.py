@@ -177,6 +177,7 @@ def indexed(built):
         ("manifest.json", "no-dim", "field 'dim' is missing"),
         ("manifest.json", "garbage", "manifest.json is damaged"),
         ("checksums.json", "garbage", "checksums.json is damaged"),
+        ("checksums.json", "delete", "checksums.json: missing, though the datastore had checksums"),
         ("store.sqlite", "delete", "store.sqlite is missing or empty"),
         ("store.sqlite", "append", r"store.sqlite: [\d,]+ bytes, [\d,]+ recorded"),
         ("tfidf_docs.npy", "append", r"tfidf_docs.npy: [\d,]+ bytes, [\d,]+ recorded"),

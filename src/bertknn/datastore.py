@@ -375,6 +375,9 @@ class Datastore:
             sums.extend("values.i32", self.size * 4)
         except ChecksumError as err:
             raise DatastoreError(f"{err}: damaged before this write; its checksums are kept") from None
+        if self._meta("checksummed", "0") != "1":  # from now on a missing checksums.json is damage
+            with self.sqlite_errors(), self.db:
+                self.db.execute("INSERT OR REPLACE INTO meta VALUES ('checksummed', '1')")
         sums.meta["sqlite_changes"] = self._changes()
         sums.record(SQLITE)
         on_disk = set(data_files(self.path))
@@ -413,6 +416,8 @@ class Datastore:
             sums = Checksums(self.path)
         except ChecksumError as err:
             return [Damage("checksums.json", None, str(err))]
+        if not sums.files and self._meta("checksummed", "0") == "1":
+            return [Damage("checksums.json", None, "missing, though the datastore had checksums recorded")]
         with self._read_transaction():  # no writer may commit to SQLite while its blocks are compared
             names = set(sums.files)
             if sums.meta.get("sqlite_changes") != self._changes():
