@@ -39,6 +39,7 @@ from bertknn.default_model import base_model_dir
 from bertknn.encoder import Encoder
 from bertknn.knn import knn_distribution
 from bertknn.pipeline import BertKNN, set_threads
+from bertknn.settings import PAPER
 
 
 def make_store(encoder: Encoder, docs: int, where: Path) -> BertKNN:
@@ -87,9 +88,9 @@ class Reference:
             if len(keys):
                 index = faiss.IndexFlatL2(dim)
                 index.add(keys)
-                dist, ids = index.search(states[row, col].numpy()[None], min(128, len(keys)))
+                dist, ids = index.search(states[row, col].numpy()[None], min(PAPER.k, len(keys)))
                 values = np.concatenate([np.asarray(self.knn.store.values[a:b]) for a, b in ranges])[ids[0]]
-                p = interpolate(p_bert, knn_distribution(values, dist[0], 6.0, len(p_bert)), 0.3)
+                p = interpolate(p_bert, knn_distribution(values, dist[0], PAPER.temperature, len(p_bert)), PAPER.lam)
             else:
                 p = p_bert
             out.append(p)

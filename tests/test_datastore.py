@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertknn import datastore as ds
+from bertknn import builder
 from bertknn.datastore import Datastore, DatastoreError
 from bertknn.encoder import Encoder
 from bertknn.text import CorpusError, iter_corpus, split_sentences, tokenize_sentences
@@ -25,7 +25,7 @@ KEY_ATOL = 5e-3  # keys are stored as float16: ~1e-3 relative error on values of
 
 
 def test_entry_count_equals_eligible_targets(tmp_path, small_corpus, encoder, tokenizer):
-    store = ds.build(small_corpus, tmp_path / "s", encoder)
+    store = builder.build(small_corpus, tmp_path / "s", encoder)
     sentences = [s for d in iter_corpus(small_corpus) for p in d.passages for s in split_sentences(p)]
     expected = sum(len(s.positions) for s in tokenize_sentences(tokenizer, sentences))
     assert store.size == expected > 30
@@ -36,7 +36,7 @@ def test_entry_count_equals_eligible_targets(tmp_path, small_corpus, encoder, to
 
 
 def test_every_key_is_the_layer_state_of_its_masked_sentence(tmp_path, small_corpus, encoder, tokenizer):
-    store = ds.build(small_corpus, tmp_path / "s", encoder)
+    store = builder.build(small_corpus, tmp_path / "s", encoder)
     for entry in range(store.size):
         (ev,) = store.evidence([entry])
         enc = tokenizer(ev.sentence, return_offsets_mapping=True)
@@ -50,7 +50,7 @@ def test_every_key_is_the_layer_state_of_its_masked_sentence(tmp_path, small_cor
 
 
 def test_evidence_of_many_entries_comes_in_the_order_asked(tmp_path, small_corpus, encoder):
-    store = ds.build(small_corpus, tmp_path / "s", encoder)
+    store = builder.build(small_corpus, tmp_path / "s", encoder)
     entries = [store.size - 1, 0, 7, 0]
     together = store.evidence(entries)
     assert [e.entry for e in together] == entries
@@ -59,7 +59,7 @@ def test_evidence_of_many_entries_comes_in_the_order_asked(tmp_path, small_corpu
 
 
 def test_documents_own_contiguous_ranges(tmp_path, small_corpus, encoder):
-    store = ds.build(small_corpus, tmp_path / "s", encoder)
+    store = builder.build(small_corpus, tmp_path / "s", encoder)
     ranges = store.document_ranges(list(range(5)))
     assert ranges[0][0] == 0 and ranges[-1][1] == store.size
     assert all(a[1] == b[0] for a, b in pairwise(ranges))
@@ -85,7 +85,7 @@ def assert_same_store(a, b) -> None:
 
 def test_crash_between_keys_and_commit_resumes_exactly(tmp_path, encoder, monkeypatch):
     corpus = write_corpus(tmp_path / "c.jsonl", SMALL_DOCS * 1 + [dict(d, id=d["id"] + "b") for d in SMALL_DOCS])
-    ds.build(corpus, tmp_path / "clean", encoder, chunk_entries=8)
+    builder.build(corpus, tmp_path / "clean", encoder, chunk_entries=8)
     calls = {"n": 0}
     real = Datastore._commit_entries
 
@@ -97,21 +97,21 @@ def test_crash_between_keys_and_commit_resumes_exactly(tmp_path, encoder, monkey
 
     monkeypatch.setattr(Datastore, "_commit_entries", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
-        ds.build(corpus, tmp_path / "resumed", encoder, chunk_entries=8)
+        builder.build(corpus, tmp_path / "resumed", encoder, chunk_entries=8)
     partial = Datastore(tmp_path / "resumed")
     assert not partial.complete and partial.size > 0
     assert (tmp_path / "resumed" / "keys.f16").stat().st_size > partial.size * 64  # uncommitted bytes are ignored
     monkeypatch.setattr(Datastore, "_commit_entries", real)
-    ds.build(corpus, tmp_path / "resumed", encoder, chunk_entries=8)
+    builder.build(corpus, tmp_path / "resumed", encoder, chunk_entries=8)
     assert_same_store(tmp_path / "clean", tmp_path / "resumed")
 
 
 BUILD_SCRIPT = """
 import sys, time, torch
 torch.set_num_threads(1)
-from bertknn import datastore as ds
+from bertknn import builder, datastore as ds
 from bertknn.encoder import Encoder
-ds.build(sys.argv[1], sys.argv[2], Encoder.load(sys.argv[3]), chunk_entries=8,
+builder.build(sys.argv[1], sys.argv[2], Encoder.load(sys.argv[3]), chunk_entries=8,
          progress=lambda phase, done, n: time.sleep(0.3))
 """
 
@@ -119,7 +119,7 @@ ds.build(sys.argv[1], sys.argv[2], Encoder.load(sys.argv[3]), chunk_entries=8,
 def test_kill_9_mid_build_then_rerun_equals_uninterrupted_build(tmp_path, tiny_model_dir, encoder):
     docs = [dict(d, id=f"{d['id']}-{i}") for i in range(3) for d in SMALL_DOCS]
     corpus = write_corpus(tmp_path / "c.jsonl", docs)
-    ds.build(corpus, tmp_path / "clean", encoder, chunk_entries=8)
+    builder.build(corpus, tmp_path / "clean", encoder, chunk_entries=8)
     out = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-c", BUILD_SCRIPT, str(corpus), str(out), str(tiny_model_dir)])
     deadline = time.time() + 120
@@ -133,7 +133,7 @@ def test_kill_9_mid_build_then_rerun_equals_uninterrupted_build(tmp_path, tiny_m
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not Datastore(out).complete
-    ds.build(corpus, out, encoder, chunk_entries=8)
+    builder.build(corpus, out, encoder, chunk_entries=8)
     assert_same_store(tmp_path / "clean", out)
 
 
@@ -141,34 +141,34 @@ def test_malformed_corpus_writes_nothing(tmp_path, encoder):
     corpus = tmp_path / "bad.jsonl"
     corpus.write_text('{"id": "a", "title": "A", "text": "Lisbon is big."}\n{"id": "b", "title": \n', encoding="utf-8")
     with pytest.raises(CorpusError, match=r"bad.jsonl:2: not valid JSON"):
-        ds.build(corpus, tmp_path / "out", encoder)
+        builder.build(corpus, tmp_path / "out", encoder)
     assert not (tmp_path / "out").exists()
     corpus.write_text("\n\n", encoding="utf-8")
     with pytest.raises(CorpusError, match="the corpus is empty"):
-        ds.build(corpus, tmp_path / "out", encoder)
+        builder.build(corpus, tmp_path / "out", encoder)
     assert not (tmp_path / "out").exists()
 
 
 def test_refuses_another_model_or_layer(tmp_path, small_corpus, encoder, tiny_model_dir, tokenizer):
-    store = ds.build(small_corpus, tmp_path / "s", encoder)
+    store = builder.build(small_corpus, tmp_path / "s", encoder)
     other = Encoder(type(encoder.model)(encoder.model.config), tokenizer, "other-random-bert")
     with pytest.raises(DatastoreError, match=r"was built with model .* but the given model 'other-random-bert'"):
-        store.check_encoder(other)
+        builder.check_encoder(store, other)
     with pytest.raises(DatastoreError, match="holds layer-3 keys, but the model reads layer 2"):
-        store.check_encoder(Encoder.load(str(tiny_model_dir), layer=2))
+        builder.check_encoder(store, Encoder.load(str(tiny_model_dir), layer=2))
     with pytest.raises(DatastoreError, match="was built with model"):
-        ds.build(small_corpus, tmp_path / "s", other)
+        builder.build(small_corpus, tmp_path / "s", other)
 
 
 def test_another_corpus_in_the_same_directory_is_refused(tmp_path, small_corpus, encoder):
-    ds.build(small_corpus, tmp_path / "s", encoder)
+    builder.build(small_corpus, tmp_path / "s", encoder)
     other = write_corpus(tmp_path / "other.jsonl", SMALL_DOCS[:2])
     with pytest.raises(DatastoreError, match="another corpus"):
-        ds.build(other, tmp_path / "s", encoder)
+        builder.build(other, tmp_path / "s", encoder)
 
 
 def test_corrupt_and_truncated_datastores_are_reported(tmp_path, small_corpus, encoder):
-    ds.build(small_corpus, tmp_path / "s", encoder)
+    builder.build(small_corpus, tmp_path / "s", encoder)
     keys = tmp_path / "s" / "keys.f16"
     keys.write_bytes(keys.read_bytes()[:-10])
     with pytest.raises(DatastoreError, match=r"keys.f16 is truncated .* rebuild it"):
@@ -181,25 +181,25 @@ def test_corrupt_and_truncated_datastores_are_reported(tmp_path, small_corpus, e
 
 
 def test_copied_registration_serves_another_layer(tmp_path, small_corpus, encoder, tiny_model_dir):
-    ds.build(small_corpus, tmp_path / "l3", encoder)
+    builder.build(small_corpus, tmp_path / "l3", encoder)
     layer2 = Encoder.load(str(tiny_model_dir), layer=2)
-    copied = ds.copy_registration(tmp_path / "l3", tmp_path / "l2", layer2)
+    copied = builder.copy_registration(tmp_path / "l3", tmp_path / "l2", layer2)
     assert copied.size == 0 and copied.pending() == [0, 1, 2, 3, 4] and copied.layer == 2
     assert _tables(tmp_path / "l3")["sentences"] == _tables(tmp_path / "l2")["sentences"]
-    ds.build(small_corpus, tmp_path / "fresh2", layer2)
-    resumed = ds.build(small_corpus, tmp_path / "l2", layer2)  # registration found complete: only embedding runs
+    builder.build(small_corpus, tmp_path / "fresh2", layer2)
+    resumed = builder.build(small_corpus, tmp_path / "l2", layer2)  # registration found complete: only embedding runs
     assert resumed.complete
     assert_same_store(tmp_path / "fresh2", tmp_path / "l2")
 
 
 def test_pack_is_recorded_used_and_must_match_on_resume(tmp_path, small_corpus, encoder, tokenizer):
-    store = ds.build(small_corpus, tmp_path / "p", encoder, pack=2)
+    store = builder.build(small_corpus, tmp_path / "p", encoder, pack=2)
     assert store.pack == 2 and json.loads((tmp_path / "p" / "manifest.json").read_text())["pack"] == 2
     sentences = [s for d in iter_corpus(small_corpus) for p in d.passages for s in split_sentences(p)]
     expected = encoder.embed(tokenize_sentences(tokenizer, sentences), pack=2)
     np.testing.assert_allclose(store.keys.astype(np.float32), expected, atol=KEY_ATOL)
     with pytest.raises(DatastoreError, match=r"keys computed with pack=2; resume it with the same --pack"):
-        ds.build(small_corpus, tmp_path / "p", encoder)
+        builder.build(small_corpus, tmp_path / "p", encoder)
 
 
 def test_int8_keys_are_recorded_follow_the_store_on_add_and_must_match_on_resume(
@@ -221,7 +221,7 @@ def test_int8_keys_are_recorded_follow_the_store_on_add_and_must_match_on_resume
     added = encoder.embed(tokenize_sentences(tokenizer, ["Tallinn is a port city."]), int8=True)
     np.testing.assert_allclose(store.keys[size:].astype(np.float32), added, atol=KEY_ATOL)  # add follows the store
     with pytest.raises(DatastoreError, match=r"holds int8 keys; resume it with --int8-keys"):
-        ds.build(small_corpus, tmp_path / "q", encoder)
-    ds.build(small_corpus, tmp_path / "f", encoder)
+        builder.build(small_corpus, tmp_path / "q", encoder)
+    builder.build(small_corpus, tmp_path / "f", encoder)
     with pytest.raises(DatastoreError, match=r"holds float32 keys; resume it without --int8-keys"):
-        ds.build(small_corpus, tmp_path / "f", encoder, int8=True)
+        builder.build(small_corpus, tmp_path / "f", encoder, int8=True)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from bertknn import BertKNN, DatastoreError, cli
+from bertknn import BertKNN, DatastoreError, builder, cli
 from bertknn import pipeline as pl
 from bertknn.cli import app
 from bertknn.datastore import Datastore
@@ -140,7 +140,7 @@ def test_a_crash_mid_add_leaves_the_old_state_and_a_rerun_completes(built, monke
     knn = BertKNN(built.encoder, built.store)
     reference = knn.predict(QUESTION, subject=SUBJECT, top_k=3)
     targets = {
-        "embed": (type(knn.store), "embed"),
+        "embed": (builder, "embed"),
         "ensure_index": (pl, "ensure_index"),
         "faiss": (FaissIndex, "update"),
         "publish": (type(knn.store), "publish"),

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bertknn import BertKNN, DatastoreError, QuestionError
-from bertknn import datastore as ds
+from bertknn import BertKNN, DatastoreError, QuestionError, builder
 from bertknn.knn import knn_distribution, nearest
 
 
@@ -23,7 +22,7 @@ def test_prediction_is_the_interpolation_of_its_parts(built):
 def test_knn_part_equals_a_brute_force_over_the_titled_document(built):
     store = built.store
     _, states = built.encoder.query(["Ilsa Varnhold was born in [MASK] ."])
-    start, end = store.document_ranges([store.find_title("Ilsa Varnhold")])[0]
+    start, end = store.document_ranges([store.find_title("ilsa varnhold")])[0]
     keys = np.asarray(store.keys[start:end], np.float64)
     dist = ((keys - states[0]) ** 2).sum(1)
     expected = knn_distribution(np.asarray(store.values[start:end]), dist, 6.0, built.encoder.vocab_size)
@@ -103,7 +102,7 @@ def test_load_round_trip_uses_the_datastore_model(built):
 
 
 def test_incomplete_datastore_is_refused(tmp_path, encoder):
-    store = ds.create(tmp_path / "s", encoder)
+    store = builder.create(tmp_path / "s", encoder)
     with pytest.raises(DatastoreError, match="incomplete: rerun `bertknn build`"):
         BertKNN(encoder, store)
 

@@ -159,11 +159,11 @@ def test_requests_waiting_together_share_one_model_call(built):
     gated = _Gated(built)
     batcher = MicroBatcher(gated, threading.Lock(), max_batch=32)
     try:
-        first = batcher.submit([ILSA["text"]], [ILSA["subject"]], 3, 1, {})
+        first = batcher.submit([ILSA["text"]], [ILSA["subject"]], 3, 1, built.settings)
         assert gated.entered.wait(60)  # the worker is in its first call: what follows waits in the queue
-        rest = [batcher.submit([q["text"]], [q["subject"]], 3, 1, {}) for q in QUESTIONS[1:]]
-        other = batcher.submit([ILSA["text"]], [ILSA["subject"]], 3, 1, {"lam": 0.5})
-        bad = batcher.submit(["[MASK] and [MASK]"], [None], 3, 1, {})
+        rest = [batcher.submit([q["text"]], [q["subject"]], 3, 1, built.settings) for q in QUESTIONS[1:]]
+        other = batcher.submit([ILSA["text"]], [ILSA["subject"]], 3, 1, built.settings.replace(lam=0.5))
+        bad = batcher.submit(["[MASK] and [MASK]"], [None], 3, 1, built.settings)
         gated.release.set()
         answers = [f.result(timeout=60)[0] for f in (first, *rest)]
         assert [a.question for a in answers] == [q["text"] for q in QUESTIONS]
@@ -180,7 +180,7 @@ def test_requests_waiting_together_share_one_model_call(built):
 def test_unbatched_worker_answers_one_at_a_time(built):
     batcher = MicroBatcher(built, threading.Lock(), max_batch=1)
     try:
-        futures = [batcher.submit([q["text"]], [q["subject"]], 3, 1, {}) for q in QUESTIONS]
+        futures = [batcher.submit([q["text"]], [q["subject"]], 3, 1, built.settings) for q in QUESTIONS]
         assert [f.result(timeout=60)[0].question for f in futures] == [q["text"] for q in QUESTIONS]
         assert batcher.calls == len(QUESTIONS)
     finally:

@@ -48,14 +48,14 @@ def test_another_process_commits_are_answered_and_writes_go_on(writable, built):
 
 def test_an_add_does_not_stall_questions(writable, monkeypatch):
     embedding, release = threading.Event(), threading.Event()
-    real = Datastore._embed_chunk
+    real = Datastore.append
 
     def slow_chunk(self, *args, **kwargs):
         embedding.set()
         assert release.wait(60)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Datastore, "_embed_chunk", slow_chunk)
+    monkeypatch.setattr(Datastore, "append", slow_chunk)
     adding = threading.Thread(target=lambda: writable.post("/documents", json=FRESH))
     adding.start()
     try:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from bertknn import BertKNN, DatastoreError
+from bertknn import BertKNN, DatastoreError, builder
 from bertknn import datastore as ds
 from bertknn.cli import app
 from bertknn.datastore import Datastore
@@ -90,20 +90,20 @@ def test_a_build_killed_before_its_first_manifest_resumes(tmp_path, small_corpus
     out = tmp_path / "s"
     out.mkdir()
     (out / "manifest.tmp").write_text('{"format": "bertk')  # what a kill during the first manifest write leaves
-    store = ds.build(small_corpus, out, encoder)
+    store = builder.build(small_corpus, out, encoder)
     assert store.complete and store.n_documents == 5
 
 
 def test_a_build_that_registered_nothing_accepts_a_corrected_corpus(tmp_path, small_corpus, encoder):
-    ds.create(tmp_path / "s", encoder, {"path": "bad.jsonl", "sha256": "0" * 64, "documents": 5})
-    assert ds.build(small_corpus, tmp_path / "s", encoder).complete
+    builder.create(tmp_path / "s", encoder, {"path": "bad.jsonl", "sha256": "0" * 64, "documents": 5})
+    assert builder.build(small_corpus, tmp_path / "s", encoder).complete
 
 
 def test_build_into_a_file_is_refused(tmp_path, small_corpus, encoder):
     target = tmp_path / "file"
     target.write_text("x")
     with pytest.raises(DatastoreError, match="is a file, not a directory"):
-        ds.build(small_corpus, target, encoder)
+        builder.build(small_corpus, target, encoder)
 
 
 def test_one_writer_at_a_time(built, tmp_path):
@@ -246,7 +246,7 @@ def test_verify_reports_the_damaged_block_and_passes_a_sound_store(built, tmp_pa
 
 def test_non_finite_keys_and_foreign_values_never_reach_an_answer(built, tmp_path):
     path = shutil.copytree(built.store.path, tmp_path / "s")
-    docs = Datastore(path).find_title("Dante Alighieri")
+    docs = Datastore(path).find_title("dante alighieri")
     start, _ = Datastore(path).document_ranges([docs])[0]
     _damage(path / "keys.f16", start * 2 * 32, np.float16(np.nan).tobytes())
     ds.record_checksums(path)  # damage the checksums cannot see: it happened before they were recorded

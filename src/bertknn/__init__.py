@@ -5,10 +5,12 @@ from bertknn.datastore import Datastore, DatastoreError
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder, ModelError, QuestionError
 from bertknn.pipeline import BertKNN
+from bertknn.settings import PAPER, Settings
 from bertknn.text import CorpusError
 
 __all__ = [
     "DEFAULT_MODEL",
+    "PAPER",
     "BertKNN",
     "CorpusError",
     "Datastore",
@@ -18,6 +20,7 @@ __all__ = [
     "Neighbour",
     "Prediction",
     "QuestionError",
+    "Settings",
     "TokenScore",
 ]
 __version__ = "0.1.0"

@@ -20,7 +20,8 @@ from rich.table import Table
 from bertknn.combine import Prediction
 from bertknn.default_model import DEFAULT_MODEL, HEAD_FILE
 from bertknn.encoder import Encoder
-from bertknn.pipeline import DEFAULTS, BertKNN, set_threads
+from bertknn.pipeline import BertKNN, set_threads
+from bertknn.settings import PAPER
 from bertknn.text import printable
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -93,12 +94,12 @@ def phase_progress() -> Iterator[Callable[[str, int, int], None]]:
         yield report
 
 
-NDocsOption = Annotated[int | None, typer.Option(help=f"documents retrieved [{TUNED}{DEFAULTS['n_docs']}]")]
-KOption = Annotated[int | None, typer.Option(help=f"nearest neighbours [{TUNED}{DEFAULTS['k']}]")]
+NDocsOption = Annotated[int | None, typer.Option(help=f"documents retrieved [{TUNED}{PAPER.n_docs}]")]
+KOption = Annotated[int | None, typer.Option(help=f"nearest neighbours [{TUNED}{PAPER.k}]")]
 TemperatureOption = Annotated[
-    float | None, typer.Option(help=f"kNN temperature l in exp(-d/l) [{TUNED}{DEFAULTS['temperature']}]")
+    float | None, typer.Option(help=f"kNN temperature l in exp(-d/l) [{TUNED}{PAPER.temperature}]")
 ]
-LamOption = Annotated[float | None, typer.Option("--lambda", help=f"weight of p_kNN [{TUNED}{DEFAULTS['lam']}]")]
+LamOption = Annotated[float | None, typer.Option("--lambda", help=f"weight of p_kNN [{TUNED}{PAPER.lam}]")]
 PackOption = Annotated[
     int,
     typer.Option(
@@ -111,15 +112,15 @@ Int8Option = Annotated[
     bool,
     typer.Option(
         "--int8-keys",
-        help="compute keys with the model quantised to int8 (ONNX Runtime, per channel): ~2.8x faster, approximate "
-        "keys (cosine 0.994 to exact on the default model, LAMA P@1 unchanged; bench/README.md)",
+        help="compute keys with the model quantised to int8 (ONNX Runtime, per channel): faster, approximate keys "
+        "(speed and fidelity: bench/README.md)",
     ),
 ]
 BackendOption = Annotated[
     str,
     typer.Option(
-        help="run the model in onnx (ONNX Runtime: the same numbers, 2-3x faster per question on CPU; exported once "
-        "to the cache), torch, or onnx-int8 (questions in int8: ~2.5x the questions/s, approximate; bench/README.md)"
+        help="run the model in onnx (ONNX Runtime: the same numbers, faster on CPU; exported once to the cache), "
+        "torch, or onnx-int8 (questions in int8: faster still, approximate); speeds in bench/README.md"
     ),
 ]
 
@@ -217,7 +218,7 @@ def ask(
     lam: LamOption = None,
     retrieval: Annotated[
         str, typer.Option(help="neighbours from: ir (the paper), faiss (whole datastore; `bertknn index`), ir+faiss")
-    ] = "ir",
+    ] = PAPER.retrieval,
     model: Annotated[str | None, typer.Option(help="model [default: the datastore's]")] = None,
     backend: BackendOption = "onnx",
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
@@ -545,7 +546,7 @@ def eval_lama(
         f"{', subjects held out from head training only' if heldout_only else ''})"
         + ("" if len(rows) == len(facts) else "; PARTIAL: a random subset, rerun the same command to complete it"),
         "ranking vocabulary": "LAMA common vocabulary" if common else f"full model vocabulary ({encoder.vocab_size:,})",
-        "hyperparameters": ", ".join(f"{k}={v}" for k, v in knn.hparams.items()) + tuned,
+        "hyperparameters": ", ".join(f"{k}={v}" for k, v in knn.settings.hparams.items()) + tuned,
         "LAMA-UHN": "string-match filter applied; person-name filter not applied (it needs a cased BERT)",
         "wall time": f"{time.time() - began:,.0f} s (this run; cached embeddings and results are reused)",
     }
@@ -585,6 +586,7 @@ def tune(
     threads: Annotated[int, typer.Option(help="CPU threads [default: all cores]")] = 0,
 ) -> None:
     """Grid search of n_docs, lambda, k and temperature on a dev split; the best is stored with the datastore."""
+    from bertknn import builder
     from bertknn import evaluation as ev
     from bertknn.train_head import is_heldout
     from bertknn.tune import cache_facts, grid_search
@@ -608,24 +610,24 @@ def tune(
             docs = sorted({d for f in dev for d in knn.retrieve(f.question, ev.ir_subject(f), n_docs=5)})
             pending = knn.store.pending(docs)
             report("embedding", 0, len(pending))
-            knn.store.embed(pending, encoder, progress=lambda n: report("embedding", n, len(pending)))
+            builder.embed(knn.store, pending, encoder, progress=lambda n: report("embedding", n, len(pending)))
             report("caching", 0, len(dev))
             cache = cache_facts(knn, dev, progress=lambda n: report("caching", n, len(dev)))
         grid = grid_search(dev, cache)
     except USER_ERRORS as err:
         raise _fail(err) from None
-    best = grid[0]
+    best, best_scores = grid[0]
     description = (
         f"{len(dev)} dev facts: {sum(f.group == 'SQuAD' for f in dev)} SQuAD + {dev_per_relation} per T-REx/Google-RE "
         f"relation (seed {seed + 1}){', documents already embedded' if embedded_only else ''}"
         f"{', held-out subjects' if heldout_only else ''}, "
         f"disjoint from the eval sample of {exclude_sample_per_relation} per relation (seed {seed})"
     )
-    hparams = {k: best[k] for k in ("n_docs", "k", "temperature", "lam")}
     with knn.store.writing():
-        knn.store.set_manifest(tuned={"hparams": hparams, "dev": description, "P@1": best["P@1"]})
+        knn.store.set_manifest(tuned={"hparams": best.hparams, "dev": description, "P@1": best_scores["P@1"]})
+    rows = [settings.hparams | scores for settings, scores in grid]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "grid.json").write_text(json.dumps({"dev": description, "grid": grid}, indent=1), encoding="utf-8")
+    (out / "grid.json").write_text(json.dumps({"dev": description, "grid": rows}, indent=1), encoding="utf-8")
     lines = [
         f"# Grid search ({description})",
         "",
@@ -635,13 +637,15 @@ def tune(
     lines += [
         f"| {r['n_docs']} | {r['k']} | {r['temperature']} | {r['lam']} | {100 * r['P@1']:.1f} | "
         f"{100 * r['P@10']:.1f} | {100 * r['MRR']:.1f} |"
-        for r in grid
+        for r in rows
     ]
     (out / "grid.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    paper = next(r for r in grid if (r["n_docs"], r["k"], r["temperature"], r["lam"]) == (3, 128, 6.0, 0.3))
+    paper = next((scores for settings, scores in grid if settings == PAPER), None)
+    paper_tag = "/".join(map(str, PAPER.hparams.values()))
+    paper_p1 = f"{100 * paper['P@1']:.1f}" if paper else "not in the grid"
     console.print(f"{len(grid):,} settings scored on {description}")
     console.print(
-        f"best: {hparams} P@1 {100 * best['P@1']:.1f} (the paper's 3/128/6/0.3: {100 * paper['P@1']:.1f}); "
+        f"best: {best.hparams} P@1 {100 * best_scores['P@1']:.1f} (the paper's {paper_tag}: {paper_p1}); "
         f"stored in {knn.store.path / 'manifest.json'}; whole grid in {out / 'grid.md'}"
     )
 

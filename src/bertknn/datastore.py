@@ -1,4 +1,5 @@
-"""Datastore stage: (key, value) pairs with provenance, in one directory (SPEC §1).
+"""Datastore stage: (key, value) pairs with provenance, in one directory (SPEC §1). Storage only: nothing here knows
+the model or the tokenizer (builder.py turns a corpus into what is stored here).
 
 Layout of a datastore directory:
 - manifest.json: format version, model name and weights hash, layer, dimension, dtype, counts, build status;
@@ -10,7 +11,7 @@ A document's state is 'live' (searched), 'adding' (registered by `bertknn add` b
 live in one transaction once its keys and index entries are all written) or 'removed' (hidden from every path; its
 id moves to `removed_id`, so the id is free again).
 
-The build appends one chunk of documents at a time: keys and values are written and fsynced first, then SQLite
+`append` stores one chunk of documents at a time: keys and values are written and fsynced first, then SQLite
 commits the chunk's rows and the new entry count in one transaction. That count is the truth: a reader and a
 resumed build ignore any bytes past it, so a build killed at any point resumes to exactly the uninterrupted result.
 
@@ -38,9 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertknn.encoder import TOKEN_BUDGET, Encoder
 from bertknn.integrity import ChecksumError, Checksums, Damage
-from bertknn.text import Document, iter_corpus, normalize_title, split_sentences, tokenize_sentences, validate_corpus
 
 FORMAT = "bertknn-datastore"
 VERSION = 1
@@ -61,10 +60,6 @@ CREATE TABLE IF NOT EXISTS entries (
 REMOVED_PREFIX = "\x1f"  # a control character, which document ids may not hold (text.parse_document)
 SQL_PARAMS = 900  # SQLite caps the number of parameters of one statement (999 in old builds)
 LOCK_FILE, SQLITE = "write.lock", "store.sqlite"
-KEY_WINDOW = 128  # tokens a key's context may have; a longer sentence is read in overlapping windows (text.py)
-REGISTER_DOCS = 500  # documents registered per transaction by a build
-LAZY_WAIT = 600.0  # seconds a lazy store's reader waits for another writer before it embeds on demand
-CHARS_PER_WORD = 6  # a chunk's size is estimated from its characters: about one target word per 6 of them
 RECHECK_S = 0.2  # pause before damage found on opening is looked at again
 SAMPLE_BLOCKS = 16  # checksum blocks checked at random when a store is opened (besides each file's last block)
 IDENTITY = ("model_hash", "layer", "dim", "pack", "int8")  # manifest fields SQLite keeps a copy of
@@ -83,6 +78,18 @@ class BusyError(DatastoreError):
 
 
 @dataclass(frozen=True)
+class Record:
+    """A document as the store keeps it: id, title (and its normalised form for the title shortcut), sentences, and
+    a digest of its text that tells a second add of the same document from one with other text."""
+
+    id: str
+    title: str
+    norm_title: str
+    sentences: tuple[str, ...]
+    digest: str
+
+
+@dataclass(frozen=True)
 class Evidence:
     """Where a stored entry comes from: its document, its sentence and the target's character span there."""
 
@@ -91,11 +98,6 @@ class Evidence:
     title: str
     sentence: str
     span: tuple[int, int]
-
-
-def document_digest(doc: Document) -> str:
-    """sha256 of a document's title and passages: tells an add of the same document from one with other text."""
-    return hashlib.sha256(json.dumps([doc.title, list(doc.passages)]).encode()).hexdigest()
 
 
 def file_sha256(path: Path) -> str:
@@ -463,19 +465,19 @@ class Datastore:
         """The block whose states are the keys."""
         return int(self.manifest["layer"])
 
-    def check_encoder(self, encoder: Encoder) -> None:
-        """Refuse to query with a model or layer other than the one the keys were made with."""
+    def check_model(self, name: str, weights_hash: str, dim: int, layer: int) -> None:
+        """Refuse to query or extend with a model or layer other than the one the keys were made with."""
         want = self.manifest
-        if encoder.weights_hash != want["model_hash"] or encoder.dim != self.dim:
+        if weights_hash != want["model_hash"] or dim != self.dim:
             raise DatastoreError(
                 f"the datastore at {self.path} was built with model {want['model']!r} (weights sha256 "
-                f"{want['model_hash'][:12]}), but the given model {encoder.name!r} has weights "
-                f"{encoder.weights_hash[:12]}; use the same model or build a new datastore"
+                f"{want['model_hash'][:12]}), but the given model {name!r} has weights "
+                f"{weights_hash[:12]}; use the same model or build a new datastore"
             )
-        if encoder.layer != self.layer:
+        if layer != self.layer:
             raise DatastoreError(
                 f"the datastore at {self.path} holds layer-{self.layer} keys, but the model reads layer "
-                f"{encoder.layer}; use layer={self.layer} or build a datastore for layer {encoder.layer}"
+                f"{layer}; use layer={self.layer} or build a datastore for layer {layer}"
             )
 
     def document_ranges(self, docs: list[int]) -> list[tuple[int, int]]:
@@ -492,11 +494,10 @@ class Datastore:
             raise DatastoreError(f"{self.path / SQLITE} lacks documents {sorted(set(docs) - set(rows))[:5]}: damaged")
         return [rows[d] for d in docs]
 
-    def find_title(self, subject: str) -> int | None:
-        """Index of the first document whose title equals `subject` (case- and Unicode-insensitive), else None."""
+    def find_title(self, norm_title: str) -> int | None:
+        """Index of the first live document whose normalised title (`text.normalize_title`) is `norm_title`."""
         row = self.db.execute(
-            "SELECT idx FROM documents WHERE norm_title = ? AND state = 'live' ORDER BY idx LIMIT 1",
-            (normalize_title(subject),),
+            "SELECT idx FROM documents WHERE norm_title = ? AND state = 'live' ORDER BY idx LIMIT 1", (norm_title,)
         ).fetchone()
         return row[0] if row else None
 
@@ -533,13 +534,13 @@ class Datastore:
         for (text,) in self.db.execute(query, (first, self.n_documents if stop is None else stop)):
             yield text
 
-    def register(self, docs: list[Document], state: str = "live") -> None:
+    def register(self, docs: list[Record], state: str = "live") -> None:
         """Add documents and their sentences (text only, not yet embedded) in one transaction."""
         with self.sqlite_errors(), self.db:
             self._insert(docs, state)
         self.n_documents += len(docs)
 
-    def _insert(self, docs: list[Document], state: str) -> None:
+    def _insert(self, docs: list[Record], state: str) -> None:
         first, sent_idx = self.db.execute(
             "SELECT (SELECT coalesce(max(idx) + 1, 0) FROM documents), "
             "(SELECT coalesce(max(idx) + 1, 0) FROM sentences)"
@@ -547,13 +548,11 @@ class Datastore:
         for doc_idx, doc in enumerate(docs, first):
             self.db.execute(
                 "INSERT INTO documents VALUES (?, ?, ?, ?, NULL, NULL, ?, ?, NULL)",
-                (doc_idx, doc.id, doc.title, normalize_title(doc.title), state, document_digest(doc)),
+                (doc_idx, doc.id, doc.title, doc.norm_title, state, doc.digest),
             )
-            sentences = [s for p in doc.passages for s in split_sentences(p)]
-            self.db.executemany(
-                "INSERT INTO sentences VALUES (?, ?, ?)", [(sent_idx + i, doc_idx, t) for i, t in enumerate(sentences)]
-            )
-            sent_idx += len(sentences)
+            rows = [(sent_idx + i, doc_idx, t) for i, t in enumerate(doc.sentences)]
+            self.db.executemany("INSERT INTO sentences VALUES (?, ?, ?)", rows)
+            sent_idx += len(doc.sentences)
 
     def _rows(self, column: str, values: list) -> list[tuple]:
         """(value, idx, state, digest) of the documents whose `column` is one of `values`."""
@@ -570,7 +569,7 @@ class Datastore:
         with self.sqlite_errors():
             return {doc_id: state for doc_id, _, state, _ in self._rows("id", ids)}
 
-    def stage(self, docs: list[Document]) -> list[str]:
+    def stage(self, docs: list[Record]) -> list[str]:
         """Register the given documents as 'adding' (hidden) unless the same document is there; return the ids
         skipped because a live document has the same id and text. In one transaction.
 
@@ -581,7 +580,7 @@ class Datastore:
             held = {
                 doc_id: (idx, state, digest) for doc_id, idx, state, digest in self._rows("id", [d.id for d in docs])
             }
-        changed = [d for d in docs if d.id in held and held[d.id][2] not in (None, document_digest(d))]
+        changed = [d for d in docs if d.id in held and held[d.id][2] not in (None, d.digest)]
         conflicts = [d.id for d in changed if held[d.id][1] == "live"]
         if conflicts:
             raise DatastoreError(
@@ -660,54 +659,36 @@ class Datastore:
             found |= {r[0] for r in self.db.execute(f"{query} AND idx IN ({','.join('?' * len(part))})", part)}
         return [d for d in docs if d in found]
 
-    def embed(
+    def sentences(self, docs: list[int]) -> list[tuple[int, int, str]]:
+        """(sentence index, document, text) of the sentences of the given documents, in document and text order."""
+        with self.sqlite_errors():
+            return self.db.execute(
+                f"SELECT idx, doc, text FROM sentences WHERE doc IN ({','.join('?' * len(docs))}) ORDER BY doc, idx",
+                docs,
+            ).fetchall()
+
+    def text_length(self, doc: int) -> int:
+        """Characters of a document's sentences (what a build sizes its chunks by)."""
+        with self.sqlite_errors():
+            return self.db.execute("SELECT sum(length(text)) FROM sentences WHERE doc = ?", (doc,)).fetchone()[0] or 0
+
+    def append(
         self,
         docs: list[int],
-        encoder: Encoder,
-        chunk_entries: int = 4096,
-        token_budget: int = TOKEN_BUDGET,
-        progress: Callable[[int], None] | None = None,
+        rows: list[tuple[int, int, str]],
+        keys: np.ndarray,
+        values: np.ndarray,
+        spans: list[np.ndarray],
     ) -> int:
-        """Embed the given documents that are not embedded yet; return how many entries were added.
-
-        Documents are taken in index order and committed in chunks of whole documents that end once they hold about
-        `chunk_entries` sentences' worth of words; `progress(documents_done)` is called after each chunk.
-        """
-        todo = self.pending(docs)
-        if not todo:
-            return 0
-        with self.writing(wait=LAZY_WAIT):  # in a lazy store, a reader embeds: it waits for a writer to finish
-            todo = self.pending(todo)  # what another writer did meanwhile is not redone
-            added, chunk, words, done = 0, [], 0, 0
-            for i, doc in enumerate(todo):
-                chunk.append(doc)
-                length = self.db.execute("SELECT sum(length(text)) FROM sentences WHERE doc = ?", (doc,)).fetchone()[0]
-                words += (length or 0) // CHARS_PER_WORD
-                if words >= chunk_entries or i == len(todo) - 1:
-                    added += self._embed_chunk(chunk, encoder, token_budget)
-                    done += len(chunk)
-                    chunk, words = [], 0
-                    if progress:
-                        progress(done)
-            if added and self.manifest.get("status") != "building":
-                embedded = self.n_documents - len(self.pending())
-                status = "complete" if embedded == self.n_documents else "lazy"
-                self.set_manifest(status=status, embedded=embedded, entries=self.size)
-        return added
-
-    def _embed_chunk(self, docs: list[int], encoder: Encoder, token_budget: int) -> int:
-        """Embed whole documents: append keys and values (fsynced), then commit their rows and the new count."""
-        rows = self.db.execute(
-            f"SELECT idx, doc, text FROM sentences WHERE doc IN ({','.join('?' * len(docs))}) ORDER BY doc, idx", docs
-        ).fetchall()
-        flat = tokenize_sentences(encoder.tokenizer, [r[2] for r in rows], min(KEY_WINDOW, encoder.max_length))
-        keys = encoder.embed(flat, token_budget, self.pack, self.int8).astype(np.float16)
+        """Store the entries of whole documents: keys (float16) and values appended and fsynced, then in one
+        transaction each sentence's entry rows (`spans[i]`: the character spans of `rows[i]`'s targets), each
+        document's [start, end) range and the new entry count. Returns the entries added."""
+        keys = np.asarray(keys, np.float16)
         if not np.isfinite(keys).all():  # float16 overflows past 65,504: such keys would poison every distance
             raise DatastoreError(
                 f"the model gave non-finite keys (NaN, or beyond float16's range) for documents {docs[:5]}; nothing "
                 "of them was stored. Check the model, or choose another --layer"
             )
-        values = np.concatenate([s.target_ids for s in flat]) if flat else np.zeros(0, np.int32)
         start = self.size
         for name, array, width in (("keys.f16", keys, 2 * self.dim), ("values.i32", values, 4)):
             with (self.path / name).open("r+b" if (self.path / name).exists() else "wb") as handle:
@@ -718,10 +699,10 @@ class Datastore:
                 os.fsync(handle.fileno())
         entry, first = start, {}
         entry_rows = []
-        for (sent_idx, doc, _), sent in zip(rows, flat):
+        for (sent_idx, doc, _), sentence_spans in zip(rows, spans):
             first.setdefault(doc, entry)
-            entry_rows += [(entry + j, sent_idx, int(a), int(b)) for j, (a, b) in enumerate(sent.spans)]
-            entry += len(sent.spans)
+            entry_rows += [(entry + j, sent_idx, int(a), int(b)) for j, (a, b) in enumerate(sentence_spans)]
+            entry += len(sentence_spans)
         self._commit_entries(docs, first, entry_rows, start, entry)
         self._map()
         return entry - start
@@ -750,137 +731,48 @@ class Datastore:
         _write_json(self.path / "manifest.json", self.manifest)
 
 
-def create(
-    path: str | Path, encoder: Encoder, corpus: dict | None = None, pack: int = 1, int8: bool = False
-) -> Datastore:
-    """Create an empty datastore directory for `encoder` (or reopen it when it was made for the same model)."""
+def create(path: str | Path, manifest: dict) -> Datastore:
+    """A new, empty datastore directory with this manifest (`builder.create` makes the manifest from a model).
+
+    A directory that holds only temporary files (`*.tmp`: what a create killed before its manifest was in place
+    leaves) counts as empty; anything else is refused.
+    """
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise DatastoreError(f"{path} is a file, not a directory; choose a new or empty directory for the datastore")
-    if (path / "manifest.json").exists():
-        store = Datastore(path)
-        store.check_encoder(encoder)
-        known = store.manifest.get("corpus") or {}
-        if corpus and known and known.get("sha256") != corpus["sha256"]:
-            if store.n_documents:
-                raise DatastoreError(
-                    f"{path} holds a datastore of another corpus ({known.get('path')}); "
-                    "choose another --out directory or delete this one"
-                )
-            store.set_manifest(corpus=corpus)  # nothing was read from the other corpus: start over with this one
-        if store.pack != pack:
-            raise DatastoreError(
-                f"{path} holds keys computed with pack={store.pack}; resume it with the same --pack, or choose "
-                "another --out directory"
-            )
-        if store.int8 != int8:
-            have, flag = ("int8", "with --int8-keys") if store.int8 else ("float32", "without --int8-keys")
-            raise DatastoreError(f"{path} holds {have} keys; resume it {flag}, or choose another --out directory")
-        return store
     leftovers = list(path.iterdir()) if path.exists() else []
     if any(not p.name.endswith(".tmp") for p in leftovers):
         raise DatastoreError(f"{path} exists and is not a datastore; choose an empty or new directory")
-    for tmp in leftovers:  # what a create killed before its first manifest was in place left behind
+    for tmp in leftovers:
         (shutil.rmtree if tmp.is_dir() else Path.unlink)(tmp)
     path.mkdir(parents=True, exist_ok=True)
-    manifest = _new_manifest(encoder, corpus, pack, int8)
     _write_json(path / "manifest.json", manifest)
     store = Datastore(path)
     store.record_identity()
     return store
 
 
-def _new_manifest(encoder: Encoder, corpus: dict | None, pack: int, int8: bool) -> dict:
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "model": encoder.name,
-        "model_hash": encoder.weights_hash,
-        "layer": encoder.layer,
-        "dim": encoder.dim,
-        "pack": pack,
-        "int8": int8,
-        "dtype": "float16",
-        "value_dtype": "int32",
-        "status": "building",
-        "corpus": corpus,
-    }
-
-
-def copy_registration(
-    source: str | Path, path: str | Path, encoder: Encoder, pack: int = 1, int8: bool = False
-) -> Datastore:
-    """A new, empty datastore for `encoder` at `path` with the documents, sentences and IR index of `source`.
-
-    Registration (sentence splitting and indexing) does not depend on the model, so a datastore of another model or
-    layer over the same corpus can start from it; nothing is embedded.
-    """
+def copy_registration(source: str | Path, path: str | Path, manifest: dict) -> Datastore:
+    """A new datastore at `path` (with this manifest) holding the documents, sentences and IR index of `source`,
+    nothing embedded: registration does not depend on the model, so another model or layer can start from it."""
     source, path = Path(source), Path(path)
     src = Datastore(source)
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    with sqlite3.connect(tmp / "store.sqlite") as db:
+    with sqlite3.connect(tmp / SQLITE) as db:
         src.db.backup(db)
         db.execute("UPDATE documents SET start = NULL, end = NULL")
         db.execute("DELETE FROM entries")
         db.execute("DELETE FROM meta")
     for name in source.glob("tfidf_*"):
         (shutil.copytree if name.is_dir() else shutil.copyfile)(name, tmp / name.name)
-    manifest = _new_manifest(encoder, src.manifest.get("corpus"), pack, int8)
     _write_json(tmp / "manifest.json", manifest)
     made = Datastore(tmp, check=False)
     made.record_identity()
     made.db.close()
     tmp.replace(path)
     return Datastore(path)
-
-
-def build(
-    corpus: str | Path,
-    out: str | Path,
-    encoder: Encoder,
-    lazy: bool = False,
-    pack: int = 1,
-    int8: bool = False,
-    chunk_entries: int = 4096,
-    token_budget: int = TOKEN_BUDGET,
-    progress: Callable[[str, int, int], None] | None = None,
-) -> Datastore:
-    """Build (or resume building) the datastore of a JSONL corpus.
-
-    Documents are first registered (text and sentences, in chunks of REGISTER_DOCS documents), then embedded in chunks
-    (`Datastore.embed`); with `lazy`, embedding is left for later and done per document on demand.
-    `pack` > 1 masks that many targets per pass and `int8` runs the encoder quantised (`Encoder.embed`); the manifest
-    records both: a resume with others is refused, and later embedding (lazy, `add`) follows them.
-    `progress(phase, done, total)` reports both phases. The corpus is validated in full first, so a malformed line
-    fails before anything is written; a resumed build gives exactly the entries of an uninterrupted one.
-    """
-    corpus = Path(corpus)
-    n_docs = validate_corpus(corpus)
-    corpus_info = {"path": str(corpus.resolve()), "sha256": file_sha256(corpus), "documents": n_docs}
-    store = create(out, encoder, corpus_info, pack, int8)
-    report = progress or (lambda phase, done, total: None)
-    with store.writing():
-        report("reading", store.n_documents, n_docs)
-        chunk: list[Document] = []
-        for i, doc in enumerate(iter_corpus(corpus)):
-            if i < store.n_documents:
-                continue
-            chunk.append(doc)
-            if len(chunk) == REGISTER_DOCS or i == n_docs - 1:
-                store.register(chunk)
-                chunk = []
-                report("reading", store.n_documents, n_docs)
-        if not lazy:
-            todo = store.pending()
-            done = n_docs - len(todo)
-            report("embedding", done, n_docs)
-            store.embed(todo, encoder, chunk_entries, token_budget, lambda d: report("embedding", done + d, n_docs))
-        embedded = n_docs - len(store.pending())
-        status = "complete" if embedded == n_docs else "lazy"
-        store.set_manifest(status=status, documents=n_docs, embedded=embedded, entries=store.size)
-    return store
 
 
 @dataclass

@@ -57,7 +57,7 @@ def fresh_facts(knn: BertKNN) -> list[tuple[str, Prediction]]:
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(knn.store.path, Path(tmp) / "store")
         store = Datastore(Path(tmp) / "store")
-        fresh = BertKNN(knn.encoder, store, **knn.hparams)
+        fresh = BertKNN(knn.encoder, store, settings=knn.settings)
         stages = [("before add", fresh.predict(q["question"], q["subject"], top_k=3, evidence=1))]
         fresh.add_documents([FRESH_DOCUMENT])
         stages.append(("after add", fresh.predict(q["question"], q["subject"], top_k=3, evidence=1)))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bertknn import builder
 from bertknn.text import MASK
 
 GOOGLE_RE = {
@@ -210,8 +211,7 @@ def _top3(ranked_list) -> list[list]:
 
 def results_name(knn, vocab: str) -> str:
     """File name of a run's per-fact results: one file per layer, hyperparameters and ranking vocabulary."""
-    h = knn.hparams
-    return f"results-L{knn.store.layer}-n{h['n_docs']}-k{h['k']}-T{h['temperature']}-l{h['lam']}-{vocab}.jsonl"
+    return f"results-L{knn.store.layer}-{knn.settings.file_tag()}-{vocab}.jsonl"
 
 
 def evaluate_facts(
@@ -250,7 +250,7 @@ def evaluate_facts(
             batch = todo[start : start + batch_size]
             docs_of = {fact_key(f): knn.retrieve(f.question, ir_subject(f)) for f in batch}
             if knn.store.lazy:
-                knn.store.embed(sorted({d for docs in docs_of.values() for d in docs}), knn.encoder)
+                builder.embed(knn.store, sorted({d for docs in docs_of.values() for d in docs}), knn.encoder)
             preds = knn.predict_batch([f.question for f in batch], [ir_subject(f) for f in batch], top_k=3, evidence=0)
             for fact, pred in zip(batch, preds):
                 found = knn.candidates(docs_of[fact_key(fact)])  # embeds first in a lazy datastore
@@ -350,7 +350,8 @@ def lama_knn(
     A new one starts from the registered documents and IR index of a cached datastore of the same corpus (another
     model or layer), since those do not depend on the model.
     """
-    from bertknn.datastore import Datastore, copy_registration, file_sha256
+    from bertknn.builder import copy_registration
+    from bertknn.datastore import Datastore, file_sha256
     from bertknn.encoder import cache_dir
     from bertknn.pipeline import BertKNN
 

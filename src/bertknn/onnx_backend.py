@@ -1,7 +1,7 @@
 """ONNX Runtime backend of the encoder: the same forward functions, exported once per model and layer.
 
-Why: on a few CPU cores ONNX Runtime runs one question through a bert-base-sized model about 2.7x faster than
-PyTorch eager (forward p50 23.8 vs 63.4 ms, bench/query_path.py) with the same numbers (max abs difference ~1e-6).
+Why: on a few CPU cores ONNX Runtime runs a bert-base-sized model faster than PyTorch eager with the same numbers
+(speeds and differences measured by bench/query_path.py: bench/README.md).
 Graphs are traced with padded inputs (so the attention mask stays in the graph) and cached as .onnx files. A graph
 can also be run dynamically quantised to int8 (ONNX Runtime, per channel): datastore keys with `--int8-keys`,
 questions with backend "onnx-int8" (fidelity and speed in bench/README.md).

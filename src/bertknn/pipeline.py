@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
@@ -10,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bertknn import builder, onnx_backend
 from bertknn import datastore as ds
-from bertknn import onnx_backend
 from bertknn.combine import Neighbour, Prediction, interpolate, ranked
 from bertknn.datastore import Datastore, DatastoreError
 from bertknn.default_model import DEFAULT_MODEL
@@ -19,45 +18,8 @@ from bertknn.encoder import Encoder, QuestionError
 from bertknn.faiss_index import INDEX_FILE, SETTINGS_FILE, FaissIndex
 from bertknn.knn import candidates, knn_distribution, nearest, neighbour_weights
 from bertknn.retrieval import TfidfIndex, select_documents
+from bertknn.settings import Settings
 from bertknn.text import CorpusError, Document, parse_document, question_error, unicode_error
-
-DEFAULTS = {"n_docs": 3, "k": 128, "temperature": 6.0, "lam": 0.3}
-
-
-def _check_hparams(n_docs: int, k: int, temperature: float, lam: float) -> None:
-    values = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam}
-    odd = [
-        f"{name} must be a finite number (got {value!r})"
-        for name, value in values.items()
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-    ]
-    if odd:
-        raise ValueError("; ".join(odd))
-    problems = [
-        msg
-        for bad, msg in (
-            (n_docs < 1 or n_docs != int(n_docs), f"n_docs must be a whole number >= 1 (got {n_docs})"),
-            (k < 1 or k != int(k), f"k must be a whole number >= 1 (got {k})"),
-            (not temperature > 0, f"temperature must be > 0 (got {temperature})"),
-            (not 0 <= lam <= 1, f"lam must be in [0, 1] (got {lam})"),
-        )
-        if bad
-    ]
-    if problems:
-        raise ValueError("; ".join(problems))
-
-
-def merge_hparams(base: dict, overrides: dict) -> dict:
-    """`base` with the non-None `overrides`, checked: unknown names and out-of-range values raise."""
-    unknown = set(overrides) - set(DEFAULTS)
-    if unknown:
-        raise TypeError(f"unknown hyperparameter(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
-    merged = {**base, **{k: v for k, v in overrides.items() if v is not None}}
-    _check_hparams(**merged)
-    return merged
-
-
-RETRIEVALS = ("ir", "faiss", "ir+faiss")
 
 
 def _indexed(store: Datastore) -> int:
@@ -75,7 +37,7 @@ def ensure_index(store: Datastore, segment_docs: int = 5000) -> TfidfIndex:
     a writer extends it: this takes the datastore's writer lock when there is something to add.
     """
     if _indexed(store) < store.n_documents:
-        with store.writing(wait=ds.LAZY_WAIT):
+        with store.writing(wait=builder.LAZY_WAIT):
             first = _indexed(store)
             if first > store.n_documents:
                 raise DatastoreError(f"the IR index of {store.path} covers {first} documents but the store has fewer")
@@ -100,29 +62,41 @@ def load_index(store: Datastore) -> TfidfIndex:
 class BertKNN:
     """A masked LM plus a datastore: `predict("Dante was born in [MASK].", subject="Dante")`.
 
-    Hyperparameters (the paper's defaults): n_docs=3 documents from IR, k=128 neighbours, temperature=6 (the l of
-    exp(-d/l), d the squared distance) and lam=0.3 (weight of p_kNN). Values tuned by `bertknn tune` and stored
-    with the datastore replace the defaults; arguments given here (not None) replace both. The layer is the
-    datastore's.
+    Settings (n_docs, k, temperature, lam, retrieval: `bertknn.settings.Settings`) are the paper's
+    (`settings.PAPER`) unless `bertknn tune` stored tuned values with the datastore; `settings`, when given, replaces
+    both, and keyword arguments given here (not None) replace single values. The layer is the datastore's.
     """
 
-    def __init__(self, encoder: Encoder, store: Datastore, index: TfidfIndex | None = None, **hparams: float) -> None:
-        tuned = store.manifest.get("tuned", {}).get("hparams", {})  # set by `bertknn tune`
-        try:
-            base = merge_hparams(DEFAULTS, tuned if isinstance(tuned, dict) else {"hparams": tuned})
-        except (TypeError, ValueError) as err:
-            raise DatastoreError(
-                f"{store.path / 'manifest.json'} holds bad tuned hyperparameters ({err}); rerun `bertknn tune` or "
-                "delete its 'tuned' field"
-            ) from None
-        self.hparams = merge_hparams(base, hparams)
+    def __init__(
+        self,
+        encoder: Encoder,
+        store: Datastore,
+        index: TfidfIndex | None = None,
+        settings: Settings | None = None,
+        **hparams: float,
+    ) -> None:
+        if settings is None:
+            tuned = store.manifest.get("tuned", {}).get("hparams", {})  # set by `bertknn tune`
+            try:
+                settings = Settings.from_tuned(tuned)
+            except (TypeError, ValueError) as err:
+                raise DatastoreError(
+                    f"{store.path / 'manifest.json'} holds bad tuned hyperparameters ({err}); rerun `bertknn tune` or "
+                    "delete its 'tuned' field"
+                ) from None
+        self.settings = settings.replace(**hparams)
         if not (store.complete or store.lazy):
             raise DatastoreError(f"the datastore at {store.path} is incomplete: rerun `bertknn build` to finish it")
-        store.check_encoder(encoder)
+        builder.check_encoder(store, encoder)
         self.encoder, self.store = encoder, store
         self.index = index or load_index(store)
         self._load_faiss()
         self._version = store.version  # the store's state that index and faiss were loaded at
+
+    @property
+    def hparams(self) -> dict:
+        """The numeric settings (n_docs, k, temperature, lam) as a dict."""
+        return self.settings.hparams
 
     def _load_faiss(self) -> None:
         """(Re)open the FAISS index when its file changed; a damaged one is set aside with its error, so IR
@@ -188,7 +162,7 @@ class BertKNN:
         int8: both faster, approximate keys (`Encoder.embed`).
         """
         encoder = model if isinstance(model, Encoder) else Encoder.load(model, layer, backend)
-        store = ds.build(corpus, out, encoder, lazy=lazy, pack=pack, int8=int8, progress=progress)
+        store = builder.build(corpus, out, encoder, lazy=lazy, pack=pack, int8=int8, progress=progress)
         return cls(encoder, store, ensure_index(store), **hparams)
 
     def predict(
@@ -197,16 +171,20 @@ class BertKNN:
         subject: str | None = None,
         top_k: int = 10,
         evidence: int = 3,
-        retrieval: str = "ir",
+        retrieval: str | None = None,
+        settings: Settings | None = None,
         **hparams: float,
     ) -> Prediction:
         """Predict the [MASK] of one cloze question; `subject` (knowledge-base questions) steers retrieval.
 
-        `retrieval` picks where neighbours come from: "ir" (the paper: the documents IR selects), "faiss" (the whole
-        datastore through its FAISS index, `bertknn index`) or "ir+faiss" (both, merged by distance). Hyperparameters
-        given here (n_docs, k, temperature, lam) apply to this call only.
+        `retrieval` picks where neighbours come from: "ir" (the paper, the default: the documents IR selects), "faiss"
+        (the whole datastore through its FAISS index, `bertknn index`) or "ir+faiss" (both, merged by distance).
+        `settings` (default: this BertKNN's) and the hyperparameters given here (n_docs, k, temperature, lam, not
+        None) apply to this call only.
         """
-        return self.predict_batch([text], [subject], top_k, evidence, retrieval=retrieval, **hparams)[0]
+        return self.predict_batch(
+            [text], [subject], top_k, evidence, retrieval=retrieval, settings=settings, **hparams
+        )[0]
 
     def predict_batch(
         self,
@@ -215,15 +193,14 @@ class BertKNN:
         top_k: int = 10,
         evidence: int = 3,
         batch_size: int = 256,
-        retrieval: str = "ir",
+        retrieval: str | None = None,
+        settings: Settings | None = None,
         **hparams: float,
     ) -> list[Prediction]:
         """Predict many questions, `batch_size` at a time (the encoder runs them sorted by length); options as in
         `predict`."""
-        h = merge_hparams(self.hparams, hparams)
-        if retrieval not in RETRIEVALS:
-            raise ValueError(f"retrieval must be one of {', '.join(RETRIEVALS)}, not {retrieval!r}")
-        if retrieval != "ir" and self.faiss is None:
+        s = (settings or self.settings).replace(retrieval=retrieval, **hparams)
+        if s.retrieval != "ir" and self.faiss is None:
             raise self.faiss_error or DatastoreError(
                 f"{self.store.path} has no FAISS index: create one with `bertknn index {self.store.path}`"
             )
@@ -248,17 +225,17 @@ class BertKNN:
             with self.store.sqlite_errors():  # a damaged page met by a question: an error naming the file
                 for j, (p_bert, state) in enumerate(zip(probs, states)):
                     question = (texts[start + j], subjects[start + j])
-                    out.append(self._predict_one(*question, p_bert, state, top_k, evidence, h, retrieval))
+                    out.append(self._predict_one(*question, p_bert, state, top_k, evidence, s))
         return out
 
     def retrieve(self, text: str, subject: str | None = None, n_docs: int | None = None) -> list[int]:
         """Indices of the documents searched for a question (title shortcut, else TF-IDF top n_docs)."""
-        return select_documents(self.store, self.index, text, subject, int(n_docs or self.hparams["n_docs"]))
+        return select_documents(self.store, self.index, text, subject, int(n_docs or self.settings.n_docs))
 
     def candidates(self, docs: list[int]) -> np.ndarray:
         """The entries of the given documents (embedding them first in a lazy datastore)."""
         if self.store.lazy:
-            self.store.embed(docs, self.encoder)
+            builder.embed(self.store, docs, self.encoder)
         return candidates(self.store.document_ranges(docs))
 
     def _predict_one(
@@ -269,25 +246,24 @@ class BertKNN:
         state: np.ndarray,
         top_k: int,
         n_evidence: int,
-        h: dict,
-        retrieval: str,
+        s: Settings,
     ) -> Prediction:
-        docs, entries, dist = self._neighbours(text, subject, state, h, retrieval)
+        docs, entries, dist = self._neighbours(text, subject, state, s)
         values = np.asarray(self.store.values[entries]) if len(entries) else np.zeros(0, np.int32)
         self._check_neighbours(entries, values, dist, len(p_bert))
-        p_knn = knn_distribution(values, dist, h["temperature"], len(p_bert)) if len(entries) else None
-        p = interpolate(p_bert.astype(np.float64), p_knn, h["lam"])
+        p_knn = knn_distribution(values, dist, s.temperature, len(p_bert)) if len(entries) else None
+        p = interpolate(p_bert.astype(np.float64), p_knn, s.lam)
         tok = self.encoder.tokenizer
         knn_top = ranked(p_knn, tok, top_k)
         return Prediction(
             question=text,
             subject=subject,
             documents=self.store.titles(docs),
-            retrieval=retrieval,
+            retrieval=s.retrieval,
             bert=ranked(p_bert, tok, top_k),
             knn=knn_top,
             bert_knn=ranked(p, tok, top_k),
-            evidence=self._evidence(knn_top, entries, values, dist, n_evidence, h["temperature"]),
+            evidence=self._evidence(knn_top, entries, values, dist, n_evidence, s.temperature),
             p_bert=p_bert,
             p_knn=p_knn,
             p=p,
@@ -303,11 +279,11 @@ class BertKNN:
             )
 
     def _neighbours(
-        self, text: str, subject: str | None, state: np.ndarray, h: dict, retrieval: str
+        self, text: str, subject: str | None, state: np.ndarray, s: Settings
     ) -> tuple[list[int], np.ndarray, np.ndarray]:
         """(documents searched, the k nearest entries, their squared distances) by the chosen retrieval path."""
-        k = int(h["k"])
-        docs = self.retrieve(text, subject, h["n_docs"]) if retrieval != "faiss" else []
+        k, retrieval = int(s.k), s.retrieval
+        docs = self.retrieve(text, subject, s.n_docs) if retrieval != "faiss" else []
         found = self.candidates(docs)  # first: in a lazy datastore this embeds, and the key memmap grows
         entries, dist = nearest(self.store.keys, found, state, k)
         if retrieval == "ir":
@@ -346,9 +322,9 @@ class BertKNN:
             if live and not skip_existing:
                 raise DatastoreError(f"document id(s) already in the datastore: {live[:5]}; remove them first")
             before = self.store.size
-            self.store.stage(parsed)
+            self.store.stage([builder.record(d) for d in parsed])
             if not self.store.lazy:
-                self.store.embed(self.store.adding(), self.encoder, progress=progress)
+                builder.embed(self.store, self.store.adding(), self.encoder, progress=progress)
             self.index = ensure_index(self.store)
             if self.faiss is not None:
                 self.faiss.update()
@@ -393,7 +369,7 @@ def set_threads(n: int, backend: str = "torch") -> None:
     """Give the model n threads and numpy's BLAS one: two busy pools on few cores stall each other.
 
     With an ONNX backend, ONNX Runtime gets the n threads and PyTorch (left with small array work: softmax, top-k)
-    one, so that its OpenMP pool does not stall ONNX Runtime's (bench/README.md: ~0.7 ms less per question).
+    one, so that its OpenMP pool does not stall ONNX Runtime's (the time saved per question: bench/README.md).
     """
     from threadpoolctl import threadpool_limits
 

@@ -23,7 +23,7 @@ from scipy import sparse
 from sklearn.utils import murmurhash3_32
 
 from bertknn.datastore import Datastore, DatastoreError
-from bertknn.text import MASK, STOPWORDS
+from bertknn.text import MASK, STOPWORDS, normalize_title
 
 NUM_BUCKETS = 2**24
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")  # DrQA's simple tokenizer: runs of word characters, or one other character
@@ -207,7 +207,7 @@ def select_documents(store: Datastore, index: TfidfIndex, question: str, subject
     The query is the subject for knowledge-base questions, else the question without mask and punctuation.
     """
     if subject:
-        titled = store.find_title(subject)
+        titled = store.find_title(normalize_title(subject))
         if titled is not None:
             return [titled]
     return index.top(subject or question_query(question), n_docs, store.hidden_documents())

@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import swagger_ui_bundle
 from fastapi import Depends, FastAPI, HTTPException, Request, status
@@ -35,7 +35,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 from starlette.datastructures import Headers
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -44,7 +44,8 @@ import bertknn
 from bertknn.combine import Prediction
 from bertknn.datastore import BusyError, Datastore, DatastoreError, file_sha256
 from bertknn.demo import DEMO_CORPUS, demo_questions
-from bertknn.pipeline import BertKNN, merge_hparams
+from bertknn.pipeline import BertKNN
+from bertknn.settings import RETRIEVALS, Settings
 from bertknn.text import MASK, CorpusError, mask_count_error
 
 WEB_DIR = Path(str(files("bertknn") / "web"))
@@ -106,8 +107,9 @@ class Options(BaseModel):
     k: int | None = Field(default=None, ge=1, le=MAX_K, description="nearest neighbours")
     temperature: float | None = Field(default=None, allow_inf_nan=False, description="l in exp(-d/l)")
     lam: float | None = Field(default=None, allow_inf_nan=False, description="weight of p_kNN in [0, 1]")
-    retrieval: Literal["ir", "faiss", "ir+faiss"] | None = Field(
-        default=None, description="neighbours from IR documents (default), the whole datastore's FAISS index, or both"
+    retrieval: Annotated[str, WithJsonSchema({"type": "string", "enum": list(RETRIEVALS)})] | None = Field(
+        default=None,  # checked by Settings (`_checked`), so the message is the library's
+        description="neighbours from IR documents (default), the whole datastore's FAISS index, or both",
     )
 
 
@@ -212,7 +214,7 @@ class Example(BaseModel):
 class _Job:
     texts: list[str]
     subjects: list[str | None]
-    settings: tuple  # (top_k, evidence, sorted hparam items): jobs with equal settings share a predict_batch call
+    settings: tuple[int, int, Settings]  # (top_k, evidence, settings): jobs with equal ones share a predict_batch call
     future: Future = field(default_factory=Future)
 
 
@@ -234,13 +236,15 @@ class MicroBatcher:
         self._start_lock = threading.Lock()
         self.calls = 0  # predict_batch calls made, for /health
 
-    def submit(self, texts: list[str], subjects: list[str | None], top_k: int, evidence: int, hparams: dict) -> Future:
+    def submit(
+        self, texts: list[str], subjects: list[str | None], top_k: int, evidence: int, settings: Settings
+    ) -> Future:
         """Queue questions; the future's result is their list of `Prediction`s."""
         with self._start_lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="bertknn-model", daemon=True)
                 self._thread.start()
-        job = _Job(texts, subjects, (top_k, evidence, tuple(sorted(hparams.items()))))
+        job = _Job(texts, subjects, (top_k, evidence, settings))
         self.queue.put(job)
         return job.future
 
@@ -278,14 +282,14 @@ class MicroBatcher:
                 self._answer(group)
 
     def _answer(self, group: list[_Job]) -> None:
-        top_k, evidence, hparams = group[0].settings
+        top_k, evidence, settings = group[0].settings
         texts = [t for job in group for t in job.texts]
         subjects = [s for job in group for s in job.subjects]
         try:
             with self.lock:
                 self.calls += 1
                 self.knn.refresh()
-                predictions = self.knn.predict_batch(texts, subjects, top_k, evidence, **dict(hparams))
+                predictions = self.knn.predict_batch(texts, subjects, top_k, evidence, settings=settings)
         except Exception as err:
             if len(group) > 1:
                 for job in group:
@@ -405,28 +409,28 @@ def _unprocessable(message: str) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=message)
 
 
-def _checked(knn: BertKNN, questions: list[Question], options: Options | None) -> dict:
-    """The request's hyperparameters, validated with the questions before they reach the model (422 otherwise)."""
+def _checked(knn: BertKNN, questions: list[Question], options: Options | None) -> Settings:
+    """The request's settings (the server's with its options), validated with the questions before they reach the
+    model (422 otherwise)."""
     for i, q in enumerate(questions):
         error = mask_count_error(q.text)
         if error:
             raise _unprocessable(error if len(questions) == 1 else f"question {i + 1}: {error}")
-    hparams = options.model_dump(exclude_none=True) if options else {}
     try:
-        merge_hparams(knn.hparams, {k: v for k, v in hparams.items() if k != "retrieval"})
+        settings = knn.settings.replace(**(options.model_dump(exclude_none=True) if options else {}))
     except (ValueError, TypeError) as err:
         raise _unprocessable(str(err)) from None
-    if hparams.get("retrieval", "ir") != "ir" and knn.faiss is None:
+    if settings.retrieval != "ir" and knn.faiss is None:
         raise _unprocessable("this datastore has no FAISS index: create one with `bertknn index DIR`")
-    return hparams
+    return settings
 
 
 async def _predict(
-    batcher: MicroBatcher, questions: list[Question], top_k: int, evidence: int, hparams: dict, timeout_s: float
+    batcher: MicroBatcher, questions: list[Question], top_k: int, evidence: int, settings: Settings, timeout_s: float
 ) -> list:
     """The questions' predictions as dicts; 503 when they are not ready within `timeout_s` (the job is then
     cancelled, so the worker skips it unless it has started)."""
-    future = batcher.submit([q.text for q in questions], [q.subject for q in questions], top_k, evidence, hparams)
+    future = batcher.submit([q.text for q in questions], [q.subject for q in questions], top_k, evidence, settings)
     try:
         predictions: list[Prediction] = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
     except (ValueError, TypeError) as err:  # QuestionError (e.g. a [MASK] past the model's input length) included
@@ -516,21 +520,21 @@ def create_app(
         with writer_lock:
             if not writers:
                 store = Datastore(knn.store.path, check=False)
-                writers.append(BertKNN(knn.encoder, store, **{k: v for k, v in knn.hparams.items()}))
+                writers.append(BertKNN(knn.encoder, store, settings=knn.settings))
             return writers[0]
 
     @app.post("/predict", response_model=PredictionOut, summary="Answer one cloze question")
     async def predict(req: PredictRequest) -> dict:
         """BERT's, kNN's and BERT-kNN's rankings with probabilities, and the evidence behind the kNN answers."""
         questions = [Question(text=req.text, subject=req.subject)]
-        hparams = _checked(knn, questions, req.options)
-        return (await _predict(batcher, questions, req.top_k, req.evidence, hparams, request_timeout_s))[0]
+        settings = _checked(knn, questions, req.options)
+        return (await _predict(batcher, questions, req.top_k, req.evidence, settings, request_timeout_s))[0]
 
     @app.post("/predict/batch", response_model=BatchOut, summary="Answer up to 64 cloze questions")
     async def predict_batch(req: BatchRequest) -> dict:
         """The /predict answer for each question, in order, from one model call."""
-        hparams = _checked(knn, req.questions, req.options)
-        answers = await _predict(batcher, req.questions, req.top_k, req.evidence, hparams, request_timeout_s)
+        settings = _checked(knn, req.questions, req.options)
+        answers = await _predict(batcher, req.questions, req.top_k, req.evidence, settings, request_timeout_s)
         return {"predictions": answers}
 
     @app.post(
@@ -582,7 +586,7 @@ def create_app(
             "layer": knn.store.layer,
             "datastore": _public_name(knn.store.path),
             **_counts(knn, lock),
-            "hparams": knn.hparams,
+            "hparams": knn.settings.hparams,
             "writable": writable,
             "max_batch": batcher.max_batch,
             "model_calls": batcher.calls,

@@ -15,6 +15,7 @@ import numpy as np
 
 from bertknn.evaluation import Fact, ir_subject, macro_metrics
 from bertknn.knn import nearest
+from bertknn.settings import PAPER, Settings
 
 N_DOCS = (1, 2, 3, 4, 5)
 LAMBDAS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
@@ -74,19 +75,20 @@ def cache_facts(knn, facts: list[Fact], progress: Callable[[int], None] | None =
 
 def temperatures(cache: list[FactCache]) -> list[float]:
     """The paper's 5..12 plus multiples of the median squared distance of the nearest neighbours (the model's scale)."""
-    nearest_d = [c.neighbours[3][1][:128] for c in cache if len(c.neighbours[3][1])]
-    median = float(np.median(np.concatenate(nearest_d))) if nearest_d else 6.0
-    return sorted(set(PAPER_TEMPERATURES) | {round(m * median, 2) for m in SCALE_MULTIPLES})
+    nearest_d = [c.neighbours[PAPER.n_docs][1][: PAPER.k] for c in cache if len(c.neighbours[PAPER.n_docs][1])]
+    median = float(np.median(np.concatenate(nearest_d))) if nearest_d else PAPER.temperature
+    scaled = {round(m * median, 2) for m in SCALE_MULTIPLES}
+    return sorted(set(PAPER_TEMPERATURES) | {t for t in scaled if t > 0})  # a tiny scale rounds to 0: not a setting
 
 
-def grid_search(facts: list[Fact], cache: list[FactCache]) -> list[dict]:
-    """Macro P@1 (and MRR) of BERT-kNN on the dev facts for every grid point, best first."""
+def grid_search(facts: list[Fact], cache: list[FactCache]) -> list[tuple[Settings, dict]]:
+    """Every grid point's settings with its macro P@1, P@10 and MRR of BERT-kNN on the dev facts, best first."""
     lambdas = np.asarray(LAMBDAS)
     results = []
     for n_docs, k, temperature in itertools.product(N_DOCS, KS, temperatures(cache)):
         ranks = np.stack([c.ranks(n_docs, k, temperature, lambdas) for c in cache])  # facts x lambdas
         for j, lam in enumerate(LAMBDAS):
             macro = macro_metrics(facts, ranks[:, j].tolist())["macro"]
-            results.append({"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam} | macro)
-    results.sort(key=lambda r: (-r["P@1"], -r["MRR"]))
+            results.append((Settings(n_docs, k, temperature, lam), macro))
+    results.sort(key=lambda r: (-r[1]["P@1"], -r[1]["MRR"]))
     return results

@@ -1,0 +1,203 @@
+"""Builder stage: a corpus into a datastore, as stages over batches (SPEC §1).
+
+documents -> records (sentences, digest: `record`) -> registered in the store -> masked contexts (`contexts`, CPU)
+-> keys (`keys`, the model) -> appended to the store (`Datastore.append`). Each stage is a plain function of its
+batch, so the same stages can run elsewhere; the store (datastore.py) knows nothing of the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from bertknn.datastore import FORMAT, VERSION, Datastore, DatastoreError, Record, file_sha256
+from bertknn.datastore import copy_registration as copy_store
+from bertknn.datastore import create as create_store
+from bertknn.encoder import TOKEN_BUDGET, Encoder
+from bertknn.text import (
+    Document,
+    Sentence,
+    iter_corpus,
+    normalize_title,
+    split_sentences,
+    tokenize_sentences,
+    validate_corpus,
+)
+
+KEY_WINDOW = 128  # tokens a key's context may have; a longer sentence is read in overlapping windows (text.py)
+REGISTER_DOCS = 500  # documents registered per transaction by a build
+CHUNK_ENTRIES = 4096  # about this many target words are embedded and committed together
+CHARS_PER_WORD = 6  # a chunk's size is estimated from its characters: about one target word per 6 of them
+LAZY_WAIT = 600.0  # seconds a lazy store's reader waits for another writer before it embeds on demand
+
+
+def record(doc: Document) -> Record:
+    """A document as the store keeps it: its sentences (pysbd), normalised title and a digest of its text."""
+    digest = hashlib.sha256(json.dumps([doc.title, list(doc.passages)]).encode()).hexdigest()
+    sentences = tuple(s for p in doc.passages for s in split_sentences(p))
+    return Record(doc.id, doc.title, normalize_title(doc.title), sentences, digest)
+
+
+def contexts(encoder: Encoder, texts: list[str]) -> list[Sentence]:
+    """Sentences tokenized once, with their targets (the masked contexts are made from these)."""
+    return tokenize_sentences(encoder.tokenizer, texts, min(KEY_WINDOW, encoder.max_length))
+
+
+def keys(encoder: Encoder, sentences: list[Sentence], pack: int, int8: bool, token_budget: int) -> np.ndarray:
+    """Layer-L keys of every target of `sentences`, in order (`Encoder.embed`)."""
+    return encoder.embed(sentences, token_budget, pack, int8)
+
+
+def manifest(encoder: Encoder, corpus: dict | None, pack: int, int8: bool) -> dict:
+    """The manifest of a new datastore for `encoder` (model, weights hash, layer, width, key options)."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": encoder.name,
+        "model_hash": encoder.weights_hash,
+        "layer": encoder.layer,
+        "dim": encoder.dim,
+        "pack": pack,
+        "int8": int8,
+        "dtype": "float16",
+        "value_dtype": "int32",
+        "status": "building",
+        "corpus": corpus,
+    }
+
+
+def check_encoder(store: Datastore, encoder: Encoder) -> None:
+    """Refuse a model or layer other than the one the store's keys were made with."""
+    store.check_model(encoder.name, encoder.weights_hash, encoder.dim, encoder.layer)
+
+
+def create(
+    path: str | Path, encoder: Encoder, corpus: dict | None = None, pack: int = 1, int8: bool = False
+) -> Datastore:
+    """Create an empty datastore directory for `encoder` (or reopen it when it was made for the same model)."""
+    path = Path(path)
+    if not (path / "manifest.json").exists():
+        return create_store(path, manifest(encoder, corpus, pack, int8))
+    store = Datastore(path)
+    check_encoder(store, encoder)
+    known = store.manifest.get("corpus") or {}
+    if corpus and known and known.get("sha256") != corpus["sha256"]:
+        if store.n_documents:
+            raise DatastoreError(
+                f"{path} holds a datastore of another corpus ({known.get('path')}); "
+                "choose another --out directory or delete this one"
+            )
+        store.set_manifest(corpus=corpus)  # nothing was read from the other corpus: start over with this one
+    if store.pack != pack:
+        raise DatastoreError(
+            f"{path} holds keys computed with pack={store.pack}; resume it with the same --pack, or choose "
+            "another --out directory"
+        )
+    if store.int8 != int8:
+        have, flag = ("int8", "with --int8-keys") if store.int8 else ("float32", "without --int8-keys")
+        raise DatastoreError(f"{path} holds {have} keys; resume it {flag}, or choose another --out directory")
+    return store
+
+
+def copy_registration(
+    source: str | Path, path: str | Path, encoder: Encoder, pack: int = 1, int8: bool = False
+) -> Datastore:
+    """A new, empty datastore for `encoder` at `path` with the documents, sentences and IR index of `source`."""
+    corpus = Datastore(source).manifest.get("corpus")
+    return copy_store(source, path, manifest(encoder, corpus, pack, int8))
+
+
+def embed(
+    store: Datastore,
+    docs: list[int],
+    encoder: Encoder,
+    chunk_entries: int = CHUNK_ENTRIES,
+    token_budget: int = TOKEN_BUDGET,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Embed the given documents that are not embedded yet; return how many entries were added.
+
+    Documents are taken in index order and committed in chunks of whole documents that end once they hold about
+    `chunk_entries` words; `progress(documents_done)` is called after each chunk. In a lazy store a reader embeds
+    on demand: it waits for another writer to finish first.
+    """
+    todo = store.pending(docs)
+    if not todo:
+        return 0
+    with store.writing(wait=LAZY_WAIT):
+        todo = store.pending(todo)  # what another writer did meanwhile is not redone
+        added, chunk, words, done = 0, [], 0, 0
+        for i, doc in enumerate(todo):
+            chunk.append(doc)
+            words += store.text_length(doc) // CHARS_PER_WORD
+            if words >= chunk_entries or i == len(todo) - 1:
+                added += _embed_chunk(store, chunk, encoder, token_budget)
+                done += len(chunk)
+                chunk, words = [], 0
+                if progress:
+                    progress(done)
+        if added and store.manifest.get("status") != "building":
+            embedded = store.n_documents - len(store.pending())
+            status = "complete" if embedded == store.n_documents else "lazy"
+            store.set_manifest(status=status, embedded=embedded, entries=store.size)
+    return added
+
+
+def _embed_chunk(store: Datastore, docs: list[int], encoder: Encoder, token_budget: int) -> int:
+    """The stages for whole documents: their sentences -> masked contexts -> keys -> appended to the store."""
+    rows = store.sentences(docs)
+    sentences = contexts(encoder, [text for _, _, text in rows])
+    found = keys(encoder, sentences, store.pack, store.int8, token_budget)
+    values = np.concatenate([s.target_ids for s in sentences]) if sentences else np.zeros(0, np.int32)
+    return store.append(docs, rows, found, values, [s.spans for s in sentences])
+
+
+def build(
+    corpus: str | Path,
+    out: str | Path,
+    encoder: Encoder,
+    lazy: bool = False,
+    pack: int = 1,
+    int8: bool = False,
+    chunk_entries: int = CHUNK_ENTRIES,
+    token_budget: int = TOKEN_BUDGET,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Datastore:
+    """Build (or resume building) the datastore of a JSONL corpus.
+
+    Documents are first registered (text and sentences, REGISTER_DOCS per transaction), then embedded in chunks
+    (`embed`); with `lazy`, embedding is left for later and done per document on demand. `pack` > 1 masks that many
+    targets per pass and `int8` runs the encoder quantised (`Encoder.embed`); the manifest records both: a resume
+    with others is refused, and later embedding (lazy, `add`) follows them. `progress(phase, done, total)` reports
+    both phases. The corpus is validated in full first, so a malformed line fails before anything is written; a
+    resumed build gives exactly the entries of an uninterrupted one.
+    """
+    corpus = Path(corpus)
+    n_docs = validate_corpus(corpus)
+    corpus_info = {"path": str(corpus.resolve()), "sha256": file_sha256(corpus), "documents": n_docs}
+    store = create(out, encoder, corpus_info, pack, int8)
+    report = progress or (lambda phase, done, total: None)
+    with store.writing():
+        report("reading", store.n_documents, n_docs)
+        chunk: list[Record] = []
+        for i, doc in enumerate(iter_corpus(corpus)):
+            if i < store.n_documents:
+                continue
+            chunk.append(record(doc))
+            if len(chunk) == REGISTER_DOCS or i == n_docs - 1:
+                store.register(chunk)
+                chunk = []
+                report("reading", store.n_documents, n_docs)
+        if not lazy:
+            todo = store.pending()
+            done = n_docs - len(todo)
+            report("embedding", done, n_docs)
+            embed(store, todo, encoder, chunk_entries, token_budget, lambda d: report("embedding", done + d, n_docs))
+        embedded = n_docs - len(store.pending())
+        status = "complete" if embedded == n_docs else "lazy"
+        store.set_manifest(status=status, documents=n_docs, embedded=embedded, entries=store.size)
+    return store

@@ -1,0 +1,97 @@
+"""BERT-kNN's query settings, in one record: the paper's values are written here and nowhere else.
+
+`Settings` is frozen and checked when made, so a `Settings` in hand is always valid: the library (`BertKNN`), the
+service (per-request options), `bertknn tune` (its grid) and the evaluation (result file names) all pass one along
+instead of re-checking dicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+RETRIEVALS = ("ir", "faiss", "ir+faiss")  # where the neighbours come from (BertKNN.predict)
+HPARAMS = ("n_docs", "k", "temperature", "lam")  # the numeric ones: what `bertknn tune` searches and stores
+
+
+def _check_names(names, known: tuple[str, ...]) -> None:
+    unknown = set(names) - set(known)
+    if unknown:
+        raise TypeError(f"unknown hyperparameter(s) {sorted(unknown)}; known: {sorted(known)}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a question is answered (the paper's values by default).
+
+    n_docs: documents retrieved by IR; k: nearest neighbours; temperature: the l of exp(-d/l), d the squared
+    distance; lam: weight of p_kNN against the LM's distribution; retrieval: where the neighbours come from, one of
+    RETRIEVALS ("ir", the paper: the documents IR selects; "faiss": the whole datastore's FAISS index; "ir+faiss":
+    both). Made with bad values, it raises ValueError naming every problem.
+    """
+
+    n_docs: int = 3
+    k: int = 128
+    temperature: float = 6.0
+    lam: float = 0.3
+    retrieval: str = "ir"
+
+    def __post_init__(self) -> None:
+        wrong_retrieval = (
+            []
+            if isinstance(self.retrieval, str) and self.retrieval in RETRIEVALS
+            else [f"retrieval must be one of {', '.join(RETRIEVALS)}, not {self.retrieval!r}"]
+        )
+        odd = [
+            f"{name} must be a finite number (got {value!r})"
+            for name, value in self.hparams.items()
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+        ]
+        if odd:
+            raise ValueError("; ".join(odd + wrong_retrieval))
+        n_docs, k, temperature, lam = self.n_docs, self.k, self.temperature, self.lam
+        problems = [
+            msg
+            for bad, msg in (
+                (n_docs < 1 or n_docs != int(n_docs), f"n_docs must be a whole number >= 1 (got {n_docs})"),
+                (k < 1 or k != int(k), f"k must be a whole number >= 1 (got {k})"),
+                (not temperature > 0, f"temperature must be > 0 (got {temperature})"),
+                (not 0 <= lam <= 1, f"lam must be in [0, 1] (got {lam})"),
+            )
+            if bad
+        ] + wrong_retrieval
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def replace(self, **overrides) -> Settings:
+        """These settings with the non-None `overrides`, checked: unknown names raise TypeError, bad values
+        ValueError. With nothing to change it returns `self` (nothing is checked twice)."""
+        _check_names(overrides, FIELDS)
+        changes = {name: value for name, value in overrides.items() if value is not None}
+        return dataclasses.replace(self, **changes) if changes else self
+
+    @classmethod
+    def from_tuned(cls, values: object) -> Settings:
+        """The paper's settings with the hyperparameters `bertknn tune` stored in a datastore's manifest (a dict
+        of HPARAMS names); raises as `replace` does."""
+        values = values if isinstance(values, dict) else {"hparams": values}
+        _check_names(values, HPARAMS)
+        return cls().replace(**values)
+
+    @property
+    def hparams(self) -> dict:
+        """The numeric settings (HPARAMS) as a dict: what `bertknn tune` stores and /health shows."""
+        return {name: getattr(self, name) for name in HPARAMS}
+
+    def as_dict(self) -> dict:
+        """Every setting as a dict (keyword arguments of `BertKNN` and `replace`)."""
+        return dataclasses.asdict(self)
+
+    def file_tag(self) -> str:
+        """The numeric settings in a file name, e.g. "n3-k128-T6.0-l0.3" (evaluation's result files)."""
+        return f"n{self.n_docs}-k{self.k}-T{self.temperature}-l{self.lam}"
+
+
+FIELDS = tuple(field.name for field in dataclasses.fields(Settings))
+PAPER = Settings()  # the paper's values (Kassner and Schütze, 2020)
