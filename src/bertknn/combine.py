@@ -67,7 +67,7 @@ def ranked(p: np.ndarray | None, tokens, k: int) -> list[TokenScore]:
     """The k most probable tokens with non-zero probability, best first (ties by vocabulary id)."""
     if p is None:
         return []
-    top = torch.topk(torch.from_numpy(p), min(k, len(p))).indices.numpy()  # 5x faster than np.argpartition here
+    top = torch.topk(torch.from_numpy(p), min(k, len(p))).indices.numpy()  # torch.topk: faster than np.argpartition
     top = top[np.lexsort((top, -p[top]))]
     top = top[p[top] > 0]
     return [TokenScore(t, float(p[i])) for t, i in zip(tokens.convert_ids_to_tokens(top.tolist()), top)]
