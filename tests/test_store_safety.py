@@ -282,3 +282,15 @@ def test_a_writer_never_records_damage_as_sound(built, tmp_path):
     with pytest.raises(DatastoreError, match=r"keys.f16 block 0 .*checksum mismatch"):
         writer.add_documents([FRESH])
     assert writer.store.states(["n1"]) == {}  # refused before anything was written
+
+
+def test_a_rebuilt_faiss_index_is_taken_in_after_damage(indexed, built):
+    faiss_file = indexed / "faiss.index"
+    faiss_file.write_bytes(faiss_file.read_bytes()[:100])
+    knn = BertKNN.load(indexed, str(built.encoder.name))
+    with pytest.raises(DatastoreError, match=r"faiss\.index is damaged"):
+        _top(knn, "faiss")
+    faiss_file.unlink()
+    (indexed / "faiss.json").unlink()
+    FaissIndex.build(Datastore(indexed, check=False), "Flat")  # as `bertknn index` in another process
+    assert knn.refresh() and _top(knn, "faiss") == "tallinn"

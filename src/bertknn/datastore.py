@@ -321,15 +321,16 @@ class Datastore:
             version = self.db.execute("PRAGMA data_version").fetchone()[0]
         return version, file_stat(self.path / "checksums.json")
 
-    def reload(self) -> bool:
-        """Re-read what other processes committed (entries, documents, manifest); True if anything changed."""
+    def reload(self) -> None:
+        """Re-read what other processes committed (entries, documents, manifest, FAISS damage mended meanwhile)."""
         version = self._data_version()
         if version == self.version:
-            return False
+            return
         self.version = version
         self.manifest = _read_manifest(self.path)
         self._map()
-        return True
+        if self.faiss_damage:  # a rebuilt index is no longer damaged
+            self.faiss_damage = self.check(only=self.faiss_damage)
 
     @contextlib.contextmanager
     def writing(self, wait: float | None = None) -> Iterator[Datastore]:

@@ -90,6 +90,7 @@ class BertKNN:
         builder.check_encoder(store, encoder)
         self.encoder, self.store = encoder, store
         self.index = index or load_index(store)
+        self._faiss_stat: tuple | None = None  # (size, mtime) of the FAISS files when they were loaded
         self._load_faiss()
         self._version = store.version  # the store's state that index and faiss were loaded at
 
@@ -102,7 +103,7 @@ class BertKNN:
         """(Re)open the FAISS index when its file changed; a damaged one is set aside with its error, so IR
         questions still work."""
         stat = ds.file_stat(self.store.path / INDEX_FILE), ds.file_stat(self.store.path / SETTINGS_FILE)
-        if stat == getattr(self, "_faiss_stat", None) and not self.store.faiss_damage:
+        if stat == self._faiss_stat and not self.store.faiss_damage:
             return
         try:
             self.faiss, self.faiss_error = FaissIndex.load(self.store), None
