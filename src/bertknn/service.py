@@ -46,7 +46,7 @@ from bertknn.datastore import BusyError, Datastore, DatastoreError, file_sha256
 from bertknn.demo import DEMO_CORPUS, demo_questions
 from bertknn.pipeline import BertKNN
 from bertknn.settings import RETRIEVALS, Settings
-from bertknn.text import MASK, CorpusError, mask_count_error
+from bertknn.text import MASK, CorpusError, question_error, unicode_error
 
 WEB_DIR = Path(str(files("bertknn") / "web"))
 SWAGGER_DIR = Path(swagger_ui_bundle.swagger_ui_path)
@@ -78,11 +78,9 @@ def _utf8(value: Any) -> Any:
     """`value` if UTF-8 can encode its strings (it, or a list's items): a lone surrogate, from a JSON escape such
     as "\\ud800", is refused."""
     for item in value if isinstance(value, list) else [value]:
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError as err:
-                raise ValueError(f"not valid Unicode: a lone surrogate at position {err.start}") from None
+        error = unicode_error(item) if isinstance(item, str) else None
+        if error:
+            raise ValueError(error)
     return value
 
 
@@ -413,7 +411,7 @@ def _checked(knn: BertKNN, questions: list[Question], options: Options | None) -
     """The request's settings (the server's with its options), validated with the questions before they reach the
     model (422 otherwise)."""
     for i, q in enumerate(questions):
-        error = mask_count_error(q.text)
+        error = question_error(q.text)
         if error:
             raise _unprocessable(error if len(questions) == 1 else f"question {i + 1}: {error}")
     try:
