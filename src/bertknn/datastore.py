@@ -794,8 +794,10 @@ def verify(path: str | Path, progress: Callable[[int, int], None] | None = None)
     except DatastoreError as err:
         return Report([str(err)], [])
     report = Report([], [])
-    with store.sqlite_errors():
+    try:
         rows = [r[0] for r in store.db.execute("PRAGMA integrity_check")]
+    except sqlite3.DatabaseError as err:  # too damaged for SQLite to check: that is the finding
+        rows = [str(err)]
     if rows != ["ok"]:
         report.problems.append(f"{path / SQLITE}: {'; '.join(rows[:5])}")
     try:
@@ -815,10 +817,16 @@ def verify(path: str | Path, progress: Callable[[int, int], None] | None = None)
             f"{SQLITE} was committed to after its checksums were recorded (an interrupted writer); "
             "its blocks were checked by SQLite's integrity check only"
         )
-    damage = store.check(progress=progress)
+    try:
+        damage = store.check(progress=progress)
+    except DatastoreError:  # SQLite cannot even be read: compare every file's blocks, SQLite's included
+        damage = sums.verify(progress=progress, growing=APPEND_ONLY)
     report.blocks = sum(len(r["blocks"]) for r in sums.files.values())
     report.problems += [str(d) for d in damage]
-    report.problems += _entry_problems(store)
+    try:
+        report.problems += _entry_problems(store)
+    except DatastoreError as err:
+        report.problems.append(str(err))
     return report
 
 
