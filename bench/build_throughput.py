@@ -28,7 +28,7 @@ from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from bertknn.default_model import base_model_dir
 from bertknn.encoder import Encoder
-from bertknn.pipeline import set_threads
+from bertknn.runtime import Runtime
 from bertknn.text import split_sentences, tokenize_sentences
 
 DEFAULT_PACK = 4  # the option whose ratio is the headline (its fidelity is printed beside it)
@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    set_threads(args.threads)
+    Runtime(threads=args.threads).apply()
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir())
     torch.manual_seed(0)
     model = BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size)).eval()  # bert-base shape
@@ -124,12 +124,12 @@ def variants(encoder: Encoder, tokenizer, sentences: list):
     yield "exact, old 8,192-token batches", lambda s: encoder.embed(s, token_budget=8192)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["BERTKNN_CACHE"] = tmp  # the exported graph goes away with it
-        fast = Encoder(encoder.model, tokenizer, encoder.name, encoder.layer, backend="onnx")
+        fast = Encoder(encoder.model, tokenizer, encoder.name, encoder.layer, runtime="onnx")
         fast.embed(sentences[:1])  # export, not timed
         yield "exact, ONNX Runtime (--backend onnx)", fast.embed
-        fast.embed(sentences[:1], int8=True)  # quantise, not timed
-        yield "int8 keys, ONNX Runtime per channel (--int8-keys)", lambda s: fast.embed(s, int8=True)
-        yield "--int8-keys + --pack 2", lambda s: fast.embed(s, pack=2, int8=True)
+        fast.embed(sentences[:1], int8_keys=True)  # quantise, not timed
+        yield "int8 keys, ONNX Runtime per channel (--int8-keys)", lambda s: fast.embed(s, int8_keys=True)
+        yield "--int8-keys + --pack 2", lambda s: fast.embed(s, pack=2, int8_keys=True)
     for pack in (2, 4):
         yield f"pack {pack} (--pack {pack})", lambda s, pack=pack: encoder.embed(s, pack=pack)
     quantized = torch.ao.quantization.quantize_dynamic(encoder.model, {torch.nn.Linear}, dtype=torch.qint8)

@@ -21,7 +21,7 @@ import torch
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder
 from bertknn.evaluation import load_lama, macro_metrics, rank_of, sample_per_relation
-from bertknn.pipeline import set_threads
+from bertknn.runtime import Runtime
 from bertknn.train_head import evaluate, is_heldout, load_split
 
 
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    set_threads(args.threads)
+    Runtime(threads=args.threads).apply()
     t0 = time.time()
     encoder = Encoder.load(DEFAULT_MODEL)
     corpus = Path(args.data) / "wiki" / "lama_evidence_docs.jsonl"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bertknn import evaluation as ev
 from bertknn.encoder import Encoder, cache_dir
-from bertknn.pipeline import set_threads
+from bertknn.runtime import Runtime
 from bertknn.settings import PAPER
 from bertknn.train_head import is_heldout
 
@@ -30,17 +30,17 @@ def main() -> None:
     parser.add_argument("--sample-per-relation", type=int, default=30)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    set_threads(args.threads, "onnx")
-    fast = Encoder.load(backend="onnx")
+    Runtime("onnx", threads=args.threads).apply()
+    fast = Encoder.load(runtime="onnx")
     facts = ev.load_lama(data / "lama", fast.tokenizer, ("T-REx", "Google-RE", "SQuAD"), warn=lambda m: None)
     facts = [f for f in facts if f.group not in ev.KB_GROUPS or is_heldout(f.subject)]
     facts = ev.sample_per_relation(facts, args.sample_per_relation, 0)
     out = cache_dir() / "int8-lama"
     out.mkdir(parents=True, exist_ok=True)
     results = {}
-    questions8 = Encoder.load(backend="onnx-int8")
+    questions8 = Encoder.load(runtime="onnx-int8")
     for name, enc, int8 in (("exact", fast, False), ("int8", fast, True), ("int8-questions", questions8, False)):
-        knn = ev.lama_knn(args.corpus, enc, int8=int8, **PAPER.hparams)
+        knn = ev.lama_knn(args.corpus, enc, int8_keys=int8, **PAPER.hparams)
         rows = ev.evaluate_facts(knn, facts, out / f"results-{name}-{args.sample_per_relation}.jsonl")
         metrics = ev.summarize(rows)["sets"]["LAMA"]["metrics"]
         results[name] = {m: 100 * metrics[m]["P@1"] for m in ev.METHODS}

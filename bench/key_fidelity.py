@@ -24,7 +24,7 @@ import torch
 
 from bertknn.encoder import Encoder
 from bertknn.onnx_backend import OnnxRunner
-from bertknn.pipeline import set_threads
+from bertknn.runtime import Runtime
 from bertknn.text import iter_corpus, split_sentences, tokenize_sentences
 
 
@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=150)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    set_threads(args.threads)
+    Runtime(threads=args.threads).apply()
     encoder = Encoder.load()
     corpus = Path(os.environ.get("BERTKNN_DATA", "../shared/data")) / "wiki" / "lama_evidence_docs.jsonl"
     texts: list[str] = []
@@ -65,7 +65,10 @@ def main() -> None:
     os.environ["BERTKNN_CACHE"] = tmp.name  # exported graphs go away with it
     fast = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, "onnx")
     questions = [" ".join(t.split()[:6]) + " [MASK] ." for t in texts[: args.sentences] if len(t.split()) > 6]
-    fast.embed(sentences[:1]), fast.embed(sentences[:1], int8=True)  # export and quantise the key graph (not timed)
+    (
+        fast.embed(sentences[:1]),
+        fast.embed(sentences[:1], int8_keys=True),
+    )  # export and quantise the key graph (not timed)
     onnx8 = int8_questions(fast)
     options = {
         "exact (default)": lambda s: encoder.embed(s),
@@ -74,7 +77,7 @@ def main() -> None:
         "--pack 4": lambda s: encoder.embed(s, pack=4),
         "--backend onnx": fast.embed,
         "int8, PyTorch (not offered)": int8.embed,
-        "int8, ONNX Runtime per channel (--int8-keys)": lambda s: fast.embed(s, int8=True),
+        "int8, ONNX Runtime per channel (--int8-keys)": lambda s: fast.embed(s, int8_keys=True),
     }
     print("| option | contexts/s | cosine vs exact: mean | 5th percentile | min |")
     print("|---|---|---|---|---|")

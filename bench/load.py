@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import itertools
 import multiprocessing as mp
-import os
 import socket
 import time
 
@@ -26,7 +25,7 @@ import httpx
 import numpy as np
 
 from bertknn.demo import demo_questions
-from bertknn.encoder import BACKENDS
+from bertknn.runtime import BACKENDS
 
 WARM_UP = 8
 
@@ -36,11 +35,12 @@ def serve(port: int, max_batch: int, window_ms: float, threads: int, datastore: 
     import uvicorn
 
     from bertknn.demo import build_demo
-    from bertknn.pipeline import BertKNN, set_threads
+    from bertknn.pipeline import BertKNN
+    from bertknn.runtime import Runtime
     from bertknn.service import create_app
 
-    set_threads(threads or os.cpu_count() or 1, backend)
-    knn = BertKNN.load(datastore, backend=backend) if datastore else build_demo(backend=backend)
+    Runtime.of(backend, threads).apply()
+    knn = BertKNN.load(datastore, runtime=backend) if datastore else build_demo(backend=backend)
     app = create_app(knn, max_batch=max_batch, batch_window_ms=window_ms)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 

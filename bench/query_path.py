@@ -14,7 +14,7 @@ bertknn: one forward pass (head on the mask only), exact search on the float16 m
 ONNX Runtime ("bertknn onnx", `--backend onnx`; its graph is exported into a temporary cache first, not timed) and
 with questions in int8 ("bertknn onnx-int8", `--backend onnx-int8`: approximate; the top-1 agreement is printed). Prints
 single-question latency p50/p99, batched questions/s, the share of IR + kNN + combine in bertknn's time (timed by
-replaying the model's outputs computed beforehand), and the throughput ratios last. Threads (`set_threads`): the
+replaying the model's outputs computed beforehand), and the throughput ratios last. Threads (`Runtime.apply`): the
 reference and PyTorch paths give PyTorch --threads; the ONNX paths give ONNX Runtime --threads and PyTorch one.
 """
 
@@ -38,7 +38,8 @@ from bertknn.combine import interpolate
 from bertknn.default_model import base_model_dir
 from bertknn.encoder import Encoder
 from bertknn.knn import knn_distribution
-from bertknn.pipeline import BertKNN, set_threads
+from bertknn.pipeline import BertKNN
+from bertknn.runtime import Runtime
 from bertknn.settings import PAPER
 
 
@@ -73,7 +74,7 @@ class Reference:
         dim = states.shape[-1]
         for (row, col), subject, q in zip(pos.tolist(), subjects, questions):
             p_bert = torch.softmax(logits[row, col], -1).numpy()
-            docs = self.knn.retrieve(q, subject)
+            docs = self.knn.search().documents(q, subject, PAPER.n_docs)
             ranges = self.knn.store.document_ranges(docs)
             keys = (
                 np.concatenate(
@@ -99,9 +100,10 @@ class Reference:
 
 def replayed(knn: BertKNN, questions: list[str]) -> BertKNN:
     """`knn` with its encoder's outputs for `questions` computed beforehand: times everything but the forward."""
-    outputs = dict(zip(questions, zip(*knn.encoder.query(questions))))
+    encoded = [knn.encoder.question_ids(q) for q in questions]
+    outputs = dict(zip(map(str, encoded), zip(*knn.encoder.query_ids(encoded))))
     encoder = copy.copy(knn.encoder)
-    encoder.query = lambda texts: tuple(np.stack(parts) for parts in zip(*(outputs[t] for t in texts)))
+    encoder.query_ids = lambda batch: tuple(np.stack(parts) for parts in zip(*(outputs[str(e)] for e in batch)))
     return BertKNN(encoder, knn.store, knn.index)
 
 
@@ -118,7 +120,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=5, help="alternating batched runs per path (the fastest counts)")
     args = parser.parse_args()
-    set_threads(args.threads)
+    Runtime(threads=args.threads).apply()
     faiss.omp_set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir())
     torch.manual_seed(0)
@@ -127,8 +129,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["BERTKNN_CACHE"] = str(Path(tmp) / "cache")  # the exported ONNX graph goes away with it
         knn = make_store(encoder, args.docs, Path(tmp))
-        fast = BertKNN(Encoder(model, tokenizer, encoder.name, backend="onnx"), knn.store, knn.index)
-        int8 = BertKNN(Encoder(model, tokenizer, encoder.name, backend="onnx-int8"), knn.store, knn.index)
+        fast = BertKNN(Encoder(model, tokenizer, encoder.name, runtime="onnx"), knn.store, knn.index)
+        int8 = BertKNN(Encoder(model, tokenizer, encoder.name, runtime="onnx-int8"), knn.store, knn.index)
         titles = {t.lower() for t in knn.store.titles(list(range(knn.store.n_documents)))}
         facts = [
             f
@@ -152,7 +154,7 @@ def main() -> None:
         agree = np.mean([np.argmax(int8.predict(q, s).p) == np.argmax(fast.predict(q, s).p) for q, s in zip(qs, subs)])
         print(f"onnx-int8 vs onnx: the same BERT-kNN top-1 answer on {agree:.0%} of {len(qs)} questions")
         batches = [(qs[i : i + 32], subs[i : i + 32]) for i in range(0, len(qs), 32)]
-        runs = {  # name: (one question, the batch, the thread policy: see set_threads)
+        runs = {  # name: (one question, the batch, the thread policy: see Runtime.apply)
             "reference": (lambda q, s: ref.answer([q], [s]), lambda: [ref.answer(q, s) for q, s in batches], "torch"),
             "bertknn": (knn.predict, lambda: knn.predict_batch(qs, subs), "torch"),
             "bertknn onnx": (fast.predict, lambda: fast.predict_batch(qs, subs), "onnx"),
@@ -160,14 +162,14 @@ def main() -> None:
         }
         single, batched = {}, {name: [] for name in runs}
         for name, (one, _, backend) in runs.items():
-            set_threads(args.threads, backend)
+            Runtime.of(backend, args.threads).apply()
             single[name] = [timed(one, q, s) for q, s in zip(qs, subs)]
         for _ in range(args.rounds):  # alternating, so that a slow spell of the machine hits every path
             for name, (_, many, backend) in runs.items():
-                set_threads(args.threads, backend)
+                Runtime.of(backend, args.threads).apply()
                 batched[name].append(timed(many))
         for name, knn_ in (("bertknn", knn), ("bertknn onnx", fast), ("bertknn onnx-int8", int8)):
-            set_threads(args.threads, knn_.encoder.backend)
+            Runtime.of(knn_.encoder.runtime.backend, args.threads).apply()
             forward = [timed(knn_.encoder.query, [q]) for q in qs]
             forward_all = min(timed(knn_.encoder.query, qs) for _ in range(args.rounds))
             replay = replayed(knn_, qs)  # the same path with the model's outputs computed beforehand

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import pytest
+import torch
+import typer
 from typer.testing import CliRunner
 
 from bertknn import cli
 from bertknn.cli import app
 from bertknn.datastore import Datastore
-from bertknn.pipeline import set_threads
+from bertknn.runtime import Runtime
 
 runner = CliRunner()
 
@@ -19,7 +23,7 @@ def wide_console(monkeypatch):
     (a command without --threads sets all cores for the process)."""
     monkeypatch.setattr(cli.console, "width", 200)
     yield
-    set_threads(1)
+    Runtime(threads=1).apply()
 
 
 @pytest.fixture()
@@ -144,6 +148,50 @@ def test_build_with_int8_keys_records_it_and_refuses_float32_on_resume(tmp_path,
     base = ["build", str(small_corpus), "--out", str(tmp_path / "q"), "--model", str(tiny_model_dir), "--threads", "1"]
     result = runner.invoke(app, [*base, "--int8-keys"])
     assert result.exit_code == 0, result.output
-    assert Datastore(tmp_path / "q").int8
+    assert Datastore(tmp_path / "q").int8_keys
     result = runner.invoke(app, base)
     assert result.exit_code == 2 and "holds int8 keys" in result.output
+
+
+def _failing_app(**handling) -> typer.Typer:
+    """A one-command app whose command raises what --kind names, under the commands' error handler."""
+    group = typer.Typer()
+    raised = {"value": ValueError("bad \x1b[31m input"), "os": OSError("disk full"), "ctrl-c": KeyboardInterrupt()}
+
+    @cli.command(group, **handling)
+    def fails(out: str, kind: Annotated[str, typer.Option(help="what to raise")] = "value") -> None:
+        """Fail as told."""
+        raise raised.get(kind) or RuntimeError("a bug")
+
+    return group
+
+
+def test_the_error_handler_gives_one_line_and_an_exit_status():
+    group = _failing_app(interrupted="what was saved is kept; rerun to resume {out}")
+    value = runner.invoke(group, ["x", "--kind", "value"])
+    assert value.exit_code == 2 and value.output == "error: bad \\x1b[31m input\n"  # the escape is shown, not run
+    assert runner.invoke(group, ["x", "--kind", "os"]).output == "error: disk full\n"
+    interrupted = runner.invoke(group, ["here", "--kind", "ctrl-c"])
+    assert (
+        interrupted.exit_code == 130
+        and interrupted.output == "interrupted: what was saved is kept; rerun to resume here\n"
+    )
+    bug = runner.invoke(group, ["x", "--kind", "bug"])
+    assert bug.exit_code == 1 and isinstance(bug.exception, RuntimeError)  # a bug keeps its traceback
+    aborted = runner.invoke(_failing_app(), ["x", "--kind", "ctrl-c"])  # no message given: typer's own handling
+    assert aborted.exit_code == 130 and "interrupted" not in aborted.output
+    shown = runner.invoke(group, ["--help"]).output
+    assert "Fail as told." in shown and "--kind" in shown and "what to raise" in shown  # typer sees the signature
+
+
+def test_the_threads_option_sets_the_models_threads(monkeypatch):
+    group, seen = typer.Typer(), []
+
+    @cli.command(group)
+    def threaded(threads: cli.ThreadsOption = 0, backend: str = "torch") -> None:
+        """Record the threads PyTorch got."""
+        seen.append(torch.get_num_threads())
+
+    assert runner.invoke(group, ["--threads", "3"]).exit_code == 0
+    assert runner.invoke(group, ["--threads", "3", "--backend", "onnx"]).exit_code == 0  # ONNX Runtime gets them
+    assert seen == [3, 1]

@@ -207,21 +207,21 @@ def test_int8_keys_are_recorded_follow_the_store_on_add_and_must_match_on_resume
 ):
     from bertknn.pipeline import BertKNN
 
-    knn = BertKNN.build(small_corpus, tmp_path / "q", encoder, int8=True)
+    knn = BertKNN.build(small_corpus, tmp_path / "q", encoder, int8_keys=True)
     store = knn.store
-    assert store.int8 and json.loads((tmp_path / "q" / "manifest.json").read_text())["int8"] is True
+    assert store.int8_keys and json.loads((tmp_path / "q" / "manifest.json").read_text())["int8"] is True
     sentences = [s for d in iter_corpus(small_corpus) for p in d.passages for s in split_sentences(p)]
     flat = tokenize_sentences(tokenizer, sentences)
-    int8, exact = encoder.embed(flat, int8=True), encoder.embed(flat)
+    int8, exact = encoder.embed(flat, int8_keys=True), encoder.embed(flat)
     np.testing.assert_allclose(store.keys.astype(np.float32), int8, atol=KEY_ATOL)
     cosine = (int8 * exact).sum(1) / np.linalg.norm(int8, axis=1) / np.linalg.norm(exact, axis=1)
     assert cosine.min() > 0.95 and not np.allclose(int8, exact, atol=1e-3)  # close to float32, not equal
     size = store.size
     knn.add_documents([{"id": "n1", "title": "Tallinn", "text": "Tallinn is a port city."}])
-    added = encoder.embed(tokenize_sentences(tokenizer, ["Tallinn is a port city."]), int8=True)
+    added = encoder.embed(tokenize_sentences(tokenizer, ["Tallinn is a port city."]), int8_keys=True)
     np.testing.assert_allclose(store.keys[size:].astype(np.float32), added, atol=KEY_ATOL)  # add follows the store
     with pytest.raises(DatastoreError, match=r"holds int8 keys; resume it with --int8-keys"):
         builder.build(small_corpus, tmp_path / "q", encoder)
     builder.build(small_corpus, tmp_path / "f", encoder)
     with pytest.raises(DatastoreError, match=r"holds float32 keys; resume it without --int8-keys"):
-        builder.build(small_corpus, tmp_path / "f", encoder, int8=True)
+        builder.build(small_corpus, tmp_path / "f", encoder, int8_keys=True)

@@ -121,7 +121,7 @@ def test_packed_keys_are_the_states_of_their_jointly_masked_sentence(encoder, to
 @pytest.fixture
 def onnx_encoder(encoder):
     """The same tiny BERT run by ONNX Runtime (graphs exported to the test session's cache)."""
-    return Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, backend="onnx")
+    return Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, runtime="onnx")
 
 
 def test_onnx_backend_gives_the_torch_numbers_on_padded_batches(encoder, onnx_encoder, tokenizer):
@@ -144,39 +144,39 @@ def test_onnx_graphs_are_cached_and_a_corrupt_one_is_exported_again(encoder, onn
 
     want, _ = encoder.query(["Rome is in [MASK] ."])
     onnx_encoder.query(["Rome is in [MASK] ."])
-    (graph,) = [r.path for r in onnx_encoder._runners.values()]
+    (graph,) = [r.path for r in onnx_encoder.graphs().values()]
     exports = []
     real_export = onnx_backend.export
     monkeypatch.setattr(onnx_backend, "export", lambda *a: exports.append(a) or real_export(*a))
-    again = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, backend="onnx")
+    again = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, runtime="onnx")
     np.testing.assert_allclose(again.query(["Rome is in [MASK] ."])[0], want, atol=1e-6)
     assert exports == []  # read from the cache
     graph.write_bytes(graph.read_bytes()[:1000])  # truncated
-    third = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, backend="onnx")
+    third = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, runtime="onnx")
     np.testing.assert_allclose(third.query(["Rome is in [MASK] ."])[0], want, atol=1e-6)
     assert len(exports) == 1 and graph.stat().st_size > 1000
 
 
 def test_with_an_onnx_backend_onnx_runtime_takes_the_threads_and_pytorch_keeps_one(encoder):
     from bertknn import onnx_backend
-    from bertknn.pipeline import set_threads
+    from bertknn.runtime import Runtime
 
     try:
-        set_threads(2, "onnx")
+        Runtime("onnx", threads=2).apply()
         assert torch.get_num_threads() == 1
-        onnx = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, backend="onnx")
+        onnx = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, runtime="onnx")
         onnx.query(["Rome is in [MASK] ."])
-        (runner,) = onnx._runners.values()
+        (runner,) = onnx.graphs().values()
         assert runner.session().get_session_options().intra_op_num_threads == 2
-        set_threads(2, "torch")
+        Runtime("torch", threads=2).apply()
         assert torch.get_num_threads() == 2 and onnx_backend._threads is None
     finally:
-        set_threads(1)
+        Runtime(threads=1).apply()
 
 
 def test_unknown_backend_is_refused(encoder):
-    with pytest.raises(ModelError, match="unknown backend 'tensorrt': use one of torch, onnx, onnx-int8"):
-        Encoder(encoder.model, encoder.tokenizer, encoder.name, backend="tensorrt")
+    with pytest.raises(ValueError, match="unknown backend 'tensorrt': use one of torch, onnx, onnx-int8"):
+        Encoder(encoder.model, encoder.tokenizer, encoder.name, runtime="tensorrt")
 
 
 def test_a_model_onnx_cannot_trace_gets_an_error_that_names_the_way_out(encoder, monkeypatch, tmp_path):
@@ -186,7 +186,7 @@ def test_a_model_onnx_cannot_trace_gets_an_error_that_names_the_way_out(encoder,
         raise RuntimeError("unsupported operator aten::weird\nmore detail")
 
     monkeypatch.setattr(onnx_backend.torch.onnx, "export", fail)
-    onnx = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, backend="onnx")
+    onnx = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, runtime="onnx")
     monkeypatch.setenv("BERTKNN_CACHE", str(tmp_path))
     with pytest.raises(onnx_backend.ExportError, match=r"\(RuntimeError: unsupported operator aten::weird\); use --"):
         onnx.query(["Rome is in [MASK] ."])
@@ -194,7 +194,7 @@ def test_a_model_onnx_cannot_trace_gets_an_error_that_names_the_way_out(encoder,
 
 
 def test_onnx_int8_backend_quantises_questions_only(encoder, tokenizer):
-    int8 = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, backend="onnx-int8")
+    int8 = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, runtime="onnx-int8")
     questions = ["Dante was born in [MASK] .", "The longest river of the country [MASK] flows into the sea ."]
     (probs, states), (want_probs, want_states) = int8.query(questions), encoder.query(questions)
     cosine = (states * want_states).sum(1) / np.linalg.norm(states, axis=1) / np.linalg.norm(want_states, axis=1)

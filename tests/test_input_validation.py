@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from rich.console import Console
 from typer.testing import CliRunner
 
-from bertknn.cli import app, render
+from bertknn.cli import app
 from bertknn.combine import Neighbour, Prediction, TokenScore
+from bertknn.console import render
 from bertknn.encoder import QuestionError
 from bertknn.text import CONTROL, CorpusError, Document, iter_corpus, parse_document, question_error
 
@@ -116,7 +117,7 @@ def test_cli_top_k_out_of_range_is_a_usage_error(tmp_path, value):
 
 def test_render_escapes_control_characters_of_questions_and_corpus_text():
     bad = "\x1b[31mred\x07\x9b\x7f"
-    tokens = [TokenScore(f"tok{bad}", 0.5)]
+    tokens = [TokenScore(f"tok{bad}", 0.5, 7)]
     sentence = f"A sentence {bad} with tok{bad} ."
     span = (sentence.index("tok"), sentence.index("tok") + len(f"tok{bad}"))
     neighbour = Neighbour(f"tok{bad}", 1.0, 1.0, "d1", f"Title {bad}", sentence, span)

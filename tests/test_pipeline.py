@@ -97,7 +97,7 @@ def test_load_round_trip_uses_the_datastore_model(built):
     a = again.predict("Dante was born in [MASK] .", subject="Dante Alighieri")
     assert np.count_nonzero(a.p_knn) <= 4
     np.testing.assert_allclose(a.p, 0.5 * a.p_knn + 0.5 * a.p_bert, rtol=1e-6)
-    with pytest.raises(DatastoreError, match="holds layer-3 keys, not layer 2"):
+    with pytest.raises(DatastoreError, match="holds layer-3 keys, but the model reads layer 2"):
         BertKNN.load(built.store.path, layer=2)
 
 

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from bertknn import BertKNN
 from bertknn.faiss_index import FaissIndex
+from bertknn.pipeline import Query
 from bertknn.service import MicroBatcher, create_app
 
 BASE = "http://localhost"  # the service answers loopback Host names only, not TestClient's "testserver"
@@ -159,16 +160,20 @@ def test_requests_waiting_together_share_one_model_call(built):
     gated = _Gated(built)
     batcher = MicroBatcher(gated, threading.Lock(), max_batch=32)
     try:
-        first = batcher.submit([ILSA["text"]], [ILSA["subject"]], 3, 1, built.settings)
+        first = batcher.submit(built.preprocess([ILSA["text"]], [ILSA["subject"]]), 3, 1, built.settings)
         assert gated.entered.wait(60)  # the worker is in its first call: what follows waits in the queue
-        rest = [batcher.submit([q["text"]], [q["subject"]], 3, 1, built.settings) for q in QUESTIONS[1:]]
-        other = batcher.submit([ILSA["text"]], [ILSA["subject"]], 3, 1, built.settings.replace(lam=0.5))
-        bad = batcher.submit(["[MASK] and [MASK]"], [None], 3, 1, built.settings)
+        rest = [
+            batcher.submit(built.preprocess([q["text"]], [q["subject"]]), 3, 1, built.settings) for q in QUESTIONS[1:]
+        ]
+        other = batcher.submit(
+            built.preprocess([ILSA["text"]], [ILSA["subject"]]), 3, 1, built.settings.replace(lam=0.5)
+        )
+        bad = batcher.submit([Query("bad", None, [101, 10**6, 102], 1)], 3, 1, built.settings)  # no such token
         gated.release.set()
         answers = [f.result(timeout=60)[0] for f in (first, *rest)]
         assert [a.question for a in answers] == [q["text"] for q in QUESTIONS]
         assert other.result(timeout=60)[0].bert_knn != answers[0].bert_knn
-        with pytest.raises(ValueError, match="2 \\[MASK\\] tokens"):
+        with pytest.raises(IndexError):
             bad.result(timeout=60)
         # the first job; then the two good jobs and the bad one together (that call fails, so each is retried
         # alone: 3 more calls); and the lam=0.5 job
@@ -180,7 +185,9 @@ def test_requests_waiting_together_share_one_model_call(built):
 def test_unbatched_worker_answers_one_at_a_time(built):
     batcher = MicroBatcher(built, threading.Lock(), max_batch=1)
     try:
-        futures = [batcher.submit([q["text"]], [q["subject"]], 3, 1, built.settings) for q in QUESTIONS]
+        futures = [
+            batcher.submit(built.preprocess([q["text"]], [q["subject"]]), 3, 1, built.settings) for q in QUESTIONS
+        ]
         assert [f.result(timeout=60)[0].question for f in futures] == [q["text"] for q in QUESTIONS]
         assert batcher.calls == len(QUESTIONS)
     finally:
@@ -216,7 +223,7 @@ def test_faiss_retrieval_option(built):
         answer = c.post("/predict", json={**ILSA, "options": {"retrieval": "faiss", "k": 4}}).json()
     expected = knn.predict(ILSA["text"], ILSA["subject"], retrieval="faiss", k=4)
     assert answer["retrieval"] == "faiss" and answer["knn"] == [
-        {"token": t.token, "probability": pytest.approx(t.probability)} for t in expected.knn
+        {"token": t.token, "probability": pytest.approx(t.probability), "id": t.id} for t in expected.knn
     ]
 
 
@@ -226,3 +233,16 @@ def test_document_errors_map_to_status_codes(writable_client):
     assert writable_client.post("/documents", json={"id": "n2", "title": "T", "text": ""}).status_code == 422
     response = writable_client.delete("/documents/no-such-id")
     assert response.status_code == 404 and response.json()["detail"]
+
+
+def test_fill_mask_format_on_request(client, built):
+    response = client.post("/predict", json={**ILSA, "top_k": 3, "fill_mask": True})
+    assert response.status_code == 200, response.text
+    expected = built.predict(ILSA["text"], ILSA["subject"], top_k=3)
+    for method in ("bert", "knn", "bert_knn"):
+        got, want = response.json()["fill_mask"][method], expected.fill_mask(built.encoder.tokenizer, method)
+        assert [(a["token"], a["token_str"], a["sequence"]) for a in got] == [
+            (a["token"], a["token_str"], a["sequence"]) for a in want
+        ]
+        assert [a["score"] for a in got] == pytest.approx([a["score"] for a in want])
+    assert "fill_mask" not in client.post("/predict", json=ILSA).json()

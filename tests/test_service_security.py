@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from bertknn import cli
+from bertknn.runtime import Runtime
 from bertknn.service import allowed_hosts_for, create_app, is_loopback
 
 TOKEN = "s3cret-token"
@@ -97,7 +98,7 @@ def served(monkeypatch, built):
         return runner.invoke(cli.app, argv, env=env), captured
 
     yield serve
-    cli.set_threads(1)
+    Runtime(threads=1).apply()
 
 
 def test_serve_refuses_a_writable_network_bind_without_token(served):
@@ -223,8 +224,8 @@ def test_a_prediction_not_ready_in_time_gets_503_and_is_skipped(built, monkeypat
     predict_batch, release, asked, answered = built.predict_batch, threading.Event(), [], threading.Event()
 
     def slow(texts, *args, **kwargs):
-        asked.append(texts[0])
-        if texts[0] == ILSA["text"]:
+        asked.append(texts[0].text)
+        if texts[0].text == ILSA["text"]:
             assert release.wait(30)
         try:
             return predict_batch(texts, *args, **kwargs)

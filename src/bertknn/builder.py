@@ -47,12 +47,12 @@ def contexts(encoder: Encoder, texts: list[str]) -> list[Sentence]:
     return tokenize_sentences(encoder.tokenizer, texts, min(KEY_WINDOW, encoder.max_length))
 
 
-def keys(encoder: Encoder, sentences: list[Sentence], pack: int, int8: bool, token_budget: int) -> np.ndarray:
+def keys(encoder: Encoder, sentences: list[Sentence], pack: int, int8_keys: bool, token_budget: int) -> np.ndarray:
     """Layer-L keys of every target of `sentences`, in order (`Encoder.embed`)."""
-    return encoder.embed(sentences, token_budget, pack, int8)
+    return encoder.embed(sentences, token_budget, pack, int8_keys)
 
 
-def manifest(encoder: Encoder, corpus: dict | None, pack: int, int8: bool) -> dict:
+def manifest(encoder: Encoder, corpus: dict | None, pack: int, int8_keys: bool) -> dict:
     """The manifest of a new datastore for `encoder` (model, weights hash, layer, width, key options)."""
     return {
         "format": FORMAT,
@@ -62,7 +62,7 @@ def manifest(encoder: Encoder, corpus: dict | None, pack: int, int8: bool) -> di
         "layer": encoder.layer,
         "dim": encoder.dim,
         "pack": pack,
-        "int8": int8,
+        "int8": int8_keys,
         "dtype": "float16",
         "value_dtype": "int32",
         "status": "building",
@@ -76,12 +76,12 @@ def check_encoder(store: Datastore, encoder: Encoder) -> None:
 
 
 def create(
-    path: str | Path, encoder: Encoder, corpus: dict | None = None, pack: int = 1, int8: bool = False
+    path: str | Path, encoder: Encoder, corpus: dict | None = None, pack: int = 1, int8_keys: bool = False
 ) -> Datastore:
     """Create an empty datastore directory for `encoder` (or reopen it when it was made for the same model)."""
     path = Path(path)
     if not (path / "manifest.json").exists():
-        return create_store(path, manifest(encoder, corpus, pack, int8))
+        return create_store(path, manifest(encoder, corpus, pack, int8_keys))
     store = Datastore(path)
     check_encoder(store, encoder)
     known = store.manifest.get("corpus") or {}
@@ -97,18 +97,18 @@ def create(
             f"{path} holds keys computed with pack={store.pack}; resume it with the same --pack, or choose "
             "another --out directory"
         )
-    if store.int8 != int8:
-        have, flag = ("int8", "with --int8-keys") if store.int8 else ("float32", "without --int8-keys")
+    if store.int8_keys != int8_keys:
+        have, flag = ("int8", "with --int8-keys") if store.int8_keys else ("float32", "without --int8-keys")
         raise DatastoreError(f"{path} holds {have} keys; resume it {flag}, or choose another --out directory")
     return store
 
 
 def copy_registration(
-    source: str | Path, path: str | Path, encoder: Encoder, pack: int = 1, int8: bool = False
+    source: str | Path, path: str | Path, encoder: Encoder, pack: int = 1, int8_keys: bool = False
 ) -> Datastore:
     """A new, empty datastore for `encoder` at `path` with the documents, sentences and IR index of `source`."""
     corpus = Datastore(source).manifest.get("corpus")
-    return copy_store(source, path, manifest(encoder, corpus, pack, int8))
+    return copy_store(source, path, manifest(encoder, corpus, pack, int8_keys))
 
 
 def embed(
@@ -151,7 +151,7 @@ def _embed_chunk(store: Datastore, docs: list[int], encoder: Encoder, token_budg
     """The stages for whole documents: their sentences -> masked contexts -> keys -> appended to the store."""
     rows = store.sentences(docs)
     sentences = contexts(encoder, [text for _, _, text in rows])
-    found = keys(encoder, sentences, store.pack, store.int8, token_budget)
+    found = keys(encoder, sentences, store.pack, store.int8_keys, token_budget)
     values = np.concatenate([s.target_ids for s in sentences]) if sentences else np.zeros(0, np.int32)
     return store.append(docs, rows, found, values, [s.spans for s in sentences])
 
@@ -162,7 +162,7 @@ def build(
     encoder: Encoder,
     lazy: bool = False,
     pack: int = 1,
-    int8: bool = False,
+    int8_keys: bool = False,
     chunk_entries: int = CHUNK_ENTRIES,
     token_budget: int = TOKEN_BUDGET,
     progress: Callable[[str, int, int], None] | None = None,
@@ -171,7 +171,7 @@ def build(
 
     Documents are first registered (text and sentences, REGISTER_DOCS per transaction), then embedded in chunks
     (`embed`); with `lazy`, embedding is left for later and done per document on demand. `pack` > 1 masks that many
-    targets per pass and `int8` runs the encoder quantised (`Encoder.embed`); the manifest records both: a resume
+    targets per pass and `int8_keys` runs the encoder quantised (`Encoder.embed`); the manifest records both: a resume
     with others is refused, and later embedding (lazy, `add`) follows them. `progress(phase, done, total)` reports
     both phases. The corpus is validated in full first, so a malformed line fails before anything is written; a
     resumed build gives exactly the entries of an uninterrupted one.
@@ -179,7 +179,7 @@ def build(
     corpus = Path(corpus)
     n_docs = validate_corpus(corpus)
     corpus_info = {"path": str(corpus.resolve()), "sha256": file_sha256(corpus), "documents": n_docs}
-    store = create(out, encoder, corpus_info, pack, int8)
+    store = create(out, encoder, corpus_info, pack, int8_keys)
     report = progress or (lambda phase, done, total: None)
     with store.writing():
         report("reading", store.n_documents, n_docs)

@@ -10,13 +10,16 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from bertknn.search import Neighbours
+
 
 @dataclass(frozen=True)
 class TokenScore:
-    """A vocabulary token and its probability."""
+    """A vocabulary token, its probability and its id."""
 
     token: str
     probability: float
+    id: int
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,11 @@ class Neighbour:
 
 @dataclass
 class Prediction:
-    """Ranked answers of BERT, kNN and BERT-kNN for one question, with the evidence behind the kNN answers."""
+    """Ranked answers of BERT, kNN and BERT-kNN for one question, with the evidence behind the kNN answers.
+
+    Also kept, not shown: the three distributions, the neighbours the kNN answer came from (`search.Neighbours`)
+    and the question's token ids with its mask position (for `fill_mask`).
+    """
 
     question: str
     subject: str | None
@@ -47,13 +54,40 @@ class Prediction:
     p_knn: np.ndarray | None = field(repr=False)
     p: np.ndarray = field(repr=False)
     retrieval: str = "ir"  # where the neighbours came from: "ir", "faiss" or "ir+faiss"
+    neighbours: Neighbours | None = field(default=None, repr=False)
+    input_ids: list[int] = field(default_factory=list, repr=False)
+    mask_index: int = 0
 
-    def to_dict(self) -> dict:
-        """JSON-ready form (without the full distributions)."""
-        out = asdict(self)
-        for name in ("p_bert", "p_knn", "p"):
-            out.pop(name)
+    def to_dict(self, tokenizer=None) -> dict:
+        """JSON-ready form (without the distributions and neighbours); with a `tokenizer`, also each ranking in the
+        fill-mask format under "fill_mask"."""
+        out = {
+            "question": self.question,
+            "subject": self.subject,
+            "documents": list(self.documents),
+            **{name: [asdict(t) for t in getattr(self, name)] for name in METHODS},
+            "evidence": {word: [asdict(n) for n in found] for word, found in self.evidence.items()},
+            "retrieval": self.retrieval,
+        }
+        if tokenizer is not None:
+            out["fill_mask"] = {name: self.fill_mask(tokenizer, name) for name in METHODS}
         return out
+
+    def fill_mask(self, tokenizer, method: str = "bert_knn") -> list[dict]:
+        """A ranking ("bert", "knn" or "bert_knn") as transformers' `pipeline("fill-mask")` gives one: {score,
+        token (id), token_str, sequence (the question with its mask filled, special tokens dropped)} each."""
+        out = []
+        for t in getattr(self, method):
+            ids = list(self.input_ids)
+            ids[self.mask_index] = t.id
+            sequence = tokenizer.decode(ids, skip_special_tokens=True)
+            out.append(
+                {"score": t.probability, "token": t.id, "token_str": tokenizer.decode([t.id]), "sequence": sequence}
+            )
+        return out
+
+
+METHODS = ("bert", "knn", "bert_knn")
 
 
 def interpolate(p_bert: np.ndarray, p_knn: np.ndarray | None, lam: float) -> np.ndarray:
@@ -70,4 +104,5 @@ def ranked(p: np.ndarray | None, tokens, k: int) -> list[TokenScore]:
     top = torch.topk(torch.from_numpy(p), min(k, len(p))).indices.numpy()  # torch.topk: faster than np.argpartition
     top = top[np.lexsort((top, -p[top]))]
     top = top[p[top] > 0]
-    return [TokenScore(t, float(p[i])) for t, i in zip(tokens.convert_ids_to_tokens(top.tolist()), top)]
+    ids = top.tolist()
+    return [TokenScore(t, float(p[i]), i) for t, i in zip(tokens.convert_ids_to_tokens(ids), ids)]

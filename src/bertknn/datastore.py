@@ -457,7 +457,7 @@ class Datastore:
         return int(self.manifest.get("pack", 1))
 
     @property
-    def int8(self) -> bool:
+    def int8_keys(self) -> bool:
         """True when keys were computed by the encoder quantised to int8 (`--int8-keys`), not in float32."""
         return bool(self.manifest.get("int8", False))
 

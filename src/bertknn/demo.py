@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib.resources import files
 from pathlib import Path
 
+from rich.console import RenderableType
+from rich.markup import escape
+
 from bertknn.combine import Prediction
+from bertknn.console import prob, render
 from bertknn.datastore import Datastore
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder, cache_dir
@@ -37,14 +41,14 @@ def fixed_by_knn(prediction: Prediction, answer: str) -> bool:
 
 def demo_path(encoder: Encoder) -> Path:
     """Where the demo corpus's datastore for this model and layer is cached."""
-    return cache_dir() / f"demo-{encoder.weights_hash[:12]}-L{encoder.layer}"
+    return cache_dir() / f"demo-{encoder.cache_tag}"
 
 
 def build_demo(
     model: str = DEFAULT_MODEL, backend: str = "torch", progress: Callable[[str, int, int], None] | None = None
 ) -> BertKNN:
     """The demo corpus's datastore for `model`, built on first use and cached under `cache_dir()` (`bertknn demo`)."""
-    encoder = Encoder.load(model, backend=backend)
+    encoder = Encoder.load(model, runtime=backend)
     return BertKNN.build(DEMO_CORPUS, demo_path(encoder), encoder, progress=progress)
 
 
@@ -65,3 +69,35 @@ def fresh_facts(knn: BertKNN) -> list[tuple[str, Prediction]]:
         stages.append(("after remove", fresh.predict(q["question"], q["subject"], top_k=3, evidence=1)))
         store.db.close()
     return stages
+
+
+def intro(model: str, path: Path) -> str:
+    """`bertknn demo`'s first line (rich markup): the model, whether it is the offline default, and the datastore."""
+    kind = "the offline default, a weaker stand-in for bert-base-uncased" if model == DEFAULT_MODEL else "user-chosen"
+    return f"[bold]bertknn demo[/]: model {model} ({kind}), datastore {path}"
+
+
+def narration(knn: BertKNN) -> Iterator[RenderableType]:
+    """What `bertknn demo` prints once its datastore is built: each question's answers and evidence, those that
+    BERT-kNN gets right and the LM alone does not, then a fresh fact asked before adding, after adding and after
+    removing its document."""
+    questions = demo_questions()
+    predictions = knn.predict_batch([q["question"] for q in questions], [q["subject"] for q in questions], top_k=5)
+    fixed = []
+    for q, p in zip(questions, predictions):
+        yield render(p, top_k=5, evidence_words=1)
+        if fixed_by_knn(p, q["answer"]):
+            fixed.append(q)
+    for q in fixed:
+        yield (
+            f"[bold green]BERT-kNN knows[/] {escape(q['question'].replace('[MASK]', q['answer']))} "
+            "[green]where the LM alone does not: the answer comes from the evidence sentence above.[/]"
+        )
+    yield f"{len(fixed)} of {len(questions)} questions answered right by BERT-kNN and wrong by the LM alone."
+    yield (
+        f"\n[bold]Fresh facts[/]: {FRESH_QUESTION['question']} (gold: {FRESH_QUESTION['answer']}), asked before and "
+        f"after `bertknn add` of {FRESH_DOCUMENT['text']!r}, then after `bertknn remove` (on a copy of the datastore)"
+    )
+    for stage, p in fresh_facts(knn):
+        top = ", ".join(f"{t.token} {prob(t.probability)}" for t in p.bert_knn[:3])
+        yield f"{stage:>12}: BERT-kNN {escape(top)}; documents: {escape(', '.join(p.documents) or 'none')}"

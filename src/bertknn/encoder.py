@@ -23,10 +23,10 @@ from transformers import __version__ as transformers_version
 
 from bertknn.default_model import DEFAULT_MODEL, load_default_model
 from bertknn.onnx_backend import OnnxRunner
+from bertknn.runtime import Runtime
 from bertknn.text import MASK, Sentence, question_error
 
 BLOCK_PATHS = ("encoder.layer", "transformer.layer", "encoder.layers", "layers")
-BACKENDS = ("torch", "onnx", "onnx-int8")
 TOKEN_BUDGET = 1024  # padded tokens per model batch: faster than 8,192 for keys, 4,096 for questions (bench/README.md)
 
 
@@ -43,7 +43,12 @@ class ModelError(ValueError):
 
 
 class QuestionError(ValueError):
-    """A question that is not a cloze question with exactly one [MASK], or not valid Unicode."""
+    """A question that is not a cloze question with exactly one [MASK], or not valid Unicode; `index`: which one of
+    a batch (its cause, when set, is the error of that question alone)."""
+
+    def __init__(self, message: str, index: int = 0) -> None:
+        super().__init__(message)
+        self.index = index
 
 
 @contextlib.contextmanager
@@ -141,16 +146,15 @@ def mask_groups(n_targets: int, pack: int) -> list[list[int]]:
 class Encoder:
     """A masked LM with its tokenizer, read at the mask after block `layer` (default: the second-to-last).
 
-    `backend` "onnx" runs the same forward functions in ONNX Runtime (exported to cache_dir()/onnx on first use);
-    "onnx-int8" also runs questions quantised to int8 (faster, approximate LM distribution and query state).
+    `runtime` (a `Runtime`, or a `--backend` name): with the onnx engine the same forward functions run in ONNX
+    Runtime (exported to cache_dir()/onnx on first use); with `int8_questions` questions run quantised to int8
+    (faster, approximate LM distribution and query state).
     """
 
     def __init__(
-        self, model: nn.Module, tokenizer, name: str, layer: int | None = None, backend: str = "torch"
+        self, model: nn.Module, tokenizer, name: str, layer: int | None = None, runtime: Runtime | str = "torch"
     ) -> None:
-        if backend not in BACKENDS:
-            raise ModelError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
-        self.backend = backend
+        self.runtime = Runtime.of(runtime)
         n_layers = model.config.num_hidden_layers
         self.layer = n_layers - 1 if layer is None else layer
         if not 1 <= self.layer <= n_layers:
@@ -175,10 +179,19 @@ class Encoder:
         return trunk if torch.allclose(trunk(input_ids=ids).last_hidden_state, full, atol=1e-5) else None
 
     @classmethod
-    def load(cls, name: str = DEFAULT_MODEL, layer: int | None = None, backend: str = "torch") -> Encoder:
+    def load(cls, name: str = DEFAULT_MODEL, layer: int | None = None, runtime: Runtime | str = "torch") -> Encoder:
         """Load a masked LM by hub name or local directory (or the offline default) and read block `layer`."""
         model, tokenizer = load_masked_lm(name)
-        return cls(model, tokenizer, name, layer, backend)
+        return cls(model, tokenizer, name, layer, runtime)
+
+    def at_layer(self, layer: int) -> Encoder:
+        """The same model (weights shared) read at another block."""
+        return self if layer == self.layer else Encoder(self.model, self.tokenizer, self.name, layer, self.runtime)
+
+    @property
+    def cache_tag(self) -> str:
+        """This model and layer in the names of what is cached for them (datastores, ONNX graphs)."""
+        return f"{self.weights_hash[:12]}-L{self.layer}"
 
     @property
     def dim(self) -> int:
@@ -230,17 +243,22 @@ class Encoder:
             attention[i, : len(seq)] = 1
         return ids, attention
 
-    @torch.inference_mode()
     def query(self, texts: list[str], token_budget: int = TOKEN_BUDGET) -> tuple[np.ndarray, np.ndarray]:
-        """LM probabilities at the mask [n, V] and layer-L states [n, d] of questions, one forward pass each.
+        """LM probabilities at the mask [n, V] and layer-L states [n, d] of questions, one forward pass each."""
+        return self.query_ids([self.question_ids(t) for t in texts], token_budget)
+
+    @torch.inference_mode()
+    def query_ids(
+        self, encoded: Sequence[tuple[list[int], int]], token_budget: int = TOKEN_BUDGET
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`query` of questions already encoded by `question_ids` ((token ids, mask position) each).
 
         The questions run sorted by length in batches of at most `token_budget` padded tokens; outputs come back in
-        the order of `texts`.
+        the order given.
         """
-        encoded = [self.question_ids(t) for t in texts]
-        probs = np.empty((len(texts), self.vocab_size), np.float32)
-        states = np.empty((len(texts), self.dim), np.float32)
-        int8, outputs = self.backend == "onnx-int8", ("logits", "states")
+        probs = np.empty((len(encoded), self.vocab_size), np.float32)
+        states = np.empty((len(encoded), self.dim), np.float32)
+        int8, outputs = self.runtime.int8_questions, ("logits", "states")
         for batch in length_batches([len(ids) for ids, _ in encoded], token_budget):
             ids, attention = self._pad([np.asarray(encoded[i][0]) for i in batch])
             rows, cols = torch.arange(len(batch)), torch.tensor([encoded[i][1] for i in batch])
@@ -250,15 +268,15 @@ class Encoder:
 
     @torch.inference_mode()
     def embed(
-        self, sentences: list[Sentence], token_budget: int = TOKEN_BUDGET, pack: int = 1, int8: bool = False
+        self, sentences: list[Sentence], token_budget: int = TOKEN_BUDGET, pack: int = 1, int8_keys: bool = False
     ) -> np.ndarray:
         """Layer-L keys of every target of `sentences` (sentence order, then target order) as float32 [n, d].
 
         A context is the token ids of the target's window (its whole sentence unless that is long: Sentence) with the
         target replaced by the mask id. With `pack` > 1, up to `pack` non-adjacent targets of a window are masked
         together and read from one pass (as in BERT's pre-training,
-        which masks 15% of tokens): fewer passes, keys close to but not equal to single-mask keys. With `int8`, the
-        passes run in ONNX Runtime quantised to int8 (whatever the backend): faster, keys close to float32's. Passes
+        which masks 15% of tokens): fewer passes, keys close to but not equal to single-mask keys. With `int8_keys`, the
+        passes run in ONNX Runtime quantised to int8 (whatever the runtime): faster, keys close to float32's. Passes
         are sorted by length and batched under `token_budget` padded tokens.
         """
         first = np.cumsum([0] + [len(s.positions) for s in sentences])
@@ -275,19 +293,19 @@ class Encoder:
             rows = torch.tensor(np.concatenate([np.full(len(p), r) for r, (_, p, _) in enumerate(batch)]))
             cols = torch.tensor(np.concatenate([p for _, p, _ in batch]).astype(np.int64))
             ids[rows, cols] = self.mask_id
-            (states,) = self._run(self._key_states, ("states",), ids, attention, rows, cols, int8=int8)
+            (states,) = self._run(self._key_states, ("states",), ids, attention, rows, cols, int8=int8_keys)
             keys[np.concatenate([k for _, _, k in batch])] = states
         return keys
 
     def _run(self, forward, outputs: tuple[str, ...], *inputs: torch.Tensor, int8: bool = False) -> list[np.ndarray]:
-        """`forward(ids, attention, rows, cols)` on this encoder's backend (ONNX Runtime int8 if `int8`), as float32."""
-        if self.backend == "torch" and not int8:
+        """`forward(ids, attention, rows, cols)` on this encoder's runtime (ONNX Runtime int8 if `int8`), as float32."""
+        if not (self.runtime.onnx or int8):
             return [t.float().numpy() for t in forward(*inputs)]
         name = forward.__name__.strip("_")
         key = f"{name}-int8" if int8 else name
         if key not in self._runners:
             versions = f"torch{torch.__version__}-transformers{transformers_version}"
-            stem = f"{self.weights_hash[:16]}-L{self.layer}-{name}-{versions}"
+            stem = f"{self.cache_tag}-{name}-{versions}"
             path = cache_dir() / "onnx" / f"{stem}.onnx"
             self._runners[key] = (
                 OnnxRunner(forward, self.model, outputs, path.with_name(f"{stem}-int8.onnx"), path)
@@ -295,6 +313,10 @@ class Encoder:
                 else OnnxRunner(forward, self.model, outputs, path)
             )
         return self._runners[key](*inputs)
+
+    def graphs(self) -> dict[str, OnnxRunner]:
+        """The ONNX Runtime graphs this encoder has opened, by forward function ("-int8": quantised)."""
+        return dict(self._runners)
 
     def _mask_outputs(self, ids, attention, rows, cols) -> tuple[torch.Tensor, torch.Tensor]:
         """The LM's logits and the layer-L states at the given (row, column) positions, from one full pass."""

@@ -17,13 +17,15 @@ import json
 import random
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from bertknn import builder
+from bertknn.combine import METHODS
 from bertknn.text import MASK
 
 GOOGLE_RE = {
@@ -182,7 +184,6 @@ def macro_metrics(facts: list[Fact], ranks: list[int]) -> dict:
 
 
 KB_GROUPS = ("T-REx", "Google-RE", "ConceptNet")
-METHODS = ("bert", "knn", "bert_knn")
 
 
 def fact_key(fact: Fact) -> str:
@@ -248,13 +249,9 @@ def evaluate_facts(
             if deadline and time.time() >= deadline:
                 break
             batch = todo[start : start + batch_size]
-            docs_of = {fact_key(f): knn.retrieve(f.question, ir_subject(f)) for f in batch}
-            if knn.store.lazy:
-                builder.embed(knn.store, sorted({d for docs in docs_of.values() for d in docs}), knn.encoder)
             preds = knn.predict_batch([f.question for f in batch], [ir_subject(f) for f in batch], top_k=3, evidence=0)
             for fact, pred in zip(batch, preds):
-                found = knn.candidates(docs_of[fact_key(fact)])  # embeds first in a lazy datastore
-                values = np.asarray(knn.store.values[found])
+                values = np.asarray(knn.store.values[pred.neighbours.searched])  # the frequency baseline's words
                 counts = np.bincount(values, minlength=len(pred.p_bert)).astype(np.float64) if len(values) else None
                 row = {
                     "key": fact_key(fact),
@@ -340,7 +337,7 @@ def lama_knn(
     directory: str | Path | None = None,
     progress=None,
     pack: int = 1,
-    int8: bool = False,
+    int8_keys: bool = False,
     **hparams,
 ):
     """A BertKNN over a lazy datastore of `corpus` for this model, layer, pack and key precision, cached.
@@ -357,14 +354,84 @@ def lama_knn(
 
     stem = f"lazy-{Path(corpus).stem}-{hashlib.sha256(str(Path(corpus).resolve()).encode()).hexdigest()[:10]}"
     if directory is None:
-        suffix = (f"-pack{pack}" if pack > 1 else "") + ("-int8" if int8 else "")
-        directory = cache_dir() / f"{stem}-{encoder.weights_hash[:12]}-L{encoder.layer}{suffix}"
+        suffix = (f"-pack{pack}" if pack > 1 else "") + ("-int8" if int8_keys else "")
+        directory = cache_dir() / f"{stem}-{encoder.cache_tag}{suffix}"
     if not Path(directory).exists():
         sha = file_sha256(Path(corpus))
         for other in sorted(cache_dir().glob(f"{stem}-*")):
             with contextlib.suppress(Exception):  # any unusable candidate is simply not a source
                 known = Datastore(other).manifest.get("corpus") or {}
                 if known.get("sha256") == sha and Datastore(other).n_documents == known.get("documents"):
-                    copy_registration(other, directory, encoder, pack, int8)
+                    copy_registration(other, directory, encoder, pack, int8_keys)
                     break
-    return BertKNN.build(corpus, directory, encoder, lazy=True, pack=pack, int8=int8, progress=progress, **hparams)
+    return BertKNN.build(
+        corpus, directory, encoder, lazy=True, pack=pack, int8_keys=int8_keys, progress=progress, **hparams
+    )
+
+
+def held_out(facts: list[Fact]) -> list[Fact]:
+    """The facts whose subject the default head never saw in training, and every SQuAD question (it has none)."""
+    from bertknn.train_head import is_heldout  # the trainer (and torch) only when asked
+
+    return [f for f in facts if f.group not in KB_GROUPS or is_heldout(f.subject)]
+
+
+def select_facts(
+    data: str | Path,
+    tokenizer,
+    groups: str,
+    common: set[str] | None = None,
+    heldout_only: bool = False,
+    per_relation: int | None = None,
+    seed: int = 0,
+    warn=print,
+) -> list[Fact]:
+    """The facts `eval lama` evaluates: those of the comma-separated LAMA `groups`, of held-out subjects only if
+    asked, at most `per_relation` per relation (seeded); ValueError when none is left."""
+    facts = load_lama(data, tokenizer, [g.strip() for g in groups.split(",")], common, warn=warn)
+    if heldout_only:
+        facts = held_out(facts)
+    if per_relation:
+        facts = sample_per_relation(facts, per_relation, seed)
+    if not facts:
+        raise ValueError(f"no LAMA facts to evaluate in {data} for groups {groups}")
+    return facts
+
+
+def evaluate_layers(
+    corpus: str | Path,
+    encoder,
+    facts: list[Fact],
+    out: str | Path,
+    layers: list[int] | None = None,
+    common: set[str] | None = None,
+    phases: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+    max_seconds: float | None = None,
+    seed: int = 0,
+    pack: int = 1,
+    int8_keys: bool = False,
+    **hparams,
+) -> tuple[dict, list[dict], Any]:
+    """Evaluate `facts` with keys from each of `layers` (default: the encoder's), results resumed in `out`, so that
+    layers can be compared (the paper's Table 3). `phases()` gives each layer's run its progress `report`.
+
+    Returns the main layer's (the encoder's if among them, else the first) summary, rows and BertKNN; the summary's
+    "layers" holds every layer's LAMA metrics when there are several.
+    """
+    Path(out).mkdir(parents=True, exist_ok=True)
+    vocab = vocab_ids(common, encoder.tokenizer)
+    runs = {}
+    for layer in layers or [encoder.layer]:
+        enc = encoder.at_layer(layer)
+        with phases() as report:
+            knn = lama_knn(corpus, enc, progress=report, pack=pack, int8_keys=int8_keys, **hparams)
+            name = results_name(knn, "full" if common is None else "common")
+            rows = evaluate_facts(
+                knn, facts, Path(out) / name, vocab, progress=report, max_seconds=max_seconds, seed=seed
+            )
+        runs[layer] = (summarize(rows), rows, knn)
+    main = encoder.layer if encoder.layer in runs else next(iter(runs))
+    summary, rows, knn = runs[main]
+    if len(runs) > 1:
+        summary["layers"] = {str(layer): run[0]["sets"].get("LAMA", {}).get("metrics") for layer, run in runs.items()}
+    return summary, rows, knn

@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from bertknn import builder, onnx_backend
+from bertknn import builder
 from bertknn import datastore as ds
-from bertknn.combine import Neighbour, Prediction, interpolate, ranked
+from bertknn.combine import Neighbour, Prediction, TokenScore, interpolate, ranked
 from bertknn.datastore import Datastore, DatastoreError
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder, QuestionError
 from bertknn.faiss_index import INDEX_FILE, SETTINGS_FILE, FaissIndex
-from bertknn.knn import candidates, knn_distribution, nearest, neighbour_weights
-from bertknn.retrieval import TfidfIndex, select_documents
+from bertknn.knn import knn_distribution, neighbour_weights
+from bertknn.retrieval import TfidfIndex
+from bertknn.runtime import Runtime
+from bertknn.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, Search
 from bertknn.settings import Settings
-from bertknn.text import CorpusError, Document, parse_document, question_error, unicode_error
+from bertknn.text import CorpusError, Document, parse_document, unicode_error
 
 
 def _indexed(store: Datastore) -> int:
@@ -57,6 +59,16 @@ def load_index(store: Datastore) -> TfidfIndex:
         return ensure_index(store)
     live = store.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents WHERE state = 'live'").fetchone()[0]
     return index if index.n_docs >= live else ensure_index(store)
+
+
+@dataclass(frozen=True)
+class Query:
+    """A cloze question checked and encoded for the model (`BertKNN.preprocess`): its token ids and mask position."""
+
+    text: str
+    subject: str | None
+    ids: list[int]
+    mask: int
 
 
 class BertKNN:
@@ -130,17 +142,16 @@ class BertKNN:
         datastore: str | Path,
         model: str | None = None,
         layer: int | None = None,
-        backend: str = "torch",
+        runtime: Runtime | str = "torch",
         **hparams: float,
     ) -> BertKNN:
         """Open a datastore and load the model it was built with (or `model`, which must have the same weights).
 
-        `backend` "onnx" runs the model in ONNX Runtime: the same numbers, faster on CPU (Encoder).
+        `runtime` (a `Runtime` or a `--backend` name): where and how the model runs (`Encoder`).
         """
         store = Datastore(datastore)
-        if layer is not None and layer != store.layer:
-            raise DatastoreError(f"the datastore at {store.path} holds layer-{store.layer} keys, not layer {layer}")
-        return cls(Encoder.load(model or store.manifest["model"], store.layer, backend), store, **hparams)
+        encoder = Encoder.load(model or store.manifest["model"], store.layer if layer is None else layer, runtime)
+        return cls(encoder, store, **hparams)  # the model and layer are checked against the store's here
 
     @classmethod
     def build(
@@ -152,18 +163,18 @@ class BertKNN:
         lazy: bool = False,
         pack: int = 1,
         progress: Callable[[str, int, int], None] | None = None,
-        backend: str = "torch",
-        int8: bool = False,
+        runtime: Runtime | str = "torch",
+        int8_keys: bool = False,
         **hparams: float,
     ) -> BertKNN:
         """Embed a JSONL corpus into a datastore at `out` (resuming an interrupted build), index it, and load it.
 
         With `lazy`, documents are only registered and indexed; each is embedded the first time retrieval picks it.
-        `pack` > 1 masks that many non-adjacent targets per pass, `int8` computes keys with the encoder quantised to
-        int8: both faster, approximate keys (`Encoder.embed`).
+        `pack` > 1 masks that many non-adjacent targets per pass, `int8_keys` computes keys with the encoder quantised
+        to int8: both faster, approximate keys (`Encoder.embed`).
         """
-        encoder = model if isinstance(model, Encoder) else Encoder.load(model, layer, backend)
-        store = builder.build(corpus, out, encoder, lazy=lazy, pack=pack, int8=int8, progress=progress)
+        encoder = model if isinstance(model, Encoder) else Encoder.load(model, layer, runtime)
+        store = builder.build(corpus, out, encoder, lazy=lazy, pack=pack, int8_keys=int8_keys, progress=progress)
         return cls(encoder, store, ensure_index(store), **hparams)
 
     def predict(
@@ -187,10 +198,20 @@ class BertKNN:
             [text], [subject], top_k, evidence, retrieval=retrieval, settings=settings, **hparams
         )[0]
 
+    def __call__(
+        self, inputs: str | list[str], top_k: int = 5, subject: str | None = None, **options
+    ) -> list[dict] | list[list[dict]]:
+        """BERT-kNN's answers as transformers' `pipeline("fill-mask")` gives them: for one question a list of
+        {score, token, token_str, sequence}, for a list of questions one such list each. `options` as in `predict`."""
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        found = self.predict_batch(texts, [subject] * len(texts), top_k, evidence=0, **options)
+        answers = [p.fill_mask(self.encoder.tokenizer) for p in found]
+        return answers[0] if isinstance(inputs, str) else answers
+
     def predict_batch(
         self,
-        texts: list[str],
-        subjects: list[str | None] | None = None,
+        texts: Sequence[str] | Sequence[Query],
+        subjects: Sequence[str | None] | None = None,
         top_k: int = 10,
         evidence: int = 3,
         batch_size: int = 256,
@@ -198,106 +219,104 @@ class BertKNN:
         settings: Settings | None = None,
         **hparams: float,
     ) -> list[Prediction]:
-        """Predict many questions, `batch_size` at a time (the encoder runs them sorted by length); options as in
-        `predict`."""
+        """Predict many questions, `batch_size` at a time; options as in `predict`.
+
+        The stages of transformers' fill-mask pipeline: options checked once, questions checked and encoded once
+        (`preprocess`; `texts` may be its output), then per batch the model (sorted by length), the search, and
+        the combined answer (`postprocess`).
+        """
+        s = self._options(top_k, evidence, retrieval, settings, hparams)
+        search = self.search(s.retrieval)
+        queries = texts if texts and isinstance(texts[0], Query) else self.preprocess(texts, subjects)
+        out = []
+        for start in range(0, len(queries), batch_size):
+            batch = queries[start : start + batch_size]
+            probs, states = self.encoder.query_ids([(q.ids, q.mask) for q in batch])
+            with self.store.sqlite_errors():  # a damaged page met by a question: an error naming the file
+                found = search.batch_search([q.text for q in batch], [q.subject for q in batch], states, s)
+                out += [self.postprocess(*parts, top_k, evidence, s) for parts in zip(batch, probs, found)]
+        return out
+
+    def _options(
+        self, top_k: int, evidence: int, retrieval: str | None, settings: Settings | None, hparams
+    ) -> Settings:
+        """This call's settings, with `top_k` and `evidence` checked (ValueError)."""
         s = (settings or self.settings).replace(retrieval=retrieval, **hparams)
-        if s.retrieval != "ir" and self.faiss is None:
-            raise self.faiss_error or DatastoreError(
-                f"{self.store.path} has no FAISS index: create one with `bertknn index {self.store.path}`"
-            )
-        subjects = list(subjects) if subjects is not None else [None] * len(texts)
-        if len(subjects) != len(texts):
-            raise ValueError(f"{len(texts)} questions but {len(subjects)} subjects")
         vocab = self.encoder.vocab_size
         if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or not 1 <= top_k <= vocab:
             raise ValueError(f"top_k must be an integer from 1 to the vocabulary size {vocab} (got {top_k!r})")
         if isinstance(evidence, bool) or not isinstance(evidence, (int, np.integer)) or evidence < 0:
             raise ValueError(f"evidence must be an integer >= 0 (got {evidence!r})")
+        return s
+
+    def preprocess(self, texts: Sequence[str], subjects: Sequence[str | None] | None = None) -> list[Query]:
+        """Questions checked and encoded for the model, once: QuestionError names the first bad question or
+        subject (not a cloze question with one [MASK], a [MASK] past the model's input length, invalid Unicode)."""
+        subjects = list(subjects) if subjects is not None else [None] * len(texts)
+        if len(subjects) != len(texts):
+            raise ValueError(f"{len(texts)} questions but {len(subjects)} subjects")
+        queries = []
         for i, (text, subject) in enumerate(zip(texts, subjects)):
-            error = question_error(text)
-            if error:
-                raise QuestionError(f"question {i + 1} ({text!r}): {error}")
+            try:
+                ids, mask = self.encoder.question_ids(text)
+            except QuestionError as err:
+                raise QuestionError(f"question {i + 1} ({text!r}): {err}", index=i) from err
             error = unicode_error(subject) if subject is not None else None
             if error:
-                raise QuestionError(f"subject {i + 1} ({subject!r}): the subject is {error}")
-        out = []
-        for start in range(0, len(texts), batch_size):
-            probs, states = self.encoder.query(texts[start : start + batch_size])
-            with self.store.sqlite_errors():  # a damaged page met by a question: an error naming the file
-                for j, (p_bert, state) in enumerate(zip(probs, states)):
-                    question = (texts[start + j], subjects[start + j])
-                    out.append(self._predict_one(*question, p_bert, state, top_k, evidence, s))
-        return out
+                raise QuestionError(f"subject {i + 1} ({subject!r}): the subject is {error}", index=i)
+            queries.append(Query(text, subject, ids, mask))
+        return queries
 
-    def retrieve(self, text: str, subject: str | None = None, n_docs: int | None = None) -> list[int]:
-        """Indices of the documents searched for a question (title shortcut, else TF-IDF top n_docs)."""
-        return select_documents(self.store, self.index, text, subject, int(n_docs or self.settings.n_docs))
+    def search(self, retrieval: str = "ir") -> Search:
+        """The searcher of a retrieval setting ("ir", "faiss" or "ir+faiss"), over the datastore as loaded now."""
+        embed = (lambda docs: builder.embed(self.store, docs, self.encoder)) if self.store.lazy else None
+        documents = DocumentSearch(self.store, self.index, embed)
+        if retrieval == "ir":
+            return documents
+        if self.faiss is None:
+            raise self.faiss_error or DatastoreError(
+                f"{self.store.path} has no FAISS index: create one with `bertknn index {self.store.path}`"
+            )
+        faiss = FaissSearch(self.store, self.faiss)
+        return faiss if retrieval == "faiss" else MergedSearch(documents, faiss, self.store)
 
-    def candidates(self, docs: list[int]) -> np.ndarray:
-        """The entries of the given documents (embedding them first in a lazy datastore)."""
-        if self.store.lazy:
-            builder.embed(self.store, docs, self.encoder)
-        return candidates(self.store.document_ranges(docs))
-
-    def _predict_one(
-        self,
-        text: str,
-        subject: str | None,
-        p_bert: np.ndarray,
-        state: np.ndarray,
-        top_k: int,
-        n_evidence: int,
-        s: Settings,
+    def postprocess(
+        self, query: Query, p_bert: np.ndarray, found: Neighbours, top_k: int, n_evidence: int, s: Settings
     ) -> Prediction:
-        docs, entries, dist = self._neighbours(text, subject, state, s)
-        values = np.asarray(self.store.values[entries]) if len(entries) else np.zeros(0, np.int32)
-        self._check_neighbours(entries, values, dist, len(p_bert))
-        p_knn = knn_distribution(values, dist, s.temperature, len(p_bert)) if len(entries) else None
+        """The answer to one question: the LM's and the kNN's distributions, interpolated and ranked, with evidence."""
+        self._check_neighbours(found, len(p_bert))
+        p_knn = (
+            knn_distribution(found.values, found.distances, s.temperature, len(p_bert)) if len(found.entries) else None
+        )
         p = interpolate(p_bert.astype(np.float64), p_knn, s.lam)
         tok = self.encoder.tokenizer
         knn_top = ranked(p_knn, tok, top_k)
         return Prediction(
-            question=text,
-            subject=subject,
-            documents=self.store.titles(docs),
+            question=query.text,
+            subject=query.subject,
+            documents=self.store.titles(found.documents),
             retrieval=s.retrieval,
             bert=ranked(p_bert, tok, top_k),
             knn=knn_top,
             bert_knn=ranked(p, tok, top_k),
-            evidence=self._evidence(knn_top, entries, values, dist, n_evidence, s.temperature),
+            evidence=self._evidence(knn_top, found, n_evidence, s.temperature),
             p_bert=p_bert,
             p_knn=p_knn,
             p=p,
+            neighbours=found,
+            input_ids=query.ids,
+            mask_index=query.mask,
         )
 
-    def _check_neighbours(self, entries: np.ndarray, values: np.ndarray, dist: np.ndarray, vocab: int) -> None:
+    def _check_neighbours(self, found: Neighbours, vocab: int) -> None:
         """A damaged key (NaN) or value (outside the vocabulary) must never reach an answer."""
-        bad = ~np.isfinite(dist) | (values < 0) | (values >= vocab)
+        values = found.values
+        bad = ~np.isfinite(found.distances) | (values < 0) | (values >= vocab)
         if bad.any():
             raise DatastoreError(
-                f"{self.store.path} is damaged: entries {entries[bad][:5].tolist()} hold a non-finite key or a value "
-                f"outside the model's vocabulary; `bertknn verify {self.store.path}` locates the damage"
+                f"{self.store.path} is damaged: entries {found.entries[bad][:5].tolist()} hold a non-finite key or a "
+                f"value outside the model's vocabulary; `bertknn verify {self.store.path}` locates the damage"
             )
-
-    def _neighbours(
-        self, text: str, subject: str | None, state: np.ndarray, s: Settings
-    ) -> tuple[list[int], np.ndarray, np.ndarray]:
-        """(documents searched, the k nearest entries, their squared distances) by the chosen retrieval path."""
-        k, retrieval = int(s.k), s.retrieval
-        docs = self.retrieve(text, subject, s.n_docs) if retrieval != "faiss" else []
-        found = self.candidates(docs)  # first: in a lazy datastore this embeds, and the key memmap grows
-        entries, dist = nearest(self.store.keys, found, state, k)
-        if retrieval == "ir":
-            return docs, entries, dist
-        more, more_dist = self.faiss.search(state, k, self.store.hidden_documents())
-        entries, first = np.unique(np.concatenate([entries, more]), return_index=True)
-        dist = np.concatenate([dist, more_dist])[first]
-        order = np.lexsort((entries, dist))[:k]
-        entries, dist = entries[order], dist[order]
-        if retrieval == "faiss":  # the documents the neighbours come from, nearest first
-            owners = self.store.documents_of(entries).tolist()
-            docs = list(dict.fromkeys(owners))
-        return docs, entries, dist
 
     def add_documents(
         self, docs: list[dict | Document], skip_existing: bool = False, progress=None, wait: float | None = None
@@ -348,33 +367,19 @@ class BertKNN:
             raise DatastoreError(f"document {doc_id!r} was removed before from {self.store.path}")
 
     def _evidence(
-        self, words, entries, values, dist, n_evidence: int, temperature: float
+        self, words: list[TokenScore], found: Neighbours, n_evidence: int, temperature: float
     ) -> dict[str, list[Neighbour]]:
         """For each kNN answer, its nearest `n_evidence` neighbours with their sentences."""
         if not words:
             return {}
+        dist = found.distances
         weights = neighbour_weights(dist, temperature)
-        ids = self.encoder.tokenizer.convert_tokens_to_ids([w.token for w in words])
-        picks = [np.flatnonzero(values == token_id)[:n_evidence] for token_id in ids]
-        found = iter(self.store.evidence(entries[np.concatenate(picks)].tolist()))  # one query for all words
+        picks = [np.flatnonzero(found.values == w.id)[:n_evidence] for w in words]
+        rows = iter(self.store.evidence(found.entries[np.concatenate(picks)].tolist()))  # one query for all words
         return {
             word.token: [
                 Neighbour(word.token, float(dist[i]), float(weights[i]), e.doc_id, e.title, e.sentence, e.span)
-                for i, e in zip(mine, islice(found, len(mine)))
+                for i, e in zip(mine, islice(rows, len(mine)))
             ]
             for word, mine in zip(words, picks)
         }
-
-
-def set_threads(n: int, backend: str = "torch") -> None:
-    """Give the model n threads and numpy's BLAS one: two busy pools on few cores stall each other.
-
-    With an ONNX backend, ONNX Runtime gets the n threads and PyTorch (left with small array work: softmax, top-k)
-    one, so that its OpenMP pool does not stall ONNX Runtime's (the time saved per question: bench/README.md).
-    """
-    from threadpoolctl import threadpool_limits
-
-    onnx = backend != "torch"
-    torch.set_num_threads(1 if onnx else n)
-    onnx_backend.set_threads(n if onnx else None)
-    threadpool_limits(1, user_api="blas")

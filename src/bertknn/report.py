@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+
+from bertknn.settings import Settings
 
 NAMES = {"bert": "BERT", "knn": "kNN", "bert_knn": "BERT-kNN", "frequency": "Freq. word"}
 
@@ -120,4 +123,68 @@ def write_report(directory: str | Path, summary: dict, rows: list[dict], setting
     bar_chart(summary, directory / "p_at_k.png")
     md = directory / "report.md"
     md.write_text(markdown(summary, rows, setting) + "\n![P@k](p_at_k.png)\n", encoding="utf-8")
+    return md
+
+
+def lama_setting(
+    encoder,
+    knn,
+    facts: int,
+    rows: int,
+    corpus: str | Path,
+    per_relation: int | None,
+    seed: int,
+    heldout_only: bool,
+    vocab: str,
+    given: dict,
+    began: float,
+) -> dict[str, str]:
+    """The report's "Setting" section: what was evaluated and how, in words, so that a reader can judge the numbers.
+
+    `knn`: the main layer's BertKNN; `facts`/`rows`: the facts selected/evaluated; `vocab`: "full" or "common";
+    `given`: the hyperparameters given on the command line (None where not); `began`: when the run began.
+    """
+    from bertknn.default_model import DEFAULT_MODEL
+
+    store = knn.store
+    kind = "offline default, a weaker stand-in for bert-base-uncased" if encoder.name == DEFAULT_MODEL else "as given"
+    sample = f"sample of {per_relation} per relation, seed {seed}" if per_relation else "all"
+    tuned = " (tuned, stored with the datastore)" if store.manifest.get("tuned") else " (the paper's)"
+    if any(v is not None for v in given.values()):
+        tuned = " (as given on the command line where set)"
+    return {
+        "model": f"{encoder.name} ({kind})",
+        "layer": f"{store.layer} of {encoder.model.config.num_hidden_layers}",
+        "corpus": f"{corpus} ({store.n_documents:,} documents; {store.size:,} contexts embedded so far). "
+        "Results depend on the corpus: the paper used full English Wikipedia",
+        "datastore": str(store.path),
+        "keys": (
+            "exact (one masked target per pass)"
+            if store.pack == 1
+            else f"approximate: up to {store.pack} non-adjacent targets masked per pass (--pack)"
+        )
+        + ("; computed in int8 (--int8-keys)" if store.int8_keys else ""),
+        "facts": f"{rows:,} evaluated of {facts:,} ({sample}"
+        f"{', subjects held out from head training only' if heldout_only else ''})"
+        + ("" if rows == facts else "; PARTIAL: a random subset, rerun the same command to complete it"),
+        "ranking vocabulary": "LAMA common vocabulary"
+        if vocab == "common"
+        else f"full model vocabulary ({encoder.vocab_size:,})",
+        "hyperparameters": ", ".join(f"{k}={v}" for k, v in knn.settings.hparams.items()) + tuned,
+        "LAMA-UHN": "string-match filter applied; person-name filter not applied (it needs a cased BERT)",
+        "wall time": f"{time.time() - began:,.0f} s (this run; cached embeddings and results are reused)",
+    }
+
+
+def write_grid(directory: str | Path, description: str, grid: list[tuple[Settings, dict]]) -> Path:
+    """Write `bertknn tune`'s grid, best first, as grid.json and as the table grid.md into `directory`; return the
+    markdown path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = [settings.hparams | scores for settings, scores in grid]
+    (directory / "grid.json").write_text(json.dumps({"dev": description, "grid": rows}, indent=1), encoding="utf-8")
+    header = ["n_docs", "k", "temperature", "lambda", "P@1", "P@10", "MRR"]
+    body = [[str(r[h]) for h in ("n_docs", "k", "temperature", "lam")] + [_pct(r[m]) for m in header[4:]] for r in rows]
+    md = directory / "grid.md"
+    md.write_text("\n".join([f"# Grid search ({description})", "", *_table(header, body)]) + "\n", encoding="utf-8")
     return md

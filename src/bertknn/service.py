@@ -44,9 +44,10 @@ import bertknn
 from bertknn.combine import Prediction
 from bertknn.datastore import BusyError, Datastore, DatastoreError, file_sha256
 from bertknn.demo import DEMO_CORPUS, demo_questions
-from bertknn.pipeline import BertKNN
+from bertknn.encoder import QuestionError
+from bertknn.pipeline import BertKNN, Query
 from bertknn.settings import RETRIEVALS, Settings
-from bertknn.text import MASK, CorpusError, question_error, unicode_error
+from bertknn.text import MASK, CorpusError, unicode_error
 
 WEB_DIR = Path(str(files("bertknn") / "web"))
 SWAGGER_DIR = Path(swagger_ui_bundle.swagger_ui_path)
@@ -111,6 +112,11 @@ class Options(BaseModel):
     )
 
 
+FillMask = Annotated[
+    bool, Field(default=False, description="also give each ranking as transformers' fill-mask pipeline does")
+]
+
+
 class PredictRequest(BaseModel):
     """One cloze question."""
 
@@ -120,6 +126,7 @@ class PredictRequest(BaseModel):
     top_k: TopK
     evidence: EvidenceCount
     options: Options | None = None
+    fill_mask: FillMask
 
 
 class Question(BaseModel):
@@ -138,6 +145,7 @@ class BatchRequest(BaseModel):
     top_k: TopK
     evidence: EvidenceCount
     options: Options | None = None
+    fill_mask: FillMask
 
 
 Passage = Annotated[str, Field(max_length=100_000)]
@@ -155,10 +163,11 @@ class DocumentIn(BaseModel):
 
 
 class TokenScoreOut(BaseModel):
-    """A token and its probability."""
+    """A token, its probability and its id."""
 
     token: str
     probability: float
+    id: int = Field(description="the token's id in the model's vocabulary")
 
 
 class NeighbourOut(BaseModel):
@@ -173,6 +182,15 @@ class NeighbourOut(BaseModel):
     span: tuple[int, int] = Field(description="[start, end) of the word in `sentence`, in characters")
 
 
+class FillMaskOut(BaseModel):
+    """An answer in the format of transformers' fill-mask pipeline."""
+
+    score: float
+    token: int = Field(description="the token's id")
+    token_str: str
+    sequence: str = Field(description="the question with its mask filled")
+
+
 class PredictionOut(BaseModel):
     """BERT's, kNN's and BERT-kNN's rankings, and the evidence behind the kNN answers."""
 
@@ -184,6 +202,9 @@ class PredictionOut(BaseModel):
     knn: list[TokenScoreOut]
     bert_knn: list[TokenScoreOut]
     evidence: dict[str, list[NeighbourOut]] = Field(description="for each kNN answer, its nearest stored contexts")
+    fill_mask: dict[str, list[FillMaskOut]] | None = Field(
+        default=None, description="with fill_mask: the rankings (bert, knn, bert_knn) as the fill-mask pipeline's"
+    )
 
 
 class BatchOut(BaseModel):
@@ -210,8 +231,7 @@ class Example(BaseModel):
 
 @dataclass
 class _Job:
-    texts: list[str]
-    subjects: list[str | None]
+    queries: list[Query]
     settings: tuple[int, int, Settings]  # (top_k, evidence, settings): jobs with equal ones share a predict_batch call
     future: Future = field(default_factory=Future)
 
@@ -234,15 +254,13 @@ class MicroBatcher:
         self._start_lock = threading.Lock()
         self.calls = 0  # predict_batch calls made, for /health
 
-    def submit(
-        self, texts: list[str], subjects: list[str | None], top_k: int, evidence: int, settings: Settings
-    ) -> Future:
-        """Queue questions; the future's result is their list of `Prediction`s."""
+    def submit(self, queries: list[Query], top_k: int, evidence: int, settings: Settings) -> Future:
+        """Queue questions (`BertKNN.preprocess`); the future's result is their list of `Prediction`s."""
         with self._start_lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="bertknn-model", daemon=True)
                 self._thread.start()
-        job = _Job(texts, subjects, (top_k, evidence, settings))
+        job = _Job(queries, (top_k, evidence, settings))
         self.queue.put(job)
         return job.future
 
@@ -281,13 +299,12 @@ class MicroBatcher:
 
     def _answer(self, group: list[_Job]) -> None:
         top_k, evidence, settings = group[0].settings
-        texts = [t for job in group for t in job.texts]
-        subjects = [s for job in group for s in job.subjects]
+        queries = [q for job in group for q in job.queries]
         try:
             with self.lock:
                 self.calls += 1
                 self.knn.refresh()
-                predictions = self.knn.predict_batch(texts, subjects, top_k, evidence, settings=settings)
+                predictions = self.knn.predict_batch(queries, None, top_k, evidence, settings=settings)
         except Exception as err:
             if len(group) > 1:
                 for job in group:
@@ -297,8 +314,8 @@ class MicroBatcher:
             return
         start = 0
         for job in group:
-            job.future.set_result(predictions[start : start + len(job.texts)])
-            start += len(job.texts)
+            job.future.set_result(predictions[start : start + len(job.queries)])
+            start += len(job.queries)
 
 
 def _error_response(err: HTTPException) -> JSONResponse:
@@ -407,28 +424,30 @@ def _unprocessable(message: str) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=message)
 
 
-def _checked(knn: BertKNN, questions: list[Question], options: Options | None) -> Settings:
-    """The request's settings (the server's with its options), validated with the questions before they reach the
-    model (422 otherwise)."""
-    for i, q in enumerate(questions):
-        error = question_error(q.text)
-        if error:
-            raise _unprocessable(error if len(questions) == 1 else f"question {i + 1}: {error}")
+def _checked(knn: BertKNN, questions: list[Question], options: Options | None) -> tuple[list[Query], Settings]:
+    """The request's questions encoded (`BertKNN.preprocess`) and its settings (the server's with its options), both
+    checked before they reach the model (422 otherwise): a bad question fails its own request only."""
+    try:
+        queries = knn.preprocess([q.text for q in questions], [q.subject for q in questions])
+    except QuestionError as err:
+        error, i = str(err.__cause__ or err), err.index
+        raise _unprocessable(error if len(questions) == 1 else f"question {i + 1}: {error}") from None
     try:
         settings = knn.settings.replace(**(options.model_dump(exclude_none=True) if options else {}))
     except (ValueError, TypeError) as err:
         raise _unprocessable(str(err)) from None
     if settings.retrieval != "ir" and knn.faiss is None:
         raise _unprocessable("this datastore has no FAISS index: create one with `bertknn index DIR`")
-    return settings
+    return queries, settings
 
 
 async def _predict(
-    batcher: MicroBatcher, questions: list[Question], top_k: int, evidence: int, settings: Settings, timeout_s: float
+    batcher: MicroBatcher, checked: tuple[list[Query], Settings], req: PredictRequest | BatchRequest, timeout_s: float
 ) -> list:
-    """The questions' predictions as dicts; 503 when they are not ready within `timeout_s` (the job is then
-    cancelled, so the worker skips it unless it has started)."""
-    future = batcher.submit([q.text for q in questions], [q.subject for q in questions], top_k, evidence, settings)
+    """The questions' predictions as dicts (with the fill-mask format if asked); 503 when they are not ready within
+    `timeout_s` (the job is then cancelled, so the worker skips it unless it has started)."""
+    queries, settings = checked
+    future = batcher.submit(queries, req.top_k, req.evidence, settings)
     try:
         predictions: list[Prediction] = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
     except (ValueError, TypeError) as err:  # QuestionError (e.g. a [MASK] past the model's input length) included
@@ -439,7 +458,7 @@ async def _predict(
             status.HTTP_503_SERVICE_UNAVAILABLE,
             detail=f"no answer within the server's time limit of {timeout_s:g} s: it is busy, try again later",
         ) from None
-    return [p.to_dict() for p in predictions]
+    return [p.to_dict(batcher.knn.encoder.tokenizer if req.fill_mask else None) for p in predictions]
 
 
 def _is_demo(knn: BertKNN) -> bool:
@@ -521,18 +540,24 @@ def create_app(
                 writers.append(BertKNN(knn.encoder, store, settings=knn.settings))
             return writers[0]
 
-    @app.post("/predict", response_model=PredictionOut, summary="Answer one cloze question")
+    @app.post(
+        "/predict", response_model=PredictionOut, response_model_exclude_unset=True, summary="Answer one cloze question"
+    )
     async def predict(req: PredictRequest) -> dict:
         """BERT's, kNN's and BERT-kNN's rankings with probabilities, and the evidence behind the kNN answers."""
-        questions = [Question(text=req.text, subject=req.subject)]
-        settings = _checked(knn, questions, req.options)
-        return (await _predict(batcher, questions, req.top_k, req.evidence, settings, request_timeout_s))[0]
+        checked = _checked(knn, [Question(text=req.text, subject=req.subject)], req.options)
+        return (await _predict(batcher, checked, req, request_timeout_s))[0]
 
-    @app.post("/predict/batch", response_model=BatchOut, summary="Answer up to 64 cloze questions")
+    @app.post(
+        "/predict/batch",
+        response_model=BatchOut,
+        response_model_exclude_unset=True,
+        summary="Answer up to 64 cloze questions",
+    )
     async def predict_batch(req: BatchRequest) -> dict:
         """The /predict answer for each question, in order, from one model call."""
-        settings = _checked(knn, req.questions, req.options)
-        answers = await _predict(batcher, req.questions, req.top_k, req.evidence, settings, request_timeout_s)
+        checked = _checked(knn, req.questions, req.options)
+        answers = await _predict(batcher, checked, req, request_timeout_s)
         return {"predictions": answers}
 
     @app.post(

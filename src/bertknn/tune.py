@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertknn.evaluation import Fact, ir_subject, macro_metrics
-from bertknn.knn import nearest
+from bertknn import builder
+from bertknn.evaluation import Fact, fact_key, held_out, ir_subject, macro_metrics, sample_per_relation
+from bertknn.knn import neighbour_weights
 from bertknn.settings import PAPER, Settings
+
+if TYPE_CHECKING:
+    from bertknn.pipeline import BertKNN
 
 N_DOCS = (1, 2, 3, 4, 5)
 LAMBDAS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
@@ -41,9 +47,8 @@ class FactCache:
         if not len(values):
             base = 1 + len(self.sorted_bert) - np.searchsorted(self.sorted_bert, self.bert_gold, side="right")
             return np.full(len(lambdas), base)
-        w = np.exp(-(dist - dist.min()) / temperature)
         support, inverse = np.unique(values, return_inverse=True)
-        q = np.bincount(inverse, weights=w / w.sum())
+        q = np.bincount(inverse, weights=neighbour_weights(dist, temperature))
         q_gold = q[support == self.gold].sum()
         b_support = self.p_bert[support]
         thr = lambdas * q_gold + (1 - lambdas) * self.bert_gold  # gold's score per lambda
@@ -55,18 +60,20 @@ class FactCache:
 
 
 def cache_facts(knn, facts: list[Fact], progress: Callable[[int], None] | None = None) -> list[FactCache]:
-    """Run each fact through the model once and keep what the grid needs."""
+    """Run each fact through the model once and keep what the grid needs: the neighbours among its first 1..5
+    documents, from one retrieval (the search every prediction makes: `BertKNN.search`)."""
+    search = knn.search("ir")
     out = []
     for start in range(0, len(facts), 32):
         batch = facts[start : start + 32]
-        probs, states = knn.encoder.query([f.question for f in batch])
-        for fact, p_bert, state in zip(batch, probs, states):
-            docs = knn.retrieve(fact.question, ir_subject(fact), n_docs=max(N_DOCS))
+        queries = knn.preprocess([f.question for f in batch], [ir_subject(f) for f in batch])
+        probs, states = knn.encoder.query_ids([(q.ids, q.mask) for q in queries])
+        for fact, query, p_bert, state in zip(batch, queries, probs, states):
+            docs = search.documents(query.text, query.subject, max(N_DOCS))
             neighbours = {}
             for n in N_DOCS:
-                found = knn.candidates(docs[:n])  # embeds first in a lazy datastore
-                entries, dist = nearest(knn.store.keys, found, state, max(KS))
-                neighbours[n] = (np.asarray(knn.store.values[entries]), dist.astype(np.float64))
+                found = search.among(docs[:n], state, max(KS))
+                neighbours[n] = (found.values, found.distances.astype(np.float64))
             out.append(FactCache(p_bert.astype(np.float64), fact.answer_id, neighbours))
         if progress:
             progress(min(start + 32, len(facts)))
@@ -92,3 +99,65 @@ def grid_search(facts: list[Fact], cache: list[FactCache]) -> list[tuple[Setting
             results.append((Settings(n_docs, k, temperature, lam), macro))
     results.sort(key=lambda r: (-r[1]["P@1"], -r[1]["MRR"]))
     return results
+
+
+@dataclass(frozen=True)
+class DevSplit:
+    """The facts `bertknn tune` tunes on: `per_relation` facts of each T-REx and Google-RE relation (seed + 1) and
+    `squad` SQuAD questions (None: all), none of them in the sample of `exclude_per_relation` facts per relation that
+    `eval lama --sample-per-relation` draws with `seed` from the same facts (groups T-REx, Google-RE, SQuAD), so that
+    tuning never sees the facts it is judged on."""
+
+    per_relation: int = 10
+    squad: int | None = None
+    exclude_per_relation: int = 30
+    seed: int = 0
+    heldout_only: bool = False
+    embedded_only: bool = False
+
+    def choose(self, facts: list[Fact], knn: BertKNN | None = None) -> list[Fact]:
+        """The dev facts among LAMA's `facts`; `knn` (needed for embedded_only) says which documents are embedded
+        already, so that tuning costs no embedding. ValueError when none is left."""
+        if self.heldout_only:
+            facts = held_out(facts)
+        held = {fact_key(f) for f in sample_per_relation(facts, self.exclude_per_relation, self.seed)}
+        rest = [f for f in facts if fact_key(f) not in held]
+        if self.embedded_only:
+            rest = [f for f in rest if not knn.store.pending(_documents(knn, f))]
+        dev = sample_per_relation([f for f in rest if f.group != "SQuAD"], self.per_relation, self.seed + 1)
+        dev += [f for f in rest if f.group == "SQuAD"][: self.squad]
+        if not dev:
+            raise ValueError("no dev facts left to tune on (see --embedded-only and --exclude-sample-per-relation)")
+        return dev
+
+    def describe(self, dev: list[Fact]) -> str:
+        """The dev split in words, as grid.md, the manifest's "tuned" record and the command's output give it."""
+        return (
+            f"{len(dev)} dev facts: {sum(f.group == 'SQuAD' for f in dev)} SQuAD + {self.per_relation} per "
+            f"T-REx/Google-RE relation (seed {self.seed + 1})"
+            f"{', documents already embedded' if self.embedded_only else ''}"
+            f"{', held-out subjects' if self.heldout_only else ''}, "
+            f"disjoint from the eval sample of {self.exclude_per_relation} per relation (seed {self.seed})"
+        )
+
+
+def _documents(knn: BertKNN, fact: Fact) -> list[int]:
+    """The documents the grid searches for a fact: IR's first max(N_DOCS)."""
+    return knn.search("ir").documents(fact.question, ir_subject(fact), max(N_DOCS))
+
+
+def cache_dev(knn: BertKNN, dev: list[Fact], progress: Callable[[str, int, int], None]) -> list[FactCache]:
+    """`cache_facts` of the dev facts, their documents embedded first (a lazy datastore) with a progress bar of its
+    own, so that the long part of tuning shows its rate."""
+    pending = knn.store.pending(sorted({d for f in dev for d in _documents(knn, f)}))
+    progress("embedding", 0, len(pending))
+    builder.embed(knn.store, pending, knn.encoder, progress=lambda n: progress("embedding", n, len(pending)))
+    progress("caching", 0, len(dev))
+    return cache_facts(knn, dev, progress=lambda n: progress("caching", n, len(dev)))
+
+
+def store_best(knn: BertKNN, grid: list[tuple[Settings, dict]], description: str) -> None:
+    """Record the grid's best settings, its P@1 and the dev split with the datastore: `BertKNN.load` uses them."""
+    best, scores = grid[0]
+    with knn.store.writing():
+        knn.store.set_manifest(tuned={"hparams": best.hparams, "dev": description, "P@1": scores["P@1"]})

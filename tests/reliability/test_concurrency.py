@@ -56,7 +56,7 @@ def answers(store: Path, docs: list[dict]) -> dict[str, str]:
     """The top kNN answer (k=1) to "TITLE was born in [MASK] ." for each document, asked in this process."""
     from bertknn.pipeline import BertKNN
 
-    knn = BertKNN.load(store, backend="torch")
+    knn = BertKNN.load(store, runtime="torch")
     found = {}
     for doc in docs:
         p = knn.predict(f"{doc['title']} was born in [MASK] .", subject=doc["title"], k=1, top_k=3)
