@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from bertknn.encoder import Encoder
-from bertknn.onnx_backend import OnnxRunner
 from bertknn.runtime import Runtime
 from bertknn.text import iter_corpus, split_sentences, tokenize_sentences
 
@@ -31,16 +30,6 @@ from bertknn.text import iter_corpus, split_sentences, tokenize_sentences
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Row-wise cosine similarity."""
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-
-
-def int8_questions(fast: Encoder) -> Encoder:
-    """A copy of the ONNX encoder `fast` whose question graph runs quantised to int8 (as `--int8-keys` does keys)."""
-    int8 = Encoder(fast.model, fast.tokenizer, fast.name, fast.layer, "onnx")
-    fast.query(["Rome is [MASK] ."])  # export the float32 graph
-    runner = fast._runners["mask_outputs"]
-    path = runner.path.with_name(f"{runner.path.stem}-int8.onnx")
-    int8._runners["mask_outputs"] = OnnxRunner(runner.forward, runner.model, runner.outputs, path, runner.path)
-    return int8
 
 
 def main() -> None:
@@ -69,7 +58,7 @@ def main() -> None:
         fast.embed(sentences[:1]),
         fast.embed(sentences[:1], int8_keys=True),
     )  # export and quantise the key graph (not timed)
-    onnx8 = int8_questions(fast)
+    onnx8 = Encoder(fast.model, fast.tokenizer, fast.name, fast.layer, "onnx-int8")  # questions in int8
     options = {
         "exact (default)": lambda s: encoder.embed(s),
         "exact, 8,192-token batches": lambda s: encoder.embed(s, token_budget=8192),

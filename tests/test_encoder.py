@@ -158,18 +158,19 @@ def test_onnx_graphs_are_cached_and_a_corrupt_one_is_exported_again(encoder, onn
 
 
 def test_with_an_onnx_backend_onnx_runtime_takes_the_threads_and_pytorch_keeps_one(encoder):
-    from bertknn import onnx_backend
     from bertknn.runtime import Runtime
 
-    try:
-        Runtime("onnx", threads=2).apply()
-        assert torch.get_num_threads() == 1
+    def session_threads() -> int:
         onnx = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, runtime="onnx")
         onnx.query(["Rome is in [MASK] ."])
         (runner,) = onnx.graphs().values()
-        assert runner.session().get_session_options().intra_op_num_threads == 2
-        Runtime("torch", threads=2).apply()
-        assert torch.get_num_threads() == 2 and onnx_backend._threads is None
+        return runner.session().get_session_options().intra_op_num_threads
+
+    try:
+        Runtime("onnx", threads=2).apply()
+        assert torch.get_num_threads() == 1 and session_threads() == 2
+        Runtime("torch", threads=3).apply()  # ONNX Runtime, should it run, takes PyTorch's count
+        assert torch.get_num_threads() == 3 and session_threads() == 3
     finally:
         Runtime(threads=1).apply()
 

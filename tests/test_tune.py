@@ -12,7 +12,7 @@ from bertknn.evaluation import Fact
 from bertknn.report import write_grid
 from bertknn.settings import PAPER, Settings
 from bertknn.train_head import is_heldout
-from bertknn.tune import DevSplit, cache_dev
+from bertknn.tune import DevSplit, cache_facts
 
 
 def _facts(n: int = 10) -> list[Fact]:
@@ -70,7 +70,7 @@ def test_embedded_only_keeps_the_facts_whose_documents_are_embedded(
     split = DevSplit(per_relation=10, exclude_per_relation=0, embedded_only=True)
     assert [f.subject for f in split.choose(facts, knn)] == ["Khatchig Mouradian", "Squad"]  # no document found
     reports = []
-    cache = cache_dev(knn, facts, lambda phase, done, total: reports.append((phase, done, total)))
+    cache = cache_facts(knn, facts, lambda phase, done, total: reports.append((phase, done, total)))
     assert len(cache) == len(facts) and reports[0] == ("embedding", 0, 2) and reports[-1] == ("caching", 4, 4)
     assert ("embedding", 2, 2) in reports  # the documents of Dante and Ilsa Varnhold, embedded
     assert split.choose(facts, knn) == facts

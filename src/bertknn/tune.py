@@ -59,24 +59,34 @@ class FactCache:
         return 1 + above + inside
 
 
-def cache_facts(knn, facts: list[Fact], progress: Callable[[int], None] | None = None) -> list[FactCache]:
+def cache_facts(
+    knn: BertKNN, facts: list[Fact], progress: Callable[[str, int, int], None] | None = None
+) -> list[FactCache]:
     """Run each fact through the model once and keep what the grid needs: the neighbours among its first 1..5
-    documents, from one retrieval (the search every prediction makes: `BertKNN.search`)."""
+    documents, from one retrieval (through the search every prediction makes: `BertKNN.search`).
+
+    In a lazy datastore the documents of all facts are embedded first, in one run; `progress(phase, done, total)`
+    reports "embedding" and then "caching".
+    """
+    report = progress or (lambda phase, done, total: None)
     search = knn.search("ir")
+    queries = knn.preprocess([f.question for f in facts], [ir_subject(f) for f in facts])
+    docs = [search.documents(q.text, q.subject, max(N_DOCS)) for q in queries]
+    pending = knn.store.pending(sorted({d for chosen in docs for d in chosen}))
+    report("embedding", 0, len(pending))
+    builder.embed(knn.store, pending, knn.encoder, progress=lambda n: report("embedding", n, len(pending)))
+    report("caching", 0, len(facts))
     out = []
     for start in range(0, len(facts), 32):
-        batch = facts[start : start + 32]
-        queries = knn.preprocess([f.question for f in batch], [ir_subject(f) for f in batch])
-        probs, states = knn.encoder.query_ids([(q.ids, q.mask) for q in queries])
-        for fact, query, p_bert, state in zip(batch, queries, probs, states):
-            docs = search.documents(query.text, query.subject, max(N_DOCS))
+        batch = queries[start : start + 32]
+        probs, states = knn.encoder.query_ids([(q.ids, q.mask) for q in batch])
+        for fact, chosen, p_bert, state in zip(facts[start : start + 32], docs[start : start + 32], probs, states):
             neighbours = {}
             for n in N_DOCS:
-                found = search.among(docs[:n], state, max(KS))
+                found = search.among(chosen[:n], state, max(KS))
                 neighbours[n] = (found.values, found.distances.astype(np.float64))
             out.append(FactCache(p_bert.astype(np.float64), fact.answer_id, neighbours))
-        if progress:
-            progress(min(start + 32, len(facts)))
+        report("caching", min(start + 32, len(facts)), len(facts))
     return out
 
 
@@ -144,16 +154,6 @@ class DevSplit:
 def _documents(knn: BertKNN, fact: Fact) -> list[int]:
     """The documents the grid searches for a fact: IR's first max(N_DOCS)."""
     return knn.search("ir").documents(fact.question, ir_subject(fact), max(N_DOCS))
-
-
-def cache_dev(knn: BertKNN, dev: list[Fact], progress: Callable[[str, int, int], None]) -> list[FactCache]:
-    """`cache_facts` of the dev facts, their documents embedded first (a lazy datastore) with a progress bar of its
-    own, so that the long part of tuning shows its rate."""
-    pending = knn.store.pending(sorted({d for f in dev for d in _documents(knn, f)}))
-    progress("embedding", 0, len(pending))
-    builder.embed(knn.store, pending, knn.encoder, progress=lambda n: progress("embedding", n, len(pending)))
-    progress("caching", 0, len(dev))
-    return cache_facts(knn, dev, progress=lambda n: progress("caching", n, len(dev)))
 
 
 def store_best(knn: BertKNN, grid: list[tuple[Settings, dict]], description: str) -> None:

@@ -1,0 +1,139 @@
+"""The command line, `bertknn`: the app, its one error handler and its shared options, here; the commands, by what they
+work on, in store.py (build, ask, index, add, remove, verify), lama.py (data lama, eval lama, tune, train-head) and
+serve.py (serve, demo). Commands only wire options to the library: what they do is in the module of its concept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from bertknn.console import console, phase_progress, shown
+from bertknn.encoder import Encoder
+from bertknn.pipeline import BertKNN
+from bertknn.runtime import Runtime
+from bertknn.settings import PAPER
+
+HELP = "Command line: build, ask, index, add, remove, demo, data lama, eval lama, tune, train-head."
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP)
+data_app = typer.Typer(no_args_is_help=True, help="Get and verify evaluation data.")
+eval_app = typer.Typer(no_args_is_help=True, help="Evaluate BERT, kNN and BERT-kNN.")
+app.add_typer(data_app, name="data")
+app.add_typer(eval_app, name="eval")
+TUNED = "default: the datastore's tuned value, else "
+DATA_DIR = Path(os.environ.get("BERTKNN_DATA", "../shared/data")) / "lama"
+USER_ERRORS = (ValueError, OSError)  # bertknn's errors are ValueErrors; OSError: disk full, permissions...
+
+
+def command(
+    group: typer.Typer = app,
+    name: str | None = None,
+    interrupted: str | None = None,
+    errors: Callable[[], tuple[type[Exception], ...]] = lambda: USER_ERRORS,
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register a command on `group` with the one error handler of all commands, so that a user sees a line, not a
+    traceback: `errors()` print the red `error:` line (exit 2); Ctrl+C prints `interrupted` (formatted with the
+    arguments; exit 130) where one is given. A command's `threads` (and `backend`) arguments set the threads first."""
+
+    def wrap(fn: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)  # typer reads the command's signature and help through __wrapped__
+        def run(*args: object, **kwargs: object) -> None:
+            arguments = signature.bind(*args, **kwargs).arguments
+            try:
+                if "threads" in arguments:
+                    Runtime.of(arguments.get("backend", "torch"), arguments["threads"]).apply()
+                fn(*args, **kwargs)
+            except errors() as err:  # evaluated only when an exception is raised
+                console.print(f"[bold red]error:[/] {shown(str(err))}")
+                raise typer.Exit(2) from None
+            except KeyboardInterrupt:
+                if interrupted is None:
+                    raise
+                console.print(f"[yellow]interrupted[/]: {interrupted.format(**arguments)}")
+                raise typer.Exit(130) from None
+
+        return group.command(name)(run)
+
+    return wrap
+
+
+WaitOption = Annotated[
+    float, typer.Option(min=0, help="seconds to wait for another process writing to the datastore (one at a time)")
+]
+WAIT_S = 60.0
+
+
+@contextlib.contextmanager
+def _writer_wait(datastore: Path, wait: float) -> Iterator[None]:
+    """Let this command's writes wait up to `wait` seconds for another writer, and say so when one is at work."""
+    from bertknn.datastore import lock_holder, lock_wait
+
+    holder = lock_holder(datastore) if datastore.is_dir() else None
+    if holder and wait:
+        console.print(
+            f"[yellow]waiting[/] up to {wait:g} s for {escape(holder)} to finish writing {shown(str(datastore))}"
+        )
+    with lock_wait(wait):
+        yield
+
+
+DatastoreArg = Annotated[Path, typer.Argument(help="datastore directory made by `bertknn build`")]
+ThreadsOption = Annotated[int, typer.Option(help="CPU threads [default: all cores]")]
+NDocsOption = Annotated[int | None, typer.Option(help=f"documents retrieved [{TUNED}{PAPER.n_docs}]")]
+KOption = Annotated[int | None, typer.Option(help=f"nearest neighbours [{TUNED}{PAPER.k}]")]
+TemperatureOption = Annotated[
+    float | None, typer.Option(help=f"kNN temperature l in exp(-d/l) [{TUNED}{PAPER.temperature}]")
+]
+LamOption = Annotated[float | None, typer.Option("--lambda", help=f"weight of p_kNN [{TUNED}{PAPER.lam}]")]
+PackOption = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="targets masked per encoder pass: 1 = exact keys (the paper); m > 1 = up to m non-adjacent targets per "
+        "pass, fewer passes, approximate keys (bench/README.md gives the fidelity)",
+    ),
+]
+Int8Option = Annotated[
+    bool,
+    typer.Option(
+        "--int8-keys",
+        help="compute keys with the model quantised to int8 (ONNX Runtime, per channel): faster, approximate keys "
+        "(speed and fidelity: bench/README.md)",
+    ),
+]
+BackendOption = Annotated[
+    str,
+    typer.Option(
+        help="run the model in onnx (ONNX Runtime: the same numbers, faster on CPU; exported once to the cache), "
+        "torch, or onnx-int8 (questions in int8: faster still, approximate); speeds in bench/README.md"
+    ),
+]
+
+
+def _build(corpus: Path, out: Path, model: str | Encoder, layer: int | None, **options: object) -> BertKNN:
+    """Build with progress bars (reading, then embedding documents), then say what the datastore holds."""
+    began = time.time()
+    with phase_progress() as report:
+        knn = BertKNN.build(corpus, out, model, layer, progress=report, **options)
+    store = knn.store
+    console.print(
+        f"datastore {out}: {store.n_documents:,} documents ({store.n_documents - len(store.pending()):,} embedded), "
+        f"{store.size:,} contexts, model {knn.encoder.name}, layer {store.layer} ({time.time() - began:,.0f}s)"
+    )
+    return knn
+
+
+from bertknn.cli import lama, serve, store  # noqa: E402 (registers their commands on the apps above)
+
+__all__ = ["app", "command", "lama", "serve", "store"]

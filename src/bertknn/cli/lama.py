@@ -1,0 +1,163 @@
+"""Commands of the LAMA probe: data lama, eval lama, tune; and train-head (the offline default model)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from bertknn.cli import (
+    DATA_DIR,
+    BackendOption,
+    Int8Option,
+    KOption,
+    LamOption,
+    NDocsOption,
+    PackOption,
+    TemperatureOption,
+    ThreadsOption,
+    command,
+    data_app,
+    eval_app,
+)
+from bertknn.console import console, p_at_1_table, phase_progress
+from bertknn.default_model import DEFAULT_MODEL, HEAD_FILE
+from bertknn.encoder import Encoder
+from bertknn.settings import PAPER
+
+
+@command(name="train-head")
+def train_head_cmd(
+    corpus: Annotated[Path, typer.Argument(help="JSONL corpus to train on (held-out documents are skipped)")],
+    out: Annotated[Path, typer.Option(help="safetensors file to write")] = HEAD_FILE,
+    steps: Annotated[int, typer.Option(help="optimiser steps")] = 3000,
+    batch_size: Annotated[int, typer.Option(help="sentences per step")] = 32,
+    max_length: Annotated[int, typer.Option(help="tokens per sentence")] = 48,
+    rank: Annotated[int, typer.Option(help="LoRA rank")] = 16,
+    threads: ThreadsOption = 0,
+) -> None:
+    """Train the offline default model's MLM head, [MASK] embedding and adapters on the MiniLM-L6 encoder."""
+    from bertknn.train_head import train_head
+
+    info = train_head(
+        corpus, out, steps=steps, batch_size=batch_size, max_length=max_length, rank=rank, log=console.print
+    )
+    console.print(f"wrote {out}: held-out {info['heldout_metrics']}")
+
+
+def _lama_data_errors() -> tuple[type[Exception], ...]:
+    from bertknn.lama_data import LamaDataError  # imported when an error is handled: start-up stays light
+
+    return (LamaDataError, OSError)
+
+
+@command(data_app, "lama", errors=_lama_data_errors)
+def data_lama(
+    dest: Annotated[Path, typer.Option(help="directory for LAMA's data (it gets data/TREx/... inside)")] = DATA_DIR,
+    verify_only: Annotated[bool, typer.Option(help="only check the files against LAMA's git blob hashes")] = False,
+) -> None:
+    """Download LAMA's official data.zip and verify every file against the shipped list of git blob hashes."""
+    from bertknn.lama_data import download, report_lines, verify
+
+    result = verify(dest) if verify_only else verify(download(dest, console=console))
+    for line in report_lines(result):
+        console.print(escape(line))
+    if not result.passed:
+        raise typer.Exit(1)
+
+
+@command(eval_app, "lama")
+def eval_lama(
+    corpus: Annotated[Path, typer.Option(help="JSONL corpus the datastore is built from (lazily)")],
+    model: Annotated[str, typer.Option(help="HF masked LM")] = DEFAULT_MODEL,
+    data: Annotated[Path, typer.Option(help="LAMA directory (official layout)")] = DATA_DIR,
+    sample_per_relation: Annotated[int | None, typer.Option(help="facts per relation [default: all]")] = None,
+    seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
+    groups: Annotated[str, typer.Option(help="comma-separated LAMA groups")] = "T-REx,Google-RE,ConceptNet,SQuAD",
+    vocab: Annotated[str, typer.Option(help="ranking vocabulary: full (the paper) or common (LAMA's)")] = "full",
+    layers: Annotated[str | None, typer.Option(help="blocks to compare, e.g. 4,5,6 [default: second-to-last]")] = None,
+    heldout_only: Annotated[bool, typer.Option(help="only facts whose subject the default head never saw")] = False,
+    out: Annotated[Path, typer.Option(help="report directory (results there are resumed)")] = Path("lama-report"),
+    max_minutes: Annotated[
+        float | None, typer.Option(help="stop starting new facts after this long; report those done (a random subset)")
+    ] = None,
+    pack: PackOption = 1,
+    int8_keys: Int8Option = False,
+    n_docs: NDocsOption = None,
+    k: KOption = None,
+    temperature: TemperatureOption = None,
+    lam: LamOption = None,
+    backend: BackendOption = "onnx",
+    threads: ThreadsOption = 0,
+) -> None:
+    """LAMA probe: BERT, kNN and BERT-kNN side by side; writes report.md, report.json and p_at_k.png."""
+    from bertknn import evaluation as ev
+    from bertknn.report import lama_setting, write_report
+
+    began = time.time()
+    if vocab not in ("full", "common"):
+        raise ValueError(f"--vocab must be 'full' or 'common', not {vocab!r}")
+    encoder = Encoder.load(model, runtime=backend)
+    common = ev.common_vocab(data, encoder.tokenizer) if vocab == "common" else None
+    facts = ev.select_facts(
+        data, encoder.tokenizer, groups, common, heldout_only, sample_per_relation, seed, console.print
+    )
+    given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam}
+    max_seconds = max_minutes * 60 if max_minutes else None
+    blocks = [int(x) for x in layers.split(",")] if layers else None
+    summary, rows, knn = ev.evaluate_layers(
+        corpus, encoder, facts, out, blocks, common, phase_progress, max_seconds, seed, pack, int8_keys, **given
+    )
+    setting = lama_setting(
+        encoder, knn, len(facts), len(rows), corpus, sample_per_relation, seed, heldout_only, vocab, given, began
+    )
+    console.print(f"report: {write_report(out, summary, rows, setting)}")
+    console.print(p_at_1_table(summary))
+
+
+@command()
+def tune(
+    corpus: Annotated[Path, typer.Option(help="JSONL corpus the datastore is built from (lazily)")],
+    model: Annotated[str, typer.Option(help="HF masked LM")] = DEFAULT_MODEL,
+    data: Annotated[Path, typer.Option(help="LAMA directory (official layout)")] = DATA_DIR,
+    dev_per_relation: Annotated[int, typer.Option(help="dev facts per T-REx/Google-RE relation")] = 10,
+    squad_dev: Annotated[
+        int | None, typer.Option(help="SQuAD dev questions [default: all not in the eval sample]")
+    ] = None,
+    heldout_only: Annotated[bool, typer.Option(help="as in `eval lama`: subjects the default head never saw")] = False,
+    embedded_only: Annotated[bool, typer.Option(help="only dev facts whose documents are embedded already")] = False,
+    exclude_sample_per_relation: Annotated[int, typer.Option(help="eval sample to keep out of dev")] = 30,
+    seed: Annotated[int, typer.Option(help="seed of that eval sample (dev uses seed + 1)")] = 0,
+    out: Annotated[Path, typer.Option(help="where grid.json and grid.md go")] = Path("lama-tune"),
+    pack: PackOption = 1,
+    int8_keys: Int8Option = False,
+    backend: BackendOption = "onnx",
+    threads: ThreadsOption = 0,
+) -> None:
+    """Grid search of n_docs, lambda, k and temperature on a dev split; the best is stored with the datastore."""
+    from bertknn import evaluation as ev
+    from bertknn.report import write_grid
+    from bertknn.tune import DevSplit, cache_facts, grid_search, store_best
+
+    split = DevSplit(dev_per_relation, squad_dev, exclude_sample_per_relation, seed, heldout_only, embedded_only)
+    encoder = Encoder.load(model, runtime=backend)
+    facts = ev.load_lama(data, encoder.tokenizer, ("T-REx", "Google-RE", "SQuAD"), warn=console.print)
+    with phase_progress() as report:
+        knn = ev.lama_knn(corpus, encoder, progress=report, pack=pack, int8_keys=int8_keys)
+        dev = split.choose(facts, knn)
+        cache = cache_facts(knn, dev, report)
+    grid = grid_search(dev, cache)
+    description = split.describe(dev)
+    store_best(knn, grid, description)
+    grid_md = write_grid(out, description, grid)
+    (best, best_scores), paper = grid[0], next((scores for s, scores in grid if s == PAPER), None)
+    paper_p1 = f"{100 * paper['P@1']:.1f}" if paper else "not in the grid"
+    console.print(f"{len(grid):,} settings scored on {description}")
+    console.print(
+        f"best: {best.hparams} P@1 {100 * best_scores['P@1']:.1f} (the paper's "
+        f"{'/'.join(map(str, PAPER.hparams.values()))}: {paper_p1}); "
+        f"stored in {knn.store.path / 'manifest.json'}; whole grid in {grid_md}"
+    )

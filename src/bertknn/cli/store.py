@@ -1,0 +1,173 @@
+"""Commands on a datastore: build, ask, index, add, remove, verify."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from bertknn.cli import (
+    WAIT_S,
+    BackendOption,
+    DatastoreArg,
+    Int8Option,
+    KOption,
+    LamOption,
+    NDocsOption,
+    PackOption,
+    TemperatureOption,
+    ThreadsOption,
+    WaitOption,
+    _build,
+    _writer_wait,
+    command,
+)
+from bertknn.console import console, phase_progress, render
+from bertknn.default_model import DEFAULT_MODEL
+from bertknn.pipeline import BertKNN
+from bertknn.settings import PAPER
+
+
+@command(interrupted="what was committed is kept; rerun the same command to resume {out}")
+def build(
+    corpus: Annotated[Path, typer.Argument(help="JSONL corpus: one {id, title, text} document per line")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="datastore directory to create (or resume)")],
+    model: Annotated[str, typer.Option(help="HF masked LM: hub name or local directory")] = DEFAULT_MODEL,
+    layer: Annotated[int | None, typer.Option(help="block whose states are keys [default: second-to-last]")] = None,
+    lazy: Annotated[bool, typer.Option(help="embed each document only when retrieval first picks it")] = False,
+    pack: PackOption = 1,
+    int8_keys: Int8Option = False,
+    backend: BackendOption = "onnx",
+    threads: ThreadsOption = 0,
+    wait: WaitOption = WAIT_S,
+) -> None:
+    """Embed every target word of a corpus into a datastore and index its documents. Rerun to resume."""
+    with _writer_wait(out, wait):
+        _build(corpus, out, model, layer, lazy=lazy, pack=pack, runtime=backend, int8_keys=int8_keys)
+
+
+@command()
+def ask(
+    datastore: DatastoreArg,
+    question: Annotated[str, typer.Argument(help="cloze question with exactly one [MASK]")],
+    subject: Annotated[str | None, typer.Option(help="subject of a knowledge-base question (steers retrieval)")] = None,
+    top_k: Annotated[int, typer.Option(min=1, max=1000, help="answers to list")] = 10,
+    n_docs: NDocsOption = None,
+    k: KOption = None,
+    temperature: TemperatureOption = None,
+    lam: LamOption = None,
+    retrieval: Annotated[
+        str, typer.Option(help="neighbours from: ir (the paper), faiss (whole datastore; `bertknn index`), ir+faiss")
+    ] = PAPER.retrieval,
+    model: Annotated[str | None, typer.Option(help="model [default: the datastore's]")] = None,
+    backend: BackendOption = "onnx",
+    threads: ThreadsOption = 0,
+) -> None:
+    """Answer a cloze question: BERT, kNN and BERT-kNN side by side, with the evidence sentences."""
+    knn = BertKNN.load(datastore, model, runtime=backend, n_docs=n_docs, k=k, temperature=temperature, lam=lam)
+    console.print(render(knn.predict(question, subject=subject, top_k=top_k, retrieval=retrieval), top_k))
+
+
+@command(interrupted="what was saved is kept; rerun the same command to resume {datastore}")
+def index(
+    datastore: DatastoreArg,
+    factory: Annotated[
+        str,
+        typer.Option(
+            help="FAISS index factory string (Flat, IVF4096,PQ64, HNSW32...); auto: Flat below 20k keys, "
+            "else IVF with ~4 sqrt(n) lists and PQ dim/12"
+        ),
+    ] = "auto",
+    train_size: Annotated[
+        int | None, typer.Option(min=1, help="random keys to train on [default: 50 per IVF list, at least 100k]")
+    ] = None,
+    nprobe: Annotated[int, typer.Option(min=1, help="IVF lists searched per query")] = 16,
+    threads: ThreadsOption = 0,
+    wait: WaitOption = WAIT_S,
+) -> None:
+    """Index every key of a datastore with FAISS (for `--retrieval faiss`). Rerun to resume."""
+    import faiss
+
+    from bertknn.datastore import Datastore
+    from bertknn.faiss_index import FaissIndex
+
+    faiss.omp_set_num_threads(threads or os.cpu_count() or 1)
+    began = time.time()
+    store = Datastore(datastore)
+    with _writer_wait(datastore, wait), phase_progress() as report:
+        report("indexing", 0, store.size)
+        built = FaissIndex.build(
+            store, factory, train_size, nprobe, progress=lambda done, total: report("indexing", done, total)
+        )
+    console.print(
+        f"FAISS index {built.settings['factory']!r} over {built.index.ntotal:,} keys in {datastore / 'faiss.index'} "
+        f"({time.time() - began:,.0f}s); ask with --retrieval faiss"
+    )
+
+
+@command(interrupted="nothing half-added is searchable; rerun the same command to finish")
+def add(
+    datastore: DatastoreArg,
+    corpus: Annotated[Path, typer.Argument(help="JSONL documents to add ({id, title, text} per line)")],
+    backend: BackendOption = "onnx",
+    threads: ThreadsOption = 0,
+    wait: WaitOption = WAIT_S,
+) -> None:
+    """Add documents: embedded and indexed in place, searchable at once. Rerun after a crash to complete it."""
+    from bertknn.text import iter_corpus
+
+    docs = list(iter_corpus(corpus))  # the whole file is read first: a bad line changes nothing
+    knn = BertKNN.load(datastore, runtime=backend)
+    known = knn.store.states([d.id for d in docs])
+    with _writer_wait(datastore, wait), phase_progress() as report:
+        added = knn.add_documents(docs, skip_existing=True, progress=lambda n: report("embedding", n, len(docs)))
+    skipped = sum(state == "live" for state in known.values())
+    console.print(
+        f"added {len(docs) - skipped:,} documents ({added:,} contexts) to {datastore}"
+        + (f"; {skipped:,} were there already" if skipped else "")
+    )
+
+
+@command()
+def remove(
+    datastore: DatastoreArg,
+    doc: Annotated[list[str], typer.Option("--doc", help="id of a document to hide (repeatable)")],
+    wait: WaitOption = WAIT_S,
+) -> None:
+    """Remove documents: hidden from IR, kNN and FAISS search at once, all or none (their stored rows are kept)."""
+    from bertknn.datastore import Datastore
+
+    store = Datastore(datastore)
+    with _writer_wait(datastore, wait), store.writing():
+        removed, before = store.remove(doc)
+    console.print(
+        f"removed {len(removed)} document(s) from {escape(str(datastore))}"
+        + (f"; already removed before: {escape(', '.join(before))}" if before else "")
+    )
+
+
+@command()
+def verify(
+    datastore: DatastoreArg,
+    record: Annotated[
+        bool, typer.Option(help="record the checksums of the files as they are now (only for files known sound)")
+    ] = False,
+) -> None:
+    """Check a datastore: every checksum block of every file, SQLite's integrity, keys. Exit status 1 on damage."""
+    from bertknn import datastore as ds
+
+    if record:
+        ds.record_checksums(datastore)
+    with phase_progress() as report:
+        found = ds.verify(datastore, progress=lambda done, total: report("verifying", done, total))
+    for note in found.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}")
+    for problem in found.problems:
+        console.print(f"[bold red]damaged:[/] {escape(problem)}")
+    if found.problems:
+        raise typer.Exit(1)
+    console.print(f"{escape(str(datastore))}: sound ({found.blocks:,} checksum blocks checked)")
