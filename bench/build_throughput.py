@@ -16,7 +16,6 @@ The last line prints the ratio of the --pack 4 build to the reference.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -26,30 +25,28 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
+from bertknn import builder
 from bertknn.default_model import base_model_dir
 from bertknn.encoder import Encoder
 from bertknn.runtime import Runtime
-from bertknn.text import split_sentences, tokenize_sentences
+from bertknn.text import iter_corpus
 
 DEFAULT_PACK = 4  # the option whose ratio is the headline (its fidelity is printed beside it)
 
 
-def load_sentences(tokenizer, n_contexts: int) -> list:
-    """Tokenized sentences from the evidence corpus, enough to hold n_contexts targets."""
+def load_sentences(encoder: Encoder, n_contexts: int) -> list:
+    """The evidence corpus's sentences as a build reads them, whole documents until they hold n_contexts targets."""
     path = Path(os.environ.get("BERTKNN_DATA", "../shared/data")) / "wiki" / "lama_evidence_docs.jsonl"
     out, total = [], 0
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            doc = json.loads(line)
-            for s in tokenize_sentences(tokenizer, [x for p in doc["sentences"] for x in split_sentences(p)]):
-                out.append(s)
-                total += len(s.positions)
-            if total >= n_contexts:
-                return out
+    for doc in iter_corpus(path):
+        found = builder.contexts(encoder, list(builder.record(doc).sentences))
+        out += found
+        total += sum(len(s.positions) for s in found)
+        if total >= n_contexts:
+            break
     return out
 
 
-@torch.inference_mode()
 def reference_keys(model, sentences: list, layer: int, mask_id: int, batch: int = 124) -> np.ndarray:
     """The reference approach: full MLM forward (logits everywhere), corpus order, batches of 124, padded."""
     contexts = [(s.windows[w], int(p)) for s in sentences for w, p in zip(s.window, s.positions)]
@@ -81,7 +78,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size)).eval()  # bert-base shape
     encoder = Encoder(model, tokenizer, "bert-base-shaped-random")
-    sentences = load_sentences(tokenizer, args.contexts)
+    sentences = load_sentences(encoder, args.contexts)
     n = sum(len(s.positions) for s in sentences)
     print(f"{n} contexts from {len(sentences)} sentences; layer {encoder.layer}; {args.threads} threads")
     times = {"reference": [], "bertknn": []}

@@ -40,7 +40,7 @@ def serve(port: int, max_batch: int, window_ms: float, threads: int, datastore: 
     from bertknn.service import create_app
 
     Runtime.of(backend, threads).apply()
-    knn = BertKNN.load(datastore, runtime=backend) if datastore else build_demo(backend=backend)
+    knn = BertKNN.load(datastore, runtime=backend) if datastore else build_demo(runtime=backend)
     app = create_app(knn, max_batch=max_batch, batch_window_ms=window_ms)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 

@@ -18,6 +18,7 @@ from bertknn.datastore import Datastore
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder, cache_dir
 from bertknn.pipeline import BertKNN
+from bertknn.runtime import Runtime
 
 DEMO_CORPUS = Path(str(files("bertknn") / "data" / "demo_corpus.jsonl"))
 DEMO_QUESTIONS = Path(str(files("bertknn") / "data" / "demo_questions.json"))
@@ -45,10 +46,12 @@ def demo_path(encoder: Encoder) -> Path:
 
 
 def build_demo(
-    model: str = DEFAULT_MODEL, backend: str = "torch", progress: Callable[[str, int, int], None] | None = None
+    model: str = DEFAULT_MODEL,
+    runtime: Runtime | str = "torch",
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> BertKNN:
     """The demo corpus's datastore for `model`, built on first use and cached under `cache_dir()` (`bertknn demo`)."""
-    encoder = Encoder.load(model, runtime=backend)
+    encoder = Encoder.load(model, runtime=runtime)
     return BertKNN.build(DEMO_CORPUS, demo_path(encoder), encoder, progress=progress)
 
 

@@ -72,7 +72,7 @@ def serve(
     hosts = allowed_host or allowed_hosts_for(host)
     if datastore == "demo":
         with phase_progress() as report:
-            knn = build_demo(backend=backend, progress=report)
+            knn = build_demo(runtime=backend, progress=report)
     else:
         knn = BertKNN.load(datastore, runtime=backend)
     knn.encoder.query(["[MASK] ."])  # the first request should not pay for loading (or exporting) the model
