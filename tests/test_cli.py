@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from bertknn import cli
+from bertknn import BertKNN, cli
 from bertknn.cli import app
 from bertknn.datastore import Datastore
 from bertknn.runtime import Runtime
@@ -55,6 +56,22 @@ def test_ask_prints_three_lists_and_evidence(store_dir):
     assert result.exit_code == 0, result.output
     for heading in ("BERT", "kNN", "BERT-kNN", "evidence", "documents: Quellbrook", "Quellbrook is a town in Norway."):
         assert heading in result.output
+
+
+def test_ask_json_is_the_library_answer_with_the_fill_mask_format(store_dir):
+    question = "Quellbrook is a town in [MASK] ."
+    options = ["--subject", "quellbrook", "--top-k", "3", "--json", "--backend", "torch"]
+    result = runner.invoke(app, ["ask", str(store_dir), question, *options])
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.output)
+    knn = BertKNN.load(store_dir)
+    expected = knn.predict(question, subject="quellbrook", top_k=3)
+    assert got["documents"] == ["Quellbrook"] and [t["token"] for t in got["bert_knn"]] == [
+        t.token for t in expected.bert_knn
+    ]
+    fill_mask = expected.fill_mask(knn.encoder.tokenizer)
+    assert [a["sequence"] for a in got["fill_mask"]["bert_knn"]] == [a["sequence"] for a in fill_mask]
+    assert got["fill_mask"]["bert_knn"][0]["sequence"].startswith("quellbrook is a town in ")
 
 
 def test_ask_gives_the_same_answer_on_both_backends_and_refuses_an_unknown_one(store_dir):

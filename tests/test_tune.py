@@ -101,3 +101,16 @@ def test_write_grid_writes_the_table_and_the_json(tmp_path):
             PAPER.hparams | {"P@1": 0.25, "P@10": 1.0, "MRR": 1 / 3},
         ],
     }
+
+
+def test_dev_split_keeps_out_the_sample_eval_lama_draws_from_all_groups():
+    """ConceptNet's relations sort before T-REx's: the eval sample of T-REx depends on them, so the split must draw
+    its exclusion from the same groups `eval lama` loads by default; ConceptNet itself is never tuned on."""
+    concept = [Fact("ConceptNet", "AtLocation", "x", "paris", f"thing {i} is at [MASK] .", 0) for i in range(7)]
+    facts = concept + _facts()
+    dev = DevSplit(per_relation=3, squad=2, exclude_per_relation=4, seed=0).choose(facts)
+    evaluated = {ev.fact_key(f) for f in ev.sample_per_relation(facts, 4, 0)}  # `eval lama` with its default groups
+    assert not evaluated & {ev.fact_key(f) for f in dev}
+    assert Counter(f.relation for f in dev) == {"P19": 3, "P20": 3, "place_of_birth": 2, "squad": 2}
+    without = {ev.fact_key(f) for f in ev.sample_per_relation(_facts(), 4, 0)}
+    assert without != evaluated - {ev.fact_key(f) for f in concept}  # the draw really depends on ConceptNet

@@ -28,6 +28,8 @@ import numpy as np
 from bertknn.combine import METHODS
 from bertknn.text import MASK
 
+GROUPS = ("T-REx", "Google-RE", "ConceptNet", "SQuAD")  # LAMA's groups: what `eval lama` evaluates by default
+TUNED_GROUPS = ("T-REx", "Google-RE", "SQuAD")  # what `bertknn tune` tunes on
 GOOGLE_RE = {
     "place_of_birth": "[X] was born in [Y] .",
     "date_of_birth": "[X] (born [Y]).",
@@ -105,7 +107,7 @@ def _raw_facts(root: Path, groups: Iterable[str], warn) -> Iterable[tuple[str, s
 def load_lama(
     root: str | Path,
     tokenizer,
-    groups: Iterable[str] = ("T-REx", "Google-RE", "SQuAD"),
+    groups: Iterable[str] = TUNED_GROUPS,
     common_vocab: set[str] | None = None,
     warn=print,
 ) -> list[Fact]:
@@ -379,22 +381,23 @@ def held_out(facts: list[Fact]) -> list[Fact]:
 def select_facts(
     data: str | Path,
     tokenizer,
-    groups: str,
+    groups: str | None = None,
     common: set[str] | None = None,
     heldout_only: bool = False,
     per_relation: int | None = None,
     seed: int = 0,
     warn=print,
 ) -> list[Fact]:
-    """The facts `eval lama` evaluates: those of the comma-separated LAMA `groups`, of held-out subjects only if
-    asked, at most `per_relation` per relation (seeded); ValueError when none is left."""
-    facts = load_lama(data, tokenizer, [g.strip() for g in groups.split(",")], common, warn=warn)
+    """The facts `eval lama` evaluates: those of the comma-separated LAMA `groups` (None: all of GROUPS), of held-out
+    subjects only if asked, at most `per_relation` per relation (seeded); ValueError when none is left."""
+    chosen = [g.strip() for g in groups.split(",")] if groups else GROUPS
+    facts = load_lama(data, tokenizer, chosen, common, warn=warn)
     if heldout_only:
         facts = held_out(facts)
     if per_relation:
         facts = sample_per_relation(facts, per_relation, seed)
     if not facts:
-        raise ValueError(f"no LAMA facts to evaluate in {data} for groups {groups}")
+        raise ValueError(f"no LAMA facts to evaluate in {data} for groups {', '.join(chosen)}")
     return facts
 
 

@@ -15,6 +15,7 @@ import torch
 from bertknn import onnx_backend
 
 BACKENDS = ("torch", "onnx", "onnx-int8")  # the `--backend` names
+CLI_BACKEND = "onnx"  # the command line's default: faster on CPU; the library's is PyTorch (no export step)
 ENGINES = ("torch", "onnx")
 DEVICES = ("cpu",)  # the devices that run today
 DTYPES = ("float32",)

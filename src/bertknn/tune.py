@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bertknn import builder
-from bertknn.evaluation import Fact, fact_key, held_out, ir_subject, macro_metrics, sample_per_relation
+from bertknn.evaluation import (
+    TUNED_GROUPS,
+    Fact,
+    fact_key,
+    held_out,
+    ir_subject,
+    macro_metrics,
+    sample_per_relation,
+)
 from bertknn.knn import neighbour_weights
 from bertknn.settings import PAPER, Settings
 
@@ -115,8 +123,8 @@ def grid_search(facts: list[Fact], cache: list[FactCache]) -> list[tuple[Setting
 class DevSplit:
     """The facts `bertknn tune` tunes on: `per_relation` facts of each T-REx and Google-RE relation (seed + 1) and
     `squad` SQuAD questions (None: all), none of them in the sample of `exclude_per_relation` facts per relation that
-    `eval lama --sample-per-relation` draws with `seed` from the same facts (groups T-REx, Google-RE, SQuAD), so that
-    tuning never sees the facts it is judged on."""
+    `eval lama --sample-per-relation` draws with `seed` from the facts of its default groups (all of LAMA's: the draw
+    depends on every relation), so that tuning never sees the facts it is judged on."""
 
     per_relation: int = 10
     squad: int | None = None
@@ -126,12 +134,13 @@ class DevSplit:
     embedded_only: bool = False
 
     def choose(self, facts: list[Fact], knn: BertKNN | None = None) -> list[Fact]:
-        """The dev facts among LAMA's `facts`; `knn` (needed for embedded_only) says which documents are embedded
-        already, so that tuning costs no embedding. ValueError when none is left."""
+        """The dev facts among LAMA's `facts` (those of evaluation.GROUPS, as `eval lama` loads them); `knn` (needed for
+        embedded_only) says which documents are embedded already, so that tuning costs no embedding. ValueError when
+        none is left."""
         if self.heldout_only:
             facts = held_out(facts)
         held = {fact_key(f) for f in sample_per_relation(facts, self.exclude_per_relation, self.seed)}
-        rest = [f for f in facts if fact_key(f) not in held]
+        rest = [f for f in facts if fact_key(f) not in held and f.group in TUNED_GROUPS]
         if self.embedded_only:
             rest = [f for f in rest if not knn.store.pending(_documents(knn, f))]
         dev = sample_per_relation([f for f in rest if f.group != "SQuAD"], self.per_relation, self.seed + 1)

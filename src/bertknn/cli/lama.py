@@ -26,6 +26,8 @@ from bertknn.cli import (
 from bertknn.console import console, p_at_1_table, phase_progress
 from bertknn.default_model import DEFAULT_MODEL, HEAD_FILE
 from bertknn.encoder import Encoder
+from bertknn.evaluation import GROUPS
+from bertknn.runtime import CLI_BACKEND
 from bertknn.settings import PAPER
 
 
@@ -76,7 +78,9 @@ def eval_lama(
     data: Annotated[Path, typer.Option(help="LAMA directory (official layout)")] = DATA_DIR,
     sample_per_relation: Annotated[int | None, typer.Option(help="facts per relation [default: all]")] = None,
     seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
-    groups: Annotated[str, typer.Option(help="comma-separated LAMA groups")] = "T-REx,Google-RE,ConceptNet,SQuAD",
+    groups: Annotated[
+        str | None, typer.Option(help=f"comma-separated LAMA groups [default: {','.join(GROUPS)}]")
+    ] = None,
     vocab: Annotated[str, typer.Option(help="ranking vocabulary: full (the paper) or common (LAMA's)")] = "full",
     layers: Annotated[str | None, typer.Option(help="blocks to compare, e.g. 4,5,6 [default: second-to-last]")] = None,
     heldout_only: Annotated[bool, typer.Option(help="only facts whose subject the default head never saw")] = False,
@@ -90,7 +94,7 @@ def eval_lama(
     k: KOption = None,
     temperature: TemperatureOption = None,
     lam: LamOption = None,
-    backend: BackendOption = "onnx",
+    backend: BackendOption = CLI_BACKEND,
     threads: ThreadsOption = 0,
 ) -> None:
     """LAMA probe: BERT, kNN and BERT-kNN side by side; writes report.md, report.json and p_at_k.png."""
@@ -134,7 +138,7 @@ def tune(
     out: Annotated[Path, typer.Option(help="where grid.json and grid.md go")] = Path("lama-tune"),
     pack: PackOption = 1,
     int8_keys: Int8Option = False,
-    backend: BackendOption = "onnx",
+    backend: BackendOption = CLI_BACKEND,
     threads: ThreadsOption = 0,
 ) -> None:
     """Grid search of n_docs, lambda, k and temperature on a dev split; the best is stored with the datastore."""
@@ -144,7 +148,7 @@ def tune(
 
     split = DevSplit(dev_per_relation, squad_dev, exclude_sample_per_relation, seed, heldout_only, embedded_only)
     encoder = Encoder.load(model, runtime=backend)
-    facts = ev.load_lama(data, encoder.tokenizer, ("T-REx", "Google-RE", "SQuAD"), warn=console.print)
+    facts = ev.load_lama(data, encoder.tokenizer, ev.GROUPS, warn=console.print)  # the eval sample is drawn from all
     with phase_progress() as report:
         knn = ev.lama_knn(corpus, encoder, progress=report, pack=pack, int8_keys=int8_keys)
         dev = split.choose(facts, knn)

@@ -12,12 +12,13 @@ from bertknn.console import console, phase_progress
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder
 from bertknn.pipeline import BertKNN
+from bertknn.runtime import CLI_BACKEND
 
 
 @command()
 def demo(
     model: Annotated[str, typer.Option(help="HF masked LM")] = DEFAULT_MODEL,
-    backend: BackendOption = "onnx",
+    backend: BackendOption = CLI_BACKEND,
     threads: ThreadsOption = 0,
 ) -> None:
     """Build the embedded demo corpus's datastore (cached) and answer its questions."""
@@ -56,7 +57,7 @@ def serve(
             "adds it and this machine's names and addresses)",
         ),
     ] = None,
-    backend: BackendOption = "onnx",
+    backend: BackendOption = CLI_BACKEND,
     threads: ThreadsOption = 0,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /docs) and the web page: ask a question, see the three answers and evidence."""

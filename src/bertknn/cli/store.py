@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from bertknn.cli import (
 from bertknn.console import console, phase_progress, render
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.pipeline import BertKNN
+from bertknn.runtime import CLI_BACKEND
 from bertknn.settings import PAPER
 
 
@@ -41,7 +43,7 @@ def build(
     lazy: Annotated[bool, typer.Option(help="embed each document only when retrieval first picks it")] = False,
     pack: PackOption = 1,
     int8_keys: Int8Option = False,
-    backend: BackendOption = "onnx",
+    backend: BackendOption = CLI_BACKEND,
     threads: ThreadsOption = 0,
     wait: WaitOption = WAIT_S,
 ) -> None:
@@ -64,12 +66,19 @@ def ask(
         str, typer.Option(help="neighbours from: ir (the paper), faiss (whole datastore; `bertknn index`), ir+faiss")
     ] = PAPER.retrieval,
     model: Annotated[str | None, typer.Option(help="model [default: the datastore's]")] = None,
-    backend: BackendOption = "onnx",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print the answer as JSON, each ranking also in the fill-mask format")
+    ] = False,
+    backend: BackendOption = CLI_BACKEND,
     threads: ThreadsOption = 0,
 ) -> None:
     """Answer a cloze question: BERT, kNN and BERT-kNN side by side, with the evidence sentences."""
     knn = BertKNN.load(datastore, model, runtime=backend, n_docs=n_docs, k=k, temperature=temperature, lam=lam)
-    console.print(render(knn.predict(question, subject=subject, top_k=top_k, retrieval=retrieval), top_k))
+    prediction = knn.predict(question, subject=subject, top_k=top_k, retrieval=retrieval)
+    if as_json:
+        typer.echo(json.dumps(prediction.to_dict(knn.encoder.tokenizer), indent=1))  # plain: never wrapped
+    else:
+        console.print(render(prediction, top_k))
 
 
 @command(interrupted="what was saved is kept; rerun the same command to resume {datastore}")
@@ -113,7 +122,7 @@ def index(
 def add(
     datastore: DatastoreArg,
     corpus: Annotated[Path, typer.Argument(help="JSONL documents to add ({id, title, text} per line)")],
-    backend: BackendOption = "onnx",
+    backend: BackendOption = CLI_BACKEND,
     threads: ThreadsOption = 0,
     wait: WaitOption = WAIT_S,
 ) -> None:
