@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from bertknn.combine import METHODS
-from bertknn.text import MASK
+from bertknn.text import MASK, question_error
 
 GROUPS = ("T-REx", "Google-RE", "ConceptNet", "SQuAD")  # LAMA's groups: what `eval lama` evaluates by default
 TUNED_GROUPS = ("T-REx", "Google-RE", "SQuAD")  # what `bertknn tune` tunes on
@@ -128,7 +128,7 @@ def load_lama(
             continue
         if template is None:
             question = (line.get("masked_sentences") or [""])[0]
-            if question.count(MASK) != 1:
+            if question_error(question):  # not a usable cloze question: skipped
                 continue
         else:
             if (relation, subject, answer) in seen:
