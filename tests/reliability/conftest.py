@@ -296,6 +296,7 @@ class Spawner:
         fd, out = tempfile.mkstemp(prefix="out-", dir=self.workdir)
         os.close(fd)
         err = Path(out).with_name(Path(out).name.replace("out-", "err-"))
+        err.touch()  # a child killed before it opens its files has still written (nothing) to both
         out = Path(out)
         if self.exec if exec_ is None else exec_:
             with out.open("wb") as o, err.open("wb") as e:
