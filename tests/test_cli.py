@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Annotated
 
 import pytest
@@ -201,14 +202,23 @@ def test_the_error_handler_gives_one_line_and_an_exit_status():
     assert "Fail as told." in shown and "--kind" in shown and "what to raise" in shown  # typer sees the signature
 
 
-def test_the_threads_option_sets_the_models_threads(monkeypatch):
+def test_the_model_options_make_one_runtime_and_set_the_threads(monkeypatch):
     group, seen = typer.Typer(), []
 
     @cli.command(group)
-    def threaded(threads: cli.ThreadsOption = 0, backend: str = "torch") -> None:
-        """Record the threads PyTorch got."""
-        seen.append(torch.get_num_threads())
+    def threaded(
+        threads: cli.ThreadsOption = 0, backend: str = "torch", device: str = "auto", dtype: str = "float32"
+    ) -> None:
+        """Record the runtime the command got and the threads PyTorch got."""
+        seen.append((backend, torch.get_num_threads()))
 
     assert runner.invoke(group, ["--threads", "3"]).exit_code == 0
     assert runner.invoke(group, ["--threads", "3", "--backend", "onnx"]).exit_code == 0  # ONNX Runtime gets them
-    assert seen == [3, 1]
+    assert runner.invoke(group, ["--backend", "auto", "--dtype", "bf16", "--device", "cpu"]).exit_code == 0
+    assert seen == [
+        (Runtime("torch", threads=3, device="auto"), 3),
+        (Runtime("onnx", threads=3), 1),
+        (Runtime("torch", dtype="bfloat16"), os.cpu_count()),
+    ]
+    bad = runner.invoke(group, ["--dtype", "fp16", "--device", "cpu"])
+    assert bad.exit_code == 2 and "float16 runs on a GPU only: on CPU use --dtype bfloat16" in bad.output

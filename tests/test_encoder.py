@@ -176,7 +176,7 @@ def test_with_an_onnx_backend_onnx_runtime_takes_the_threads_and_pytorch_keeps_o
 
 
 def test_unknown_backend_is_refused(encoder):
-    with pytest.raises(ValueError, match="unknown backend 'tensorrt': use one of torch, onnx, onnx-int8"):
+    with pytest.raises(ValueError, match=r"unknown backend .tensorrt.: use one of auto, torch, onnx, onnx-int8"):
         Encoder(encoder.model, encoder.tokenizer, encoder.name, runtime="tensorrt")
 
 

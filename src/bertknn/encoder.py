@@ -148,7 +148,8 @@ class Encoder:
 
     `runtime` (a `Runtime`, or a `--backend` name): with the onnx engine the same forward functions run in ONNX
     Runtime (exported to cache_dir()/onnx on first use); with `int8_questions` questions run quantised to int8
-    (faster, approximate LM distribution and query state).
+    (faster, approximate LM distribution and query state). With the torch engine the model runs on the runtime's
+    device and dtype (moved there when the Encoder is made); outputs always come back as float32 numpy arrays.
     """
 
     def __init__(
@@ -164,8 +165,15 @@ class Encoder:
         self.head = getattr(model, "cls", None) or getattr(model, "lm_head", None)
         self.mask_id = tokenizer.mask_token_id
         self.pad_id = tokenizer.pad_token_id or 0
-        self.trunk = self._checked_trunk()
+        self.trunk = self._checked_trunk()  # checked in float32 on CPU, before the model moves
         self._runners: dict[str, OnnxRunner] = {}
+        if (self.runtime.device, self.runtime.dtype) != ("cpu", "float32"):
+            weights = next(model.parameters())
+            if (weights.device.type, weights.dtype) == ("cpu", torch.float32):  # not moved yet (`at_layer` shares)
+                _ = self.weights_hash  # of the weights as given: the same model's datastore on any device or dtype
+            for module in (self.model, self.trunk):
+                if module is not None:
+                    module.to(device=self.runtime.torch_device, dtype=self.runtime.torch_dtype)
 
     @torch.inference_mode()
     def _checked_trunk(self) -> nn.Module | None:
@@ -175,6 +183,7 @@ class Encoder:
             return None
         trunk = _truncated(self.base, path, self.layer)
         ids = torch.tensor([[self.tokenizer.cls_token_id or 0, self.mask_id, self.tokenizer.sep_token_id or 0]])
+        ids = ids.to(next(self.base.parameters()).device)  # a model shared with another Encoder may have moved
         full = self.base(input_ids=ids, output_hidden_states=True).hidden_states[self.layer]
         return trunk if torch.allclose(trunk(input_ids=ids).last_hidden_state, full, atol=1e-5) else None
 
@@ -186,7 +195,11 @@ class Encoder:
 
     def at_layer(self, layer: int) -> Encoder:
         """The same model (weights shared) read at another block."""
-        return self if layer == self.layer else Encoder(self.model, self.tokenizer, self.name, layer, self.runtime)
+        if layer == self.layer:
+            return self
+        other = Encoder(self.model, self.tokenizer, self.name, layer, self.runtime)
+        other.weights_hash = self.weights_hash  # the weights as given (the shared model may have moved since)
+        return other
 
     @property
     def cache_tag(self) -> str:
@@ -279,6 +292,8 @@ class Encoder:
         passes run in ONNX Runtime quantised to int8 (whatever the runtime): faster, keys close to float32's. Passes
         are sorted by length and batched under `token_budget` padded tokens.
         """
+        if int8_keys and (self.runtime.device, self.runtime.dtype) != ("cpu", "float32"):
+            raise ValueError("int8 keys are computed by ONNX Runtime on CPU: drop --int8-keys, or use --device cpu")
         first = np.cumsum([0] + [len(s.positions) for s in sentences])
         passes = [  # (window token ids, positions masked in it, their rows in `keys`)
             (ids, s.positions[targets[group]], first[i] + targets[group])
@@ -300,7 +315,9 @@ class Encoder:
     def _run(self, forward, outputs: tuple[str, ...], *inputs: torch.Tensor, int8: bool = False) -> list[np.ndarray]:
         """`forward(ids, attention, rows, cols)` on this encoder's runtime (ONNX Runtime int8 if `int8`), as float32."""
         if not (self.runtime.onnx or int8):
-            return [t.float().numpy() for t in forward(*inputs)]
+            device = self.runtime.torch_device
+            inputs = tuple(t.to(device, non_blocking=True) for t in inputs) if device.type != "cpu" else inputs
+            return [t.float().cpu().numpy() for t in forward(*inputs)]
         name = forward.__name__.strip("_")
         key = f"{name}-int8" if int8 else name
         if key not in self._runners:

@@ -1,31 +1,42 @@
 """Where and how the model runs: one record (engine, int8 questions, threads, device, dtype) decided in one place.
 
 The command line's `--backend` names map onto it: "torch" (PyTorch eager), "onnx" (ONNX Runtime: the same numbers,
-faster on CPU) and "onnx-int8" (ONNX Runtime with questions quantised to int8: faster still, approximate). Int8
-*keys* are a property of a datastore, chosen when it is built (`int8_keys`), not of the runtime.
+faster on CPU), "onnx-int8" (ONNX Runtime with questions quantised to int8: faster still, approximate) and "auto"
+(PyTorch on a GPU, ONNX Runtime on CPU). `--device` picks the processor (auto: a CUDA GPU when PyTorch sees one),
+`--dtype` the precision the model runs in (float32, exact, the default; bfloat16 or float16 on a GPU, bfloat16 also
+on CPU). Int8 *keys* are a property of a datastore, chosen when it is built (`int8_keys`), not of the runtime.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import torch
 
 from bertknn import onnx_backend
 
-BACKENDS = ("torch", "onnx", "onnx-int8")  # the `--backend` names
-CLI_BACKEND = "onnx"  # the command line's default: faster on CPU; the library's is PyTorch (no export step)
+BACKENDS = ("auto", "torch", "onnx", "onnx-int8")  # the `--backend` names
+CLI_BACKEND = "auto"  # the command line's default; the library's is PyTorch on CPU (no export step)
 ENGINES = ("torch", "onnx")
-DEVICES = ("cpu",)  # the devices that run today
-DTYPES = ("float32",)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"} | {name: name for name in DTYPES}
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def cuda_devices() -> int:
+    """How many CUDA GPUs PyTorch sees (0 without a GPU or without a CUDA build)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 @dataclass(frozen=True)
 class Runtime:
     """How the model runs. engine: "torch" or "onnx"; int8_questions: questions run quantised to int8 (ONNX Runtime);
-    threads: CPU threads for the model (0: all cores); device and dtype: "cpu" and "float32" (the only ones so far).
-    Made with a bad value, it raises ValueError naming the choices."""
+    threads: CPU threads for the model (0: all cores); device: "cpu", "cuda" or "cuda:N" ("auto" is resolved when the
+    record is made: a GPU when PyTorch sees one, for the torch engine); dtype: "float32", "bfloat16" or "float16" (the
+    model's weights and activations; keys are stored as float16 whatever it is). Made with a bad value or one this
+    machine cannot run, it raises ValueError saying what to use instead."""
 
     engine: str = "torch"
     int8_questions: bool = False
@@ -34,24 +45,59 @@ class Runtime:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        for name, value, known in (("engine", self.engine, ENGINES), ("device", self.device, DEVICES)):
-            if value not in known:
-                raise ValueError(f"unknown {name} {value!r}: use one of {', '.join(known)}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} is not supported: use one of {', '.join(DTYPES)}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINES)}")
+        if not isinstance(self.device, str) or not DEVICE.fullmatch(self.device):
+            raise ValueError(f"unknown device {self.device!r}: use auto, cpu, cuda or cuda:N")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPE_NAMES)}")
+        object.__setattr__(self, "dtype", DTYPE_NAMES[self.dtype])
+        if self.device == "auto":
+            object.__setattr__(self, "device", "cuda" if self.engine == "torch" and cuda_devices() else "cpu")
+        self._check_machine()
         if self.int8_questions and self.engine != "onnx":
             raise ValueError("int8 questions run in ONNX Runtime: use the onnx engine (--backend onnx-int8)")
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 0:
             raise ValueError(f"threads must be a whole number >= 0 (0: all cores), not {self.threads!r}")
 
+    def _check_machine(self) -> None:
+        """Refuse what this machine or engine cannot run, naming the way out."""
+        if self.device.startswith("cuda"):
+            index = int(self.device.partition(":")[2] or 0)
+            if index >= cuda_devices():
+                raise ValueError(
+                    f"device {self.device!r}: PyTorch sees {cuda_devices()} CUDA GPU(s) here (torch "
+                    f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use --device cpu or auto"
+                )
+            if self.engine == "onnx":
+                raise ValueError("the onnx engine runs on CPU: on a GPU use --backend torch (or auto)")
+        if self.engine == "onnx" and self.dtype != "float32":
+            raise ValueError(f"the onnx engine runs float32 graphs: --dtype {self.dtype} needs --backend torch")
+        if self.dtype == "float16" and self.device == "cpu":
+            raise ValueError("float16 runs on a GPU only: on CPU use --dtype bfloat16 (or float32, exact)")
+
     @classmethod
-    def of(cls, backend: str | Runtime, threads: int = 0) -> Runtime:
-        """The runtime a `--backend` name stands for (a Runtime is returned as it is)."""
+    def of(cls, backend: str | Runtime, threads: int = 0, device: str = "cpu", dtype: str = "float32") -> Runtime:
+        """The runtime a `--backend` name stands for on `device` in `dtype` (a Runtime is returned as it is).
+        "auto" is PyTorch on a GPU, else ONNX Runtime (float32) or PyTorch (other dtypes)."""
         if isinstance(backend, Runtime):
             return backend
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
-        return cls("torch" if backend == "torch" else "onnx", backend == "onnx-int8", threads)
+        if backend == "auto":
+            on_gpu = device.startswith("cuda") or (device == "auto" and cuda_devices() > 0)
+            backend = "torch" if on_gpu or DTYPE_NAMES.get(dtype, dtype) != "float32" else "onnx"
+        return cls("torch" if backend == "torch" else "onnx", backend == "onnx-int8", threads, device, dtype)
+
+    @property
+    def torch_device(self) -> torch.device:
+        """The device as PyTorch names it."""
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The dtype as PyTorch names it."""
+        return DTYPES[self.dtype]
 
     @property
     def backend(self) -> str:

@@ -42,7 +42,8 @@ def command(
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Register a command on `group` with the one error handler of all commands, so that a user sees a line, not a
     traceback: `errors()` print the red `error:` line (exit 2); Ctrl+C prints `interrupted` (formatted with the
-    arguments; exit 130) where one is given. A command's `threads` (and `backend`) arguments set the threads first."""
+    arguments; exit 130) where one is given. A command that runs the model declares `backend`, `device`, `dtype` and
+    `threads`: it is called with the `Runtime` they make (checked here, threads applied) in `backend`."""
 
     def wrap(fn: Callable[..., None]) -> Callable[..., None]:
         signature = inspect.signature(fn)
@@ -51,9 +52,13 @@ def command(
         def run(*args: object, **kwargs: object) -> None:
             arguments = signature.bind(*args, **kwargs).arguments
             try:
-                if "threads" in arguments:
-                    Runtime.of(arguments.get("backend", "torch"), arguments["threads"]).apply()
-                fn(*args, **kwargs)
+                if "backend" in arguments:  # the command gets, in `backend`, the Runtime made of its model options
+                    runtime = Runtime.of(*(arguments[name] for name in ("backend", "threads", "device", "dtype")))
+                    arguments["backend"] = runtime
+                    runtime.apply()
+                elif "threads" in arguments:
+                    Runtime(threads=arguments["threads"]).apply()
+                fn(**arguments)
             except errors() as err:  # evaluated only when an exception is raised
                 console.print(f"[bold red]error:[/] {shown(str(err))}")
                 raise typer.Exit(2) from None
@@ -110,6 +115,15 @@ Int8Option = Annotated[
         "--int8-keys",
         help="compute keys with the model quantised to int8 (ONNX Runtime, per channel): faster, approximate keys "
         "(speed and fidelity: bench/README.md)",
+    ),
+]
+DeviceOption = Annotated[
+    str, typer.Option(help="where the model runs: auto (a CUDA GPU when PyTorch sees one, else cpu), cpu, cuda, cuda:N")
+]
+DtypeOption = Annotated[
+    str,
+    typer.Option(
+        help="the model's precision: float32 (exact), bf16 (GPU or CPU), fp16 (GPU); keys are stored as float16"
     ),
 ]
 BackendOption = Annotated[

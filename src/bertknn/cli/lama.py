@@ -12,6 +12,8 @@ from rich.markup import escape
 from bertknn.cli import (
     DATA_DIR,
     BackendOption,
+    DeviceOption,
+    DtypeOption,
     Int8Option,
     KOption,
     LamOption,
@@ -95,6 +97,8 @@ def eval_lama(
     temperature: TemperatureOption = None,
     lam: LamOption = None,
     backend: BackendOption = CLI_BACKEND,
+    device: DeviceOption = "auto",
+    dtype: DtypeOption = "float32",
     threads: ThreadsOption = 0,
 ) -> None:
     """LAMA probe: BERT, kNN and BERT-kNN side by side; writes report.md, report.json and p_at_k.png."""
@@ -139,6 +143,8 @@ def tune(
     pack: PackOption = 1,
     int8_keys: Int8Option = False,
     backend: BackendOption = CLI_BACKEND,
+    device: DeviceOption = "auto",
+    dtype: DtypeOption = "float32",
     threads: ThreadsOption = 0,
 ) -> None:
     """Grid search of n_docs, lambda, k and temperature on a dev split; the best is stored with the datastore."""

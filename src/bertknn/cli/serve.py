@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from bertknn.cli import BackendOption, ThreadsOption, _build, command
+from bertknn.cli import BackendOption, DeviceOption, DtypeOption, ThreadsOption, _build, command
 from bertknn.console import console, phase_progress
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder
@@ -19,6 +19,8 @@ from bertknn.runtime import CLI_BACKEND
 def demo(
     model: Annotated[str, typer.Option(help="HF masked LM")] = DEFAULT_MODEL,
     backend: BackendOption = CLI_BACKEND,
+    device: DeviceOption = "auto",
+    dtype: DtypeOption = "float32",
     threads: ThreadsOption = 0,
 ) -> None:
     """Build the embedded demo corpus's datastore (cached) and answer its questions."""
@@ -58,6 +60,8 @@ def serve(
         ),
     ] = None,
     backend: BackendOption = CLI_BACKEND,
+    device: DeviceOption = "auto",
+    dtype: DtypeOption = "float32",
     threads: ThreadsOption = 0,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /docs) and the web page: ask a question, see the three answers and evidence."""

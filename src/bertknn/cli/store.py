@@ -15,6 +15,8 @@ from bertknn.cli import (
     WAIT_S,
     BackendOption,
     DatastoreArg,
+    DeviceOption,
+    DtypeOption,
     Int8Option,
     KOption,
     LamOption,
@@ -44,6 +46,8 @@ def build(
     pack: PackOption = 1,
     int8_keys: Int8Option = False,
     backend: BackendOption = CLI_BACKEND,
+    device: DeviceOption = "auto",
+    dtype: DtypeOption = "float32",
     threads: ThreadsOption = 0,
     wait: WaitOption = WAIT_S,
 ) -> None:
@@ -70,6 +74,8 @@ def ask(
         bool, typer.Option("--json", help="print the answer as JSON, each ranking also in the fill-mask format")
     ] = False,
     backend: BackendOption = CLI_BACKEND,
+    device: DeviceOption = "auto",
+    dtype: DtypeOption = "float32",
     threads: ThreadsOption = 0,
 ) -> None:
     """Answer a cloze question: BERT, kNN and BERT-kNN side by side, with the evidence sentences."""
@@ -123,6 +129,8 @@ def add(
     datastore: DatastoreArg,
     corpus: Annotated[Path, typer.Argument(help="JSONL documents to add ({id, title, text} per line)")],
     backend: BackendOption = CLI_BACKEND,
+    device: DeviceOption = "auto",
+    dtype: DtypeOption = "float32",
     threads: ThreadsOption = 0,
     wait: WaitOption = WAIT_S,
 ) -> None:

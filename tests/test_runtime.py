@@ -1,0 +1,76 @@
+"""The runtime record (engine, device, dtype, threads) and the model on it, on CPU; CUDA paths where a GPU exists."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bertknn.encoder import Encoder
+from bertknn.runtime import Runtime, cuda_devices
+from bertknn.text import tokenize_sentences
+
+GPU = cuda_devices() > 0
+QUESTIONS = ["Dante was born in [MASK] .", "The longest river of the country [MASK] flows into the sea ."]
+
+
+def test_backend_names_device_and_dtype_make_one_runtime():
+    assert Runtime.of("auto") == (Runtime("torch", device="cuda") if GPU else Runtime("onnx"))
+    assert Runtime.of("auto", dtype="bf16") == Runtime("torch", dtype="bfloat16", device="cuda" if GPU else "cpu")
+    assert Runtime.of("onnx-int8", threads=2) == Runtime("onnx", int8_questions=True, threads=2)
+    assert Runtime(dtype="fp32").dtype == "float32" and Runtime(dtype="bf16").torch_dtype == torch.bfloat16
+    assert Runtime.of("onnx-int8").backend == "onnx-int8" and Runtime().torch_device == torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"device": "gpu"}, "unknown device 'gpu': use auto, cpu, cuda or cuda:N"),
+        ({"dtype": "int4"}, "unknown dtype 'int4'"),
+        ({"dtype": "fp16", "device": "cpu"}, "float16 runs on a GPU only: on CPU use --dtype bfloat16"),
+        ({"engine": "onnx", "dtype": "bf16"}, "the onnx engine runs float32 graphs: --dtype bfloat16 needs --backend"),
+        ({"engine": "torch", "int8_questions": True}, "int8 questions run in ONNX Runtime"),
+        ({"threads": -1}, "threads must be a whole number >= 0"),
+        ({"device": f"cuda:{cuda_devices()}"}, f"PyTorch sees {cuda_devices()} CUDA GPU"),
+    ],
+)
+def test_what_cannot_run_here_is_refused_with_the_way_out(options, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        Runtime(**options)
+
+
+@pytest.fixture(scope="module")
+def bf16(tiny_model_dir):
+    """The tiny BERT in bfloat16 (its own copy: the Encoder moves its model)."""
+    return Encoder.load(str(tiny_model_dir), runtime=Runtime(dtype="bfloat16"))
+
+
+def test_a_bf16_encoder_is_the_same_model_with_close_outputs(bf16, encoder, tokenizer):
+    assert bf16.weights_hash == encoder.weights_hash  # a datastore is the same model's in any dtype
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16 and bf16.trunk is not None
+    probs, states = bf16.query(QUESTIONS)
+    want_probs, want_states = encoder.query(QUESTIONS)
+    assert probs.dtype == states.dtype == np.float32
+    np.testing.assert_allclose(probs.sum(1), 1.0, rtol=1e-5)
+    cosine = (states * want_states).sum(1) / np.linalg.norm(states, axis=1) / np.linalg.norm(want_states, axis=1)
+    assert cosine.min() > 0.99 and np.abs(probs - want_probs).max() < 0.01
+    sentences = tokenize_sentences(tokenizer, ["Dante Alighieri was an Italian poet born in Florence in 1265."])
+    keys, exact = bf16.embed(sentences), encoder.embed(sentences)
+    key_cosine = (keys * exact).sum(1) / np.linalg.norm(keys, axis=1) / np.linalg.norm(exact, axis=1)
+    assert keys.dtype == np.float32 and key_cosine.min() > 0.99
+    with pytest.raises(ValueError, match="int8 keys are computed by ONNX Runtime on CPU"):
+        bf16.embed(sentences, int8_keys=True)
+
+
+def test_another_layer_of_a_moved_model_runs_where_the_model_is(bf16):
+    other = bf16.at_layer(2)
+    assert other.runtime == bf16.runtime and other.model is bf16.model
+    assert other.query(QUESTIONS[:1])[1].shape == (1, bf16.dim)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_on_a_gpu_keys_and_questions_match_the_cpu(tiny_model_dir, encoder, tokenizer):
+    gpu = Encoder.load(str(tiny_model_dir), runtime=Runtime(device="cuda"))
+    np.testing.assert_allclose(gpu.query(QUESTIONS)[1], encoder.query(QUESTIONS)[1], atol=1e-4)
+    sentences = tokenize_sentences(tokenizer, ["Rome is the capital of Italy."])
+    np.testing.assert_allclose(gpu.embed(sentences), encoder.embed(sentences), atol=1e-4)
