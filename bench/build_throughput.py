@@ -47,8 +47,11 @@ def load_sentences(encoder: Encoder, n_contexts: int) -> list:
     return out
 
 
-def reference_keys(model, sentences: list, layer: int, mask_id: int, batch: int = 124) -> np.ndarray:
-    """The reference approach: full MLM forward (logits everywhere), corpus order, batches of 124, padded."""
+def reference_keys(
+    model, sentences: list, layer: int, mask_id: int, batch: int = 124, device: str = "cpu"
+) -> np.ndarray:
+    """The reference approach: full MLM forward (logits everywhere), corpus order, batches of 124, padded; the model
+    and the batches on `device`."""
     contexts = [(s.windows[w], int(p)) for s in sentences for w, p in zip(s.window, s.positions)]
     keys = []
     for start in range(0, len(contexts), batch):
@@ -60,10 +63,10 @@ def reference_keys(model, sentences: list, layer: int, mask_id: int, batch: int 
             ids[i, : len(window)] = torch.from_numpy(window)
             attention[i, : len(window)] = 1
             ids[i, p] = mask_id
-        out = model(input_ids=ids, attention_mask=attention, output_hidden_states=True)
+        out = model(input_ids=ids.to(device), attention_mask=attention.to(device), output_hidden_states=True)
         out.logits.sum()  # the logits at every position are computed, as in the reference
         rows = torch.arange(len(part))
-        keys.append(out.hidden_states[layer][rows, torch.tensor([p for _, p in part])].numpy())
+        keys.append(out.hidden_states[layer][rows, torch.tensor([p for _, p in part])].float().cpu().numpy())
     return np.concatenate(keys)
 
 
