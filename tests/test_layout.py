@@ -25,3 +25,7 @@ def test_storage_imports_neither_the_model_nor_the_tokenizer():
 def test_the_builder_sits_between_model_and_store():
     assert {"bertknn.datastore", "bertknn.encoder", "bertknn.text"} <= _imports("builder")
     assert not any("pipeline" in name or "cli" in name for name in _imports("builder"))
+
+
+def test_the_corpus_readers_know_nothing_of_the_model():
+    assert _imports("corpus") == {"bertknn.datastore", "bertknn.text"}

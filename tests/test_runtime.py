@@ -74,3 +74,25 @@ def test_on_a_gpu_keys_and_questions_match_the_cpu(tiny_model_dir, encoder, toke
     np.testing.assert_allclose(gpu.query(QUESTIONS)[1], encoder.query(QUESTIONS)[1], atol=1e-4)
     sentences = tokenize_sentences(tokenizer, ["Rome is the capital of Italy."])
     np.testing.assert_allclose(gpu.embed(sentences), encoder.embed(sentences), atol=1e-4)
+
+
+def test_a_store_records_the_dtype_of_its_keys_and_is_extended_only_in_it(bf16, encoder, small_corpus, tmp_path):
+    from bertknn import BertKNN, DatastoreError
+
+    knn = BertKNN.build(small_corpus, tmp_path / "bf16", bf16)
+    assert knn.store.key_dtype == "bfloat16" and knn.store.manifest["key_dtype"] == "bfloat16"
+    exact = BertKNN.build(small_corpus, tmp_path / "f32", encoder)
+    assert exact.store.key_dtype == "float32"
+    keys, want = np.asarray(knn.store.keys, np.float32), np.asarray(exact.store.keys, np.float32)
+    assert cosine_rows(keys, want).min() > 0.99
+    float32_reader = BertKNN(encoder, knn.store)  # questions in float32 over bf16 keys: fine
+    assert float32_reader.predict("Ilsa Varnhold was born in [MASK] .", "Ilsa Varnhold").documents == ["Ilsa Varnhold"]
+    doc = {"id": "n1", "title": "Tamsin Orwhey", "text": "Tamsin Orwhey was born in Tallinn."}
+    with pytest.raises(DatastoreError, match="computed in bfloat16: embed its documents with --dtype bfloat16"):
+        float32_reader.add_documents([doc])
+    assert float32_reader.store.n_documents == 5  # refused before anything was staged
+    assert knn.add_documents([doc]) > 0
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)

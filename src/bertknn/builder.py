@@ -11,22 +11,21 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertknn.datastore import FORMAT, VERSION, Datastore, DatastoreError, Record, file_sha256
+from bertknn.corpus import Corpus, open_corpus
+from bertknn.datastore import FORMAT, VERSION, Datastore, DatastoreError, Record
 from bertknn.datastore import copy_registration as copy_store
 from bertknn.datastore import create as create_store
 from bertknn.encoder import TOKEN_BUDGET, Encoder
-from bertknn.text import (
-    Document,
-    Sentence,
-    iter_corpus,
-    normalize_title,
-    split_sentences,
-    tokenize_sentences,
-    validate_corpus,
-)
+from bertknn.text import CorpusError, Document, Sentence, normalize_title, split_sentences, tokenize_sentences
+
+if TYPE_CHECKING:
+    import os
+
+    from datasets import Dataset
 
 KEY_WINDOW = 128  # tokens a key's context may have; a longer sentence is read in overlapping windows (text.py)
 REGISTER_DOCS = 500  # documents registered per transaction by a build
@@ -63,6 +62,7 @@ def manifest(encoder: Encoder, corpus: dict | None, pack: int, int8_keys: bool) 
         "dim": encoder.dim,
         "pack": pack,
         "int8": int8_keys,
+        "key_dtype": encoder.runtime.dtype,
         "dtype": "float16",
         "value_dtype": "int32",
         "status": "building",
@@ -75,6 +75,15 @@ def check_encoder(store: Datastore, encoder: Encoder) -> None:
     store.check_model(encoder.name, encoder.weights_hash, encoder.dim, encoder.layer)
 
 
+def check_key_dtype(store: Datastore, encoder: Encoder) -> None:
+    """Refuse to add keys computed in another precision than the store's (its keys would not be comparable)."""
+    if encoder.runtime.dtype != store.key_dtype:
+        raise DatastoreError(
+            f"the keys of {store.path} were computed in {store.key_dtype}: embed its documents with --dtype "
+            f"{store.key_dtype} (this model runs in {encoder.runtime.dtype})"
+        )
+
+
 def create(
     path: str | Path, encoder: Encoder, corpus: dict | None = None, pack: int = 1, int8_keys: bool = False
 ) -> Datastore:
@@ -85,7 +94,7 @@ def create(
     store = Datastore(path)
     check_encoder(store, encoder)
     known = store.manifest.get("corpus") or {}
-    if corpus and known and known.get("sha256") != corpus["sha256"]:
+    if corpus and known and _identity(known) != _identity(corpus):
         if store.n_documents:
             raise DatastoreError(
                 f"{path} holds a datastore of another corpus ({known.get('path')}); "
@@ -101,6 +110,11 @@ def create(
         have, flag = ("int8", "with --int8-keys") if store.int8_keys else ("float32", "without --int8-keys")
         raise DatastoreError(f"{path} holds {have} keys; resume it {flag}, or choose another --out directory")
     return store
+
+
+def _identity(corpus: dict) -> tuple:
+    """What tells two corpora apart in a manifest: a file's sha256 or a dataset's fingerprint."""
+    return corpus.get("sha256"), corpus.get("fingerprint")
 
 
 def copy_registration(
@@ -128,6 +142,7 @@ def embed(
     todo = store.pending(docs)
     if not todo:
         return 0
+    check_key_dtype(store, encoder)
     with store.writing(wait=LAZY_WAIT):
         todo = store.pending(todo)  # what another writer did meanwhile is not redone
         added, chunk, words, done = 0, [], 0, 0
@@ -156,8 +171,33 @@ def _embed_chunk(store: Datastore, docs: list[int], encoder: Encoder, token_budg
     return store.append(docs, rows, found, values, [s.spans for s in sentences])
 
 
+def check_corpus(corpus: Corpus, progress: Callable[[str, int, int], None]) -> int:
+    """Read every document of `corpus` once, so a bad one fails before anything is written; return their number.
+
+    Where the format counts its documents cheaply (`Corpus.count`), this reports phase "checking" to `progress`.
+    """
+    total = corpus.count()
+    done = 0
+    for done, _ in enumerate(corpus, 1):
+        if total and (done % REGISTER_DOCS == 0 or done == total):
+            progress("checking", done, total)
+    return done
+
+
+def _register(store: Datastore, chunk: list[tuple[str, Record]]) -> None:
+    """Register whole documents in one transaction; CorpusError naming where a document was read when its id is
+    taken (by a registered document or one before it in `chunk`): the store's index finds it, not a set in memory.
+    """
+    taken = set(store.states([rec.id for _, rec in chunk]))
+    for where, rec in chunk:
+        if rec.id in taken:
+            raise CorpusError(f"{where}: duplicate document id {rec.id!r}")
+        taken.add(rec.id)
+    store.register([rec for _, rec in chunk])
+
+
 def build(
-    corpus: str | Path,
+    corpus: str | os.PathLike[str] | Corpus | Dataset,
     out: str | Path,
     encoder: Encoder,
     lazy: bool = False,
@@ -167,29 +207,36 @@ def build(
     token_budget: int = TOKEN_BUDGET,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Datastore:
-    """Build (or resume building) the datastore of a JSONL corpus.
+    """Build (or resume building) the datastore of a corpus: JSONL, Parquet, DrQA's docs.db, a Wikipedia XML dump or
+    a datasets.Dataset (`corpus.open_corpus`).
 
     Documents are first registered (text and sentences, REGISTER_DOCS per transaction), then embedded in chunks
     (`embed`); with `lazy`, embedding is left for later and done per document on demand. `pack` > 1 masks that many
     targets per pass and `int8_keys` runs the encoder quantised (`Encoder.embed`); the manifest records both: a resume
     with others is refused, and later embedding (lazy, `add`) follows them. `progress(phase, done, total)` reports
-    both phases. The corpus is validated in full first, so a malformed line fails before anything is written; a
-    resumed build gives exactly the entries of an uninterrupted one.
+    the phases ("checking" where the format counts its documents from metadata, "reading", "embedding").
+
+    Every format is read in full once first (`check_corpus`), so a malformed document fails before anything is
+    written: that read costs little beside registering (sentence splitting), while a bad row found halfway through
+    registration would cost the work so far, since the corrected corpus has another fingerprint and cannot resume
+    the store. Only a duplicate id is found as documents are registered (JSONL's first read finds those too), by
+    the store's unique index, so memory does not grow with the corpus: the build stops before the batch holding it
+    is committed.
+    A resumed build gives exactly the entries of an uninterrupted one.
     """
-    corpus = Path(corpus)
-    n_docs = validate_corpus(corpus)
-    corpus_info = {"path": str(corpus.resolve()), "sha256": file_sha256(corpus), "documents": n_docs}
-    store = create(out, encoder, corpus_info, pack, int8_keys)
+    source = open_corpus(corpus)
     report = progress or (lambda phase, done, total: None)
+    n_docs = check_corpus(source, report)
+    store = create(out, encoder, source.info(n_docs), pack, int8_keys)
     with store.writing():
         report("reading", store.n_documents, n_docs)
-        chunk: list[Record] = []
-        for i, doc in enumerate(iter_corpus(corpus)):
+        chunk: list[tuple[str, Record]] = []
+        for i, (where, doc) in enumerate(source.located()):
             if i < store.n_documents:
                 continue
-            chunk.append(record(doc))
+            chunk.append((where, record(doc)))
             if len(chunk) == REGISTER_DOCS or i == n_docs - 1:
-                store.register(chunk)
+                _register(store, chunk)
                 chunk = []
                 report("reading", store.n_documents, n_docs)
         if not lazy:

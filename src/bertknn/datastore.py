@@ -457,6 +457,11 @@ class Datastore:
         return int(self.manifest.get("pack", 1))
 
     @property
+    def key_dtype(self) -> str:
+        """The precision the model ran in when the keys were computed ("float32" for stores that do not say)."""
+        return str(self.manifest.get("key_dtype", "float32"))
+
+    @property
     def int8_keys(self) -> bool:
         """True when keys were computed by the encoder quantised to int8 (`--int8-keys`), not in float32."""
         return bool(self.manifest.get("int8", False))

@@ -356,7 +356,10 @@ def lama_knn(
 
     stem = f"lazy-{Path(corpus).stem}-{hashlib.sha256(str(Path(corpus).resolve()).encode()).hexdigest()[:10]}"
     if directory is None:
-        suffix = (f"-pack{pack}" if pack > 1 else "") + ("-int8" if int8_keys else "")
+        dtype = encoder.runtime.dtype
+        suffix = (
+            (f"-pack{pack}" if pack > 1 else "") + ("-int8" if int8_keys else "") + f"-{dtype}" * (dtype != "float32")
+        )
         directory = cache_dir() / f"{stem}-{encoder.cache_tag}{suffix}"
     if not Path(directory).exists():
         sha = file_sha256(Path(corpus))

@@ -6,12 +6,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bertknn import builder
 from bertknn import datastore as ds
 from bertknn.combine import Neighbour, Prediction, TokenScore, interpolate, ranked
+from bertknn.corpus import Corpus
 from bertknn.datastore import Datastore, DatastoreError
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder, QuestionError
@@ -22,6 +24,9 @@ from bertknn.runtime import Runtime
 from bertknn.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, Search
 from bertknn.settings import Settings
 from bertknn.text import CorpusError, Document, parse_document, unicode_error
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 
 def _indexed(store: Datastore) -> int:
@@ -156,7 +161,7 @@ class BertKNN:
     @classmethod
     def build(
         cls,
-        corpus: str | Path,
+        corpus: str | Path | Corpus | Dataset,
         out: str | Path,
         model: str | Encoder = DEFAULT_MODEL,
         layer: int | None = None,
@@ -167,7 +172,10 @@ class BertKNN:
         int8_keys: bool = False,
         **hparams: float,
     ) -> BertKNN:
-        """Embed a JSONL corpus into a datastore at `out` (resuming an interrupted build), index it, and load it.
+        """Embed a corpus into a datastore at `out` (resuming an interrupted build), index it, and load it.
+
+        `corpus`: a path (JSONL, Parquet file or directory, DrQA docs.db, Wikipedia XML dump: `corpus.open_corpus`),
+        a `datasets.Dataset` with id, title and text columns, or a `Corpus`.
 
         With `lazy`, documents are only registered and indexed; each is embedded the first time retrieval picks it.
         `pack` > 1 masks that many non-adjacent targets per pass, `int8_keys` computes keys with the encoder quantised
@@ -336,6 +344,7 @@ class BertKNN:
             raise CorpusError(
                 f"duplicate document id(s) in the request: {sorted({i for i in ids if ids.count(i) > 1})}"
             )
+        builder.check_key_dtype(self.store, self.encoder)  # before anything is staged
         with self.store.writing(wait):
             self.refresh()
             live = [i for i, state in self.store.states(ids).items() if state == "live"]

@@ -133,6 +133,11 @@ def parse_document(obj: object, where: str) -> Document:
 
 def iter_corpus(path: str | Path) -> Iterator[Document]:
     """Stream the documents of a JSONL corpus ({id, title, text} per line), raising CorpusError on a bad line."""
+    return (doc for _, doc in read_jsonl(path))
+
+
+def read_jsonl(path: str | Path) -> Iterator[tuple[str, Document]]:
+    """Each document of a JSONL corpus with where it was read ("path:line"); CorpusError on a bad line."""
     path = Path(path)
     if not path.is_file():
         raise CorpusError(f"{path}: no such corpus file")
@@ -152,7 +157,7 @@ def iter_corpus(path: str | Path) -> Iterator[Document]:
                 raise CorpusError(f"{path}:{number}: duplicate document id {doc.id!r}")
             seen.add(doc.id)
             count += 1
-            yield doc
+            yield f"{path}:{number}", doc
     if count == 0:
         raise CorpusError(f"{path}: the corpus is empty (expected one JSON document per line)")
 

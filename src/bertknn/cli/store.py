@@ -38,7 +38,14 @@ from bertknn.settings import PAPER
 
 @command(interrupted="what was committed is kept; rerun the same command to resume {out}")
 def build(
-    corpus: Annotated[Path, typer.Argument(help="JSONL corpus: one {id, title, text} document per line")],
+    corpus: Annotated[
+        Path,
+        typer.Argument(
+            help="corpus: a JSONL file ({id, title, text} per line), a .parquet file or a directory of them (columns "
+            "id, title, text: the layout of wikimedia/wikipedia), DrQA's docs.db (SQLite) or a Wikipedia XML dump "
+            "(.xml, .xml.bz2; needs pip install 'bertknn[wikipedia]')"
+        ),
+    ],
     out: Annotated[Path, typer.Option("--out", "-o", help="datastore directory to create (or resume)")],
     model: Annotated[str, typer.Option(help="HF masked LM: hub name or local directory")] = DEFAULT_MODEL,
     layer: Annotated[int | None, typer.Option(help="block whose states are keys [default: second-to-last]")] = None,
