@@ -222,3 +222,16 @@ def test_the_model_options_make_one_runtime_and_set_the_threads(monkeypatch):
     ]
     bad = runner.invoke(group, ["--dtype", "fp16", "--device", "cpu"])
     assert bad.exit_code == 2 and "float16 runs on a GPU only: on CPU use --dtype bfloat16" in bad.output
+
+
+def test_add_takes_documents_in_any_corpus_format(store_dir, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = {"id": ["n1"], "url": ["u"], "title": ["Tamsin Orwhey"], "text": ["Tamsin Orwhey was born in Tallinn."]}
+    pq.write_table(pa.table(rows), tmp_path / "more.parquet")
+    result = runner.invoke(app, ["add", str(store_dir), str(tmp_path / "more.parquet"), "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert "added 1 documents" in result.output
+    answer = BertKNN.load(store_dir).predict("Tamsin Orwhey was born in [MASK] .", "Tamsin Orwhey")
+    assert answer.documents == ["Tamsin Orwhey"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 
 from rich.console import Console
 
@@ -37,3 +38,16 @@ def test_progress_in_a_log_file_prints_a_line_when_a_phase_ends(monkeypatch):
         report("embedding", 4, 4)
     logged = [line for line in out.getvalue().splitlines() if "of 4" in line]
     assert len(logged) == 1 and re.search(r"embedding: 4 of 4 \([\d,.]+/s\)", logged[0])
+
+
+def test_progress_in_a_log_file_says_how_long_is_left(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(terminal, "console", Console(file=out, width=200, force_terminal=False))
+    monkeypatch.setattr(terminal, "LOG_EVERY_S", 0)
+    with terminal.phase_progress() as report:
+        report("embedding", 0, 1000)
+        time.sleep(0.05)
+        report("embedding", 10, 1000)  # ~200/s: 990 left take a few seconds
+    (line,) = [line for line in out.getvalue().splitlines() if "of 1,000" in line]
+    assert re.search(r"embedding: 10 of 1,000 \([\d,.]+/s, \d+s left\)", line)
+    assert [terminal.eta(n, 1.0) for n in (42, 425, 11520)] == ["42s", "7m05s", "3h12m"]

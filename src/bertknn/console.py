@@ -56,9 +56,20 @@ def phase_progress() -> Iterator[Callable[[str, int, int], None]]:
             progress.update(task, completed=done, total=total, rate=f"{rate:,.1f}/s")
             if not console.is_terminal and (time.time() - logged[0] >= LOG_EVERY_S or done == total):
                 logged[0] = time.time()
-                console.log(f"{phase}: {done:,} of {total:,} ({rate:,.1f}/s)")
+                left = f", {eta(total - done, rate)} left" if done < total and rate > 0 else ""
+                console.log(f"{phase}: {done:,} of {total:,} ({rate:,.1f}/s{left})")
 
         yield report
+
+
+def eta(remaining: float, rate: float) -> str:
+    """The time `remaining` units take at `rate` per second, as 42s, 7m05s or 3h12m."""
+    seconds = int(remaining / rate)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def render(prediction: Prediction, top_k: int = 10, evidence_words: int = 3) -> Group:

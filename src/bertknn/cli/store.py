@@ -134,7 +134,7 @@ def index(
 @command(interrupted="nothing half-added is searchable; rerun the same command to finish")
 def add(
     datastore: DatastoreArg,
-    corpus: Annotated[Path, typer.Argument(help="JSONL documents to add ({id, title, text} per line)")],
+    corpus: Annotated[Path, typer.Argument(help="documents to add, in any corpus format `bertknn build` reads")],
     backend: BackendOption = CLI_BACKEND,
     device: DeviceOption = "auto",
     dtype: DtypeOption = "float32",
@@ -142,9 +142,9 @@ def add(
     wait: WaitOption = WAIT_S,
 ) -> None:
     """Add documents: embedded and indexed in place, searchable at once. Rerun after a crash to complete it."""
-    from bertknn.text import iter_corpus
+    from bertknn.corpus import open_corpus
 
-    docs = list(iter_corpus(corpus))  # the whole file is read first: a bad line changes nothing
+    docs = list(open_corpus(corpus))  # the whole corpus is read first: a bad line changes nothing
     knn = BertKNN.load(datastore, runtime=backend)
     known = knn.store.states([d.id for d in docs])
     with _writer_wait(datastore, wait), phase_progress() as report:
