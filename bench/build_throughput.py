@@ -39,7 +39,7 @@ def load_sentences(encoder: Encoder, n_contexts: int) -> list:
     path = Path(os.environ.get("BERTKNN_DATA", "../shared/data")) / "wiki" / "lama_evidence_docs.jsonl"
     out, total = [], 0
     for doc in iter_corpus(path):
-        found = builder.contexts(encoder, list(builder.record(doc).sentences))
+        found = builder.contexts(encoder, list(builder.record(doc, "pysbd").sentences))  # the figures' sentences
         out += found
         total += sum(len(s.positions) for s in found)
         if total >= n_contexts:

@@ -20,7 +20,15 @@ from bertknn.datastore import FORMAT, VERSION, Datastore, DatastoreError, Record
 from bertknn.datastore import copy_registration as copy_store
 from bertknn.datastore import create as create_store
 from bertknn.encoder import TOKEN_BUDGET, Encoder
-from bertknn.text import CorpusError, Document, Sentence, normalize_title, split_sentences, tokenize_sentences
+from bertknn.text import (
+    SPLITTER,
+    CorpusError,
+    Document,
+    Sentence,
+    normalize_title,
+    split_sentences,
+    tokenize_sentences,
+)
 
 if TYPE_CHECKING:
     import os
@@ -34,10 +42,10 @@ CHARS_PER_WORD = 6  # a chunk's size is estimated from its characters: about one
 LAZY_WAIT = 600.0  # seconds a lazy store's reader waits for another writer before it embeds on demand
 
 
-def record(doc: Document) -> Record:
+def record(doc: Document, splitter: str) -> Record:
     """A document as the store keeps it: its sentences (pysbd), normalised title and a digest of its text."""
     digest = hashlib.sha256(json.dumps([doc.title, list(doc.passages)]).encode()).hexdigest()
-    sentences = tuple(s for p in doc.passages for s in split_sentences(p))
+    sentences = tuple(s for p in doc.passages for s in split_sentences(p, splitter))
     return Record(doc.id, doc.title, normalize_title(doc.title), sentences, digest)
 
 
@@ -51,8 +59,9 @@ def keys(encoder: Encoder, sentences: list[Sentence], pack: int, int8_keys: bool
     return encoder.embed(sentences, token_budget, pack, int8_keys)
 
 
-def manifest(encoder: Encoder, corpus: dict | None, pack: int, int8_keys: bool) -> dict:
-    """The manifest of a new datastore for `encoder` (model, weights hash, layer, width, key options)."""
+def manifest(encoder: Encoder, corpus: dict | None, pack: int, int8_keys: bool, splitter: str = SPLITTER) -> dict:
+    """The manifest of a new datastore for `encoder` (model, weights hash, layer, width, key options, the sentence
+    splitter its documents are split with)."""
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -63,6 +72,7 @@ def manifest(encoder: Encoder, corpus: dict | None, pack: int, int8_keys: bool) 
         "pack": pack,
         "int8": int8_keys,
         "key_dtype": encoder.runtime.dtype,
+        "splitter": splitter,
         "dtype": "float16",
         "value_dtype": "int32",
         "status": "building",
@@ -121,8 +131,8 @@ def copy_registration(
     source: str | Path, path: str | Path, encoder: Encoder, pack: int = 1, int8_keys: bool = False
 ) -> Datastore:
     """A new, empty datastore for `encoder` at `path` with the documents, sentences and IR index of `source`."""
-    corpus = Datastore(source).manifest.get("corpus")
-    return copy_store(source, path, manifest(encoder, corpus, pack, int8_keys))
+    known = Datastore(source)  # its sentences are copied: so is the splitter that made them
+    return copy_store(source, path, manifest(encoder, known.manifest.get("corpus"), pack, int8_keys, known.splitter))
 
 
 def embed(
@@ -234,7 +244,7 @@ def build(
         for i, (where, doc) in enumerate(source.located()):
             if i < store.n_documents:
                 continue
-            chunk.append((where, record(doc)))
+            chunk.append((where, record(doc, store.splitter)))
             if len(chunk) == REGISTER_DOCS or i == n_docs - 1:
                 _register(store, chunk)
                 chunk = []

@@ -457,6 +457,11 @@ class Datastore:
         return int(self.manifest.get("pack", 1))
 
     @property
+    def splitter(self) -> str:
+        """The sentence splitter its documents were split with ("pysbd" for stores that do not say)."""
+        return str(self.manifest.get("splitter", "pysbd"))
+
+    @property
     def key_dtype(self) -> str:
         """The precision the model ran in when the keys were computed ("float32" for stores that do not say)."""
         return str(self.manifest.get("key_dtype", "float32"))

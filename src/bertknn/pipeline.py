@@ -351,7 +351,7 @@ class BertKNN:
             if live and not skip_existing:
                 raise DatastoreError(f"document id(s) already in the datastore: {live[:5]}; remove them first")
             before = self.store.size
-            self.store.stage([builder.record(d) for d in parsed])
+            self.store.stage([builder.record(d, self.store.splitter) for d in parsed])
             if not self.store.lazy:
                 builder.embed(self.store, self.store.adding(), self.encoder, progress=progress)
             self.index = ensure_index(self.store)
