@@ -270,3 +270,23 @@ def test_a_build_reports_checking_and_stops_at_a_duplicate_id(tmp_path, encoder)
     with pytest.raises(CorpusError, match=f"^{path}: row 4: duplicate document id 'Ilsa Varnhold'$"):
         builder.build(path, tmp_path / "s", encoder, progress=lambda *r: reports.append(r))
     assert reports[0] == ("checking", 4, 4) and Datastore(tmp_path / "s").n_documents == 0  # nothing committed
+
+
+def test_eval_lama_reads_a_parquet_directory_and_reuses_its_registration(sources, encoder, tmp_path, monkeypatch):
+    """`lama_knn` (eval lama, tune) takes any format: a second model's datastore of the same Parquet directory
+    starts from the first one's registered documents."""
+    from bertknn.evaluation import lama_knn
+
+    monkeypatch.setenv("BERTKNN_CACHE", str(tmp_path / "cache"))
+    first = lama_knn(sources["parquet-dir"], encoder)
+    assert first.store.lazy and first.store.n_documents == len(ROWS)
+    copied, copy = [], builder.copy_registration
+    monkeypatch.setattr(
+        builder, "copy_registration", lambda source, *a, **k: copied.append(source) or copy(source, *a, **k)
+    )
+    other = encoder.at_layer(2)
+    second = lama_knn(sources["parquet-dir"], other)
+    assert copied == [first.store.path]  # found through the directory's fingerprint
+    assert second.store.path != first.store.path and second.store.layer == 2
+    assert second.store.manifest["corpus"] == first.store.manifest["corpus"]
+    assert second.store.sentences(list(range(len(ROWS)))) == first.store.sentences(list(range(len(ROWS))))

@@ -342,7 +342,8 @@ def lama_knn(
     int8_keys: bool = False,
     **hparams,
 ):
-    """A BertKNN over a lazy datastore of `corpus` for this model, layer, pack and key precision, cached.
+    """A BertKNN over a lazy datastore of `corpus` (a path in any format `bertknn build` reads) for this model,
+    layer, pack and key precision, cached.
 
     `hparams` (n_docs, k, temperature, lam; None = the datastore's tuned value, else the paper's) are BertKNN's.
 
@@ -350,7 +351,8 @@ def lama_knn(
     model or layer), since those do not depend on the model.
     """
     from bertknn.builder import copy_registration
-    from bertknn.datastore import Datastore, file_sha256
+    from bertknn.corpus import open_corpus
+    from bertknn.datastore import Datastore
     from bertknn.encoder import cache_dir
     from bertknn.pipeline import BertKNN
 
@@ -362,7 +364,7 @@ def lama_knn(
         )
         directory = cache_dir() / f"{stem}-{encoder.cache_tag}{suffix}"
     if not Path(directory).exists():
-        sha = file_sha256(Path(corpus))
+        sha = open_corpus(corpus).fingerprint()  # any format `bertknn build` reads
         for other in sorted(cache_dir().glob(f"{stem}-*")):
             with contextlib.suppress(Exception):  # any unusable candidate is simply not a source
                 known = Datastore(other).manifest.get("corpus") or {}

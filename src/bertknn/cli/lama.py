@@ -75,7 +75,7 @@ def data_lama(
 
 @command(eval_app, "lama")
 def eval_lama(
-    corpus: Annotated[Path, typer.Option(help="JSONL corpus the datastore is built from (lazily)")],
+    corpus: Annotated[Path, typer.Option(help="corpus the datastore is built from, lazily (any format build reads)")],
     model: Annotated[str, typer.Option(help="HF masked LM")] = DEFAULT_MODEL,
     data: Annotated[Path, typer.Option(help="LAMA directory (official layout)")] = DATA_DIR,
     sample_per_relation: Annotated[int | None, typer.Option(help="facts per relation [default: all]")] = None,
@@ -128,7 +128,7 @@ def eval_lama(
 
 @command()
 def tune(
-    corpus: Annotated[Path, typer.Option(help="JSONL corpus the datastore is built from (lazily)")],
+    corpus: Annotated[Path, typer.Option(help="corpus the datastore is built from, lazily (any format build reads)")],
     model: Annotated[str, typer.Option(help="HF masked LM")] = DEFAULT_MODEL,
     data: Annotated[Path, typer.Option(help="LAMA directory (official layout)")] = DATA_DIR,
     dev_per_relation: Annotated[int, typer.Option(help="dev facts per T-REx/Google-RE relation")] = 10,
