@@ -70,7 +70,7 @@ class Utilisation:
         return round(float(np.mean(self.samples)), 1) if self.samples else None
 
 
-def questions_of(sentences: list, tokenizer, n: int) -> list[str]:
+def questions_of(sentences: list, n: int) -> list[str]:
     """n cloze questions: each sentence with one of its targets masked (cycling through the sentences)."""
     out = []
     for s in sentences:
@@ -127,7 +127,7 @@ def main() -> None:
                 f"| {encoder.runtime.dtype} | {budget:,} | {rate:,.1f} | {rate / figures['reference']:.2f}x "
                 f"| {c.mean():.4f} | {c.min():.4f} | {gpu.mean if gpu.mean is not None else 'n/a'} |"
             )
-    questions = questions_of(sentences, tokenizer, args.questions)
+    questions = questions_of(sentences, args.questions)
     for encoder in encoders.values():
         encoder.query(questions[:8])
         seconds, _ = synced(device, encoder.query, questions)
