@@ -6,6 +6,7 @@ import math
 import re
 import shutil
 from collections import Counter
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -123,3 +124,137 @@ def test_a_datastore_index_built_in_small_segments_equals_one_built_at_once(tmp_
         (d1, s1), (d2, s2) = whole.scores(query), segmented.scores(query)
         assert d1.tolist() == d2.tolist() and len(d1)
         np.testing.assert_allclose(s1, s2, rtol=1e-6)
+
+
+# --- segments merged as they pile up (issue 14 §3) ---
+
+WORDS = sorted({w for doc in DOCS for w in re.findall(r"\w+", doc.lower())})  # stopwords too
+
+
+def random_docs(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(np.array(WORDS), rng.integers(0, 12))) for _ in range(n)]
+
+
+def reference_segment(texts: list[str]) -> tuple[list[int], dict[int, list[tuple[int, float]]]]:
+    """Column-wise log1p counts written out with Counters: the hashes that occur and each one's (doc, log1p tf)."""
+    from bertknn.retrieval import ngram_hashes
+
+    columns: dict[int, list[tuple[int, float]]] = {}
+    for doc, text in enumerate(texts):
+        for h, c in sorted(Counter(ngram_hashes(text)).items()):
+            columns.setdefault(h, []).append((doc, float(np.log1p(np.float32(c)))))
+    return sorted(columns), columns
+
+
+def as_columns(index: TfidfIndex) -> dict[int, list[tuple[int, float]]]:
+    out: dict[int, list[tuple[int, float]]] = {}
+    for seg in index.segments:
+        for c, h in enumerate(seg.hashes.tolist()):
+            lo, hi = seg.indptr[c], seg.indptr[c + 1]
+            out.setdefault(h, []).extend(zip(seg.docs[lo:hi].tolist(), seg.logtf[lo:hi].tolist()))
+    return out
+
+
+def test_a_segment_holds_exactly_the_counted_features():
+    texts = [*random_docs(40), "", "the of and"]  # documents without any feature too
+    index = TfidfIndex.build(texts)
+    hashes, columns = reference_segment(texts)
+    (seg,) = index.segments
+    assert seg.hashes.tolist() == hashes and index.n_docs == 42
+    assert as_columns(index) == columns
+
+
+@pytest.mark.parametrize(
+    ("sizes", "plan"),
+    [
+        ([5] * 9, None),
+        ([5] * 10, (0, 10)),
+        ([5000, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], (1, 11)),
+        ([50, 10, 10, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], (3, 13)),
+        ([1, 1, 1, 12] + [10] * 9, (3, 13)),
+        ([], None),
+    ],
+)
+def test_merge_plan_picks_the_first_run_of_one_level(sizes, plan):
+    from bertknn.retrieval import merge_plan
+
+    assert merge_plan(sizes, 10) == plan
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 22])
+def test_compact_merges_segments_into_one_that_scores_the_same(tmp_path, chunk):
+    from bertknn.retrieval import compact
+
+    texts = random_docs(30, seed=1)
+    cuts = [0, 3, 4, 9, 10, 16, 17, 22, 23, 29, 30]  # ten segments of levels 0 (<10 documents)
+    for a, b in pairwise(cuts):
+        TfidfIndex.build(texts[a:b], a).save(tmp_path, a)
+    before = TfidfIndex.load(tmp_path)
+    forgotten = []
+    assert compact(tmp_path, forgotten.extend, factor=10, chunk_entries=chunk) == 1
+    after = TfidfIndex.load(tmp_path)
+    assert len(before.segments) == 10 and len(after.segments) == 1 and after.n_docs == 30
+    assert [p.name for p in tmp_path.iterdir()] == ["tfidf_add_000000000_000000030"]  # what it replaced is gone
+    assert "tfidf_docs.npy" in forgotten and "tfidf_add_000000029/tfidf_docs.npy" in forgotten
+    whole = TfidfIndex.build(texts)
+    assert as_columns(after) == as_columns(whole)
+    for query in ("florence", "born in lisbon", "tagus river", "spain"):
+        (d1, s1), (d2, s2) = whole.scores(query), after.scores(query)
+        assert d1.tolist() == d2.tolist() and len(d1)
+        np.testing.assert_allclose(s1, s2, rtol=1e-6)
+        assert whole.top(query, 5) == after.top(query, 5) == before.top(query, 5)
+
+
+def test_a_merge_interrupted_before_deleting_what_it_replaced_loads_the_merged_segment(tmp_path):
+    from bertknn.retrieval import _write_merged
+
+    texts = random_docs(12, seed=2)
+    TfidfIndex.build(texts[:5]).save(tmp_path)
+    TfidfIndex.build(texts[5:], 5).save(tmp_path, 5)
+    parts = TfidfIndex.load(tmp_path)
+    _write_merged(parts.segments, tmp_path / "tfidf_add_000000000_000000012", 12, 1 << 22)  # renamed, not deleted
+    (tmp_path / "tfidf_add_000000000_000000012.tmp").mkdir()  # and a merge that died before its rename
+    loaded = TfidfIndex.load(tmp_path)
+    assert len(loaded.segments) == 1 and loaded.n_docs == 12 and loaded.sizes == [12]
+    assert as_columns(loaded) == as_columns(parts)
+
+
+def test_load_lists_the_segments_again_when_a_merge_deletes_them_meanwhile(tmp_path, monkeypatch):
+    from bertknn import retrieval
+
+    texts = random_docs(12, seed=3)
+    TfidfIndex.build(texts[:5]).save(tmp_path)
+    TfidfIndex.build(texts[5:], 5).save(tmp_path, 5)
+    real, calls = retrieval._load_segment, []
+
+    def racing(part):  # another process merges the two parts and deletes them just as this one opens them
+        if not calls:
+            segments = [real(tmp_path), real(tmp_path / "tfidf_add_000000005")]
+            retrieval._write_merged(segments, tmp_path / "tfidf_add_000000000_000000012", 12, 1 << 22)
+            shutil.rmtree(tmp_path / "tfidf_add_000000005")
+            for name in TfidfIndex.files(0):
+                (tmp_path / name).unlink()
+        calls.append(part)
+        return real(part)
+
+    monkeypatch.setattr(retrieval, "_load_segment", racing)
+    loaded = TfidfIndex.load(tmp_path)
+    assert loaded.n_docs == 12 and calls[-1].name == "tfidf_add_000000000_000000012"
+
+
+def test_a_datastore_given_documents_one_add_at_a_time_keeps_few_segments_and_verifies(built):
+    from bertknn.datastore import verify
+
+    store = built.store
+    for name in store.path.glob("tfidf_*"):
+        shutil.rmtree(name) if name.is_dir() else name.unlink()
+    built.add_documents([{"id": f"x{i}", "title": f"X {i}", "text": f"Town {i} lies in Norway."} for i in range(7)])
+    for i in range(7, 18):  # one add per document: a segment each, merged ten at a time
+        built.add_documents([{"id": f"x{i}", "title": f"X {i}", "text": f"Town {i} lies in Norway."}])
+    index = ensure_index(store, segment_docs=1)
+    assert index.n_docs == 23 and len(index.segments) < 10
+    whole = TfidfIndex.build(store.iter_document_texts())
+    assert as_columns(index) == as_columns(whole)
+    report = verify(store.path)
+    assert not report.problems, report.problems

@@ -19,7 +19,7 @@ from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder, QuestionError
 from bertknn.faiss_index import INDEX_FILE, SETTINGS_FILE, FaissIndex
 from bertknn.knn import knn_distribution, neighbour_weights
-from bertknn.retrieval import TfidfIndex
+from bertknn.retrieval import TfidfIndex, compact
 from bertknn.runtime import Runtime
 from bertknn.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, Search
 from bertknn.settings import Settings
@@ -38,7 +38,8 @@ def _indexed(store: Datastore) -> int:
 
 
 def ensure_index(store: Datastore, segment_docs: int = 5000) -> TfidfIndex:
-    """The datastore's IR index, extended by segments of at most `segment_docs` for the documents it lacks.
+    """The datastore's IR index, extended by segments of at most `segment_docs` for the documents it lacks,
+    segments merged as `retrieval.compact` says.
 
     A new datastore's index is built the same way, segment by segment, so memory stays bounded by one segment. Only
     a writer extends it: this takes the datastore's writer lock when there is something to add.
@@ -52,6 +53,7 @@ def ensure_index(store: Datastore, segment_docs: int = 5000) -> TfidfIndex:
                 stop = min(start + segment_docs, store.n_documents)
                 store.rewriting(*TfidfIndex.files(start))  # parts left by an interrupted run are written anew
                 TfidfIndex.build(store.iter_document_texts(start, stop), start).save(store.path, start)
+                compact(store.path, lambda files: store.rewriting(*files))
     return TfidfIndex.load(store.path)
 
 

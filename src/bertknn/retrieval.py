@@ -5,21 +5,23 @@ punctuation, hashed with unsigned murmur3 (scikit-learn's) modulo 2^24. A docume
 log1p(count) * idf, idf = max(0, log((N - Nt + .5) / (Nt + .5))); a query is weighted the same way and scored by
 the sparse dot product. The index stores log1p(count) per (feature, document) in compressed sparse columns over the
 features that occur, as .npy files opened with mmap; idf is computed from the column lengths at query time, so
-appending documents (a new segment) needs no re-weighting. Documents that are being added or were removed are never
-returned.
+appending documents (a new segment) needs no re-weighting. Segments are merged as they pile up (`compact`, a log
+merge policy as Lucene's), streaming by hash range, so a query reads few segments at any corpus size and a merge's
+memory is bounded. Documents that are being added or were removed are never returned.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import shutil
 import unicodedata
-from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
-from scipy import sparse
 from sklearn.utils import murmurhash3_32
 
 from bertknn.datastore import Datastore, DatastoreError
@@ -29,6 +31,10 @@ NUM_BUCKETS = 2**24
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")  # DrQA's simple tokenizer: runs of word characters, or one other character
 FILES = ("tfidf_hashes.npy", "tfidf_indptr.npy", "tfidf_docs.npy", "tfidf_logtf.npy")
 SEGMENT_PREFIX = "tfidf_add_"
+NDOCS = "tfidf_ndocs.txt"
+MERGE_FACTOR = 10  # segments of one size that are merged into one (merge_plan)
+MERGE_CHUNK = 1 << 22  # entries a merge holds in memory at a time (about 100 MB)
+RELIST = 3  # times `load` lists the segments again when a concurrent merge replaced some as they were opened
 
 
 def tokenize(text: str) -> list[str]:
@@ -67,6 +73,7 @@ class Segment:
         """(column of each query feature, whether the segment has it)."""
         if not len(self.hashes):
             return np.zeros(len(qh), np.int64), np.zeros(len(qh), bool)
+        qh = qh.astype(self.hashes.dtype)  # another dtype would convert (copy) the whole column list per query
         cols = np.minimum(np.searchsorted(self.hashes, qh), len(self.hashes) - 1)
         return cols, self.hashes[cols] == qh
 
@@ -78,6 +85,8 @@ def _load_segment(part: Path) -> Segment:
         try:
             arrays.append(np.load(part / name, mmap_mode="r"))
         except (ValueError, OSError, EOFError) as err:
+            if isinstance(err, FileNotFoundError):
+                raise
             raise DatastoreError(f"{part / name} is damaged ({err}); `bertknn verify` checks the store") from None
     segment = Segment(*arrays)
     ok = (
@@ -91,42 +100,104 @@ def _load_segment(part: Path) -> Segment:
     return segment
 
 
-class TfidfIndex:
-    """Hashed TF-IDF over documents 0..N-1: a base segment plus one segment per batch of added documents.
+@dataclass(frozen=True)
+class Part:
+    """Where a segment lies: the datastore directory itself (the base, from document 0) or a segment folder,
+    `tfidf_add_{first}` (its end in tfidf_ndocs.txt) or, made by a merge, `tfidf_add_{first}_{end}`."""
 
-    Added documents get their own segment (written once, never rewritten); idf sums the document frequencies of all
-    segments, so an index built in parts scores exactly like one built at once.
+    path: Path
+    first: int
+    end: int | None  # None: read from tfidf_ndocs.txt
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.path / name for name in (*FILES, NDOCS)]
+
+    def read_end(self) -> int:
+        """The document after the last this part indexes."""
+        if self.end is not None:
+            return self.end
+        try:
+            return int((self.path / NDOCS).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.path} has no IR index ({NDOCS} missing): rerun `bertknn build`") from None
+        except (ValueError, UnicodeDecodeError):
+            raise DatastoreError(f"{self.path / NDOCS} is damaged; `bertknn verify` checks the store") from None
+
+
+def _parts(directory: Path) -> list[Part]:
+    """The segments on disk (half-written `.tmp` folders skipped), in document order, larger ranges first."""
+    parts = [Part(directory, 0, None)] if any((directory / n).exists() for n in (*FILES, NDOCS)) else []
+    for folder in directory.glob(f"{SEGMENT_PREFIX}*"):
+        bounds = folder.name[len(SEGMENT_PREFIX) :].split("_")
+        if folder.is_dir() and all(b.isdigit() for b in bounds) and len(bounds) in (1, 2):
+            parts.append(Part(folder, int(bounds[0]), int(bounds[1]) if len(bounds) == 2 else None))
+    return sorted(parts, key=lambda p: (p.first, -(p.end or 0), p.path != directory))
+
+
+def _cover(parts: list[Part]) -> tuple[list[tuple[Part, int]], list[Part]]:
+    """The parts that index documents 0.. without overlap, each with its end (a merged part before the parts it
+    replaced), and the others: parts a merge replaced or that a gap cuts off, which a writer deletes."""
+    chosen, rest, pos = [], [], 0
+    for part in parts:
+        if part.first != pos:
+            rest.append(part)
+            continue
+        end = part.read_end()
+        chosen.append((part, end))
+        pos = end
+    return chosen, rest
+
+
+def _segment_files(first: int, end: int | None = None) -> list[str]:
+    """The files (relative to the datastore) of the segment of documents first..end (end None: an added segment)."""
+    names = [*FILES, NDOCS]
+    if first == 0 and end is None:
+        return names
+    folder = f"{SEGMENT_PREFIX}{first:09d}" + ("" if end is None else f"_{end:09d}")
+    return [f"{folder}/{name}" for name in names]
+
+
+class TfidfIndex:
+    """Hashed TF-IDF over documents 0..N-1: a base segment plus segments of added documents, merged as they pile up.
+
+    Added documents get their own segment (written once, never rewritten); `merge` replaces a run of segments by
+    one (`merge_plan` picks runs as Lucene's log merge policy does), so a query reads a number of segments that
+    grows with the logarithm of the corpus. idf sums the document frequencies of all segments, so an index built in
+    parts scores like one built at once.
     """
 
-    def __init__(self, segments: list[Segment], n_docs: int) -> None:
+    def __init__(self, segments: list[Segment], n_docs: int, sizes: list[int] | None = None) -> None:
         self.segments, self.n_docs = segments, n_docs
+        self.sizes = sizes if sizes is not None else [n_docs]  # documents per segment, in order
 
     @classmethod
     def build(cls, texts: Iterable[str], first: int = 0) -> TfidfIndex:
         """Index documents given in order: the i-th text is document `first + i`."""
-        rows, cols, counts = [], [], []  # one small array per document: ~16 bytes per (document, feature)
-        n = 0
-        for i, text in enumerate(texts):
-            counted = Counter(ngram_hashes(text))
-            rows.append(np.full(len(counted), i, dtype=np.int32))
-            cols.append(np.fromiter(counted.keys(), np.int64, len(counted)))
-            counts.append(np.fromiter(counted.values(), np.float32, len(counted)))
-            n = i + 1
+        return cls.from_features((np.asarray(ngram_hashes(t), np.int64) for t in texts), first)
+
+    @classmethod
+    def from_features(cls, features: Iterable[np.ndarray], first: int = 0) -> TfidfIndex:
+        """Index documents given as their hashed features (with repeats, `ngram_hashes`): one sort of all
+        (feature, document) pairs gives the counts in column order."""
+        pairs = [np.asarray(h, np.int64) << 32 | i for i, h in enumerate(features)]
+        n = len(pairs)
         if not n:
-            return cls([], first)
-        hashes, col = np.unique(np.concatenate(cols), return_inverse=True)
-        mat = sparse.csc_matrix((np.log1p(np.concatenate(counts)), (np.concatenate(rows), col)), shape=(n, len(hashes)))
-        mat.sort_indices()
+            return cls([], first, [])
+        key, counts = np.unique(np.concatenate(pairs), return_counts=True)
+        hashes, starts = np.unique(key >> 32, return_index=True)
         segment = Segment(
-            hashes.astype(np.uint32), mat.indptr.astype(np.int64), (mat.indices + first).astype(np.int32), mat.data
+            hashes.astype(np.uint32),
+            np.append(starts, len(key)).astype(np.int64),
+            ((key & 0xFFFFFFFF) + first).astype(np.int32),
+            np.log1p(counts.astype(np.float32)),
         )
-        return cls([segment], first + n)
+        return cls([segment], first + n, [n])
 
     @staticmethod
     def files(first: int) -> list[str]:
         """The files (relative to the datastore) that `save(..., first)` writes."""
-        names = [*FILES, "tfidf_ndocs.txt"]
-        return names if first == 0 else [f"{SEGMENT_PREFIX}{first:09d}/{name}" for name in names]
+        return _segment_files(first)
 
     def save(self, directory: str | Path, first: int = 0) -> None:
         """Write a one-segment index: documents from 0 as the base files, else as a segment folder (renamed whole)."""
@@ -140,45 +211,58 @@ class TfidfIndex:
             with tmp.open("wb") as handle:
                 np.save(handle, array)
             tmp.replace(out / name)
-        (out / "tfidf_ndocs.txt").write_text(str(self.n_docs))
+        (out / NDOCS).write_text(str(self.n_docs))
         if out != target:
             out.replace(target)
 
     @classmethod
     def load(cls, directory: str | Path) -> TfidfIndex:
-        """Open a saved index (base files and any added segments) with memory-mapped arrays."""
+        """Open a saved index (base files and segments) with memory-mapped arrays.
+
+        A merge by another process may delete parts while they are being opened: the listing is then read again.
+        """
         directory = Path(directory)
-        parts = [directory, *sorted(p for p in directory.glob(f"{SEGMENT_PREFIX}*") if not p.name.endswith(".tmp"))]
-        segments, n_docs = [], 0
-        for part in parts:
-            missing = [n for n in (*FILES, "tfidf_ndocs.txt") if not (part / n).is_file()]
-            if missing:
-                raise FileNotFoundError(f"{part} has no IR index ({', '.join(missing)} missing): rerun `bertknn build`")
-            segments.append(_load_segment(part))
+        for _ in range(RELIST):
+            parts = _parts(directory)
             try:
-                n_docs = max(n_docs, int((part / "tfidf_ndocs.txt").read_text(encoding="utf-8")))
-            except (ValueError, UnicodeDecodeError):
-                raise DatastoreError(
-                    f"{part / 'tfidf_ndocs.txt'} is damaged; `bertknn verify` checks the store"
-                ) from None
-        return cls(segments, n_docs)
+                return cls._open(directory, parts)
+            except (FileNotFoundError, DatastoreError):
+                if _parts(directory) == parts:  # nothing changed meanwhile: the index itself is missing or damaged
+                    raise
+        return cls._open(directory, _parts(directory))
+
+    @classmethod
+    def _open(cls, directory: Path, parts: list[Part]) -> TfidfIndex:
+        chosen, _ = _cover(parts)
+        if not chosen:
+            raise FileNotFoundError(f"{directory} has no IR index ({FILES[0]} missing): rerun `bertknn build`")
+        for part, _ in chosen:
+            missing = [f.name for f in part.files if not f.is_file()]
+            if missing:
+                raise FileNotFoundError(
+                    f"{part.path} has no IR index ({', '.join(missing)} missing): rerun `bertknn build`"
+                )
+        segments = [_load_segment(part.path) for part, _ in chosen]
+        ends = [end for _, end in chosen]
+        return cls(segments, ends[-1], [e - p.first for (p, _), e in zip(chosen, ends)])
 
     def idf(self, nt: np.ndarray) -> np.ndarray:
         """idf from document frequencies: max(0, log((N - Nt + .5) / (Nt + .5)))."""
         nt = np.asarray(nt, np.float64)
         return np.maximum(0.0, np.log((self.n_docs - nt + 0.5) / (nt + 0.5)))
 
-    def scores(self, query: str) -> tuple[np.ndarray, np.ndarray]:
-        """(documents, scores) of every document sharing a weighted feature with `query`, unsorted."""
-        counted = Counter(ngram_hashes(query))
-        if not counted:
+    def scores(self, query: str | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(documents, scores) of every document sharing a weighted feature with `query` (a text, or its hashed
+        features as `ngram_hashes` gives them), unsorted."""
+        features = np.asarray(ngram_hashes(query) if isinstance(query, str) else query, np.int64)
+        if not len(features):
             return np.zeros(0, np.int64), np.zeros(0)
-        qh = np.fromiter(counted.keys(), np.int64)
+        qh, counts = np.unique(features, return_counts=True)
         found = [(seg, *seg.lookup(qh)) for seg in self.segments]
         nt = np.zeros(len(qh), np.int64)
         for seg, cols, has in found:  # a segment may hold no feature at all (documents of stopwords only)
             nt[has] += seg.indptr[cols[has] + 1] - seg.indptr[cols[has]]
-        weight = np.log1p(np.fromiter(counted.values(), np.float64)) * self.idf(nt) ** 2  # query weight x doc idf
+        weight = np.log1p(counts.astype(np.float64)) * self.idf(nt) ** 2  # query weight x document idf
         docs, vals = [], []
         for seg, cols, has in found:
             for c, w in zip(cols[has], weight[has]):
@@ -190,7 +274,7 @@ class TfidfIndex:
         unique, inverse = np.unique(np.concatenate(docs), return_inverse=True)
         return unique.astype(np.int64), np.bincount(inverse, weights=np.concatenate(vals))
 
-    def top(self, query: str, n: int, hidden: np.ndarray | None = None) -> list[int]:
+    def top(self, query: str | np.ndarray, n: int, hidden: np.ndarray | None = None) -> list[int]:
         """The `n` best-scoring documents (score > 0, not `hidden`), best first, ties broken by document order."""
         docs, scores = self.scores(query)
         keep = scores > 0
@@ -199,6 +283,111 @@ class TfidfIndex:
         docs, scores = docs[keep], scores[keep]
         order = np.lexsort((docs, -scores))[:n]
         return docs[order].tolist()
+
+
+def merge_plan(sizes: list[int], factor: int = MERGE_FACTOR) -> tuple[int, int] | None:
+    """The first run of `factor` adjacent segments of one level (level: floor(log_factor(documents))), as
+    (start, stop) positions, or None. Merging such runs until none is left keeps fewer than `factor` segments per
+    level, so a query reads O(factor x log(N)) segments, and each document is rewritten O(log(N)) times."""
+    levels = [int(math.log(max(size, 1), factor) + 1e-9) for size in sizes]
+    run = 1
+    for i in range(1, len(levels) + 1):
+        run = run + 1 if i < len(levels) and levels[i] == levels[i - 1] else 1
+        if run == factor:
+            return i - factor + 1, i + 1
+    return None
+
+
+def _write_merged(segments: list[Segment], out: Path, n_docs: int, chunk_entries: int) -> None:
+    """One segment from segments of consecutive documents, written into `out` in hash ranges of about
+    `chunk_entries` entries, so memory is bounded by a range, not by the merged size."""
+    mark = np.zeros(NUM_BUCKETS, bool)
+    for seg in segments:
+        mark[np.asarray(seg.hashes)] = True
+    hashes = np.flatnonzero(mark).astype(np.uint32)
+    del mark
+    total = sum(len(seg.docs) for seg in segments)
+    out.mkdir(parents=True, exist_ok=True)
+    np.save(out / FILES[0], hashes)
+    open_memmap = np.lib.format.open_memmap
+    indptr = open_memmap(out / FILES[1], "w+", np.int64, (len(hashes) + 1,))
+    docs = open_memmap(out / FILES[2], "w+", np.int32, (total,))
+    logtf = open_memmap(out / FILES[3], "w+", np.float32, (total,))
+    indptr[0] = pos = 0
+    bounds = np.linspace(0, len(hashes), max(1, -(-total // chunk_entries)) + 1).astype(np.int64)
+    for a, b in pairwise(bounds):
+        if a == b:
+            continue
+        cols = hashes[a:b]
+        counts = np.zeros(len(cols), np.int64)
+        parts_docs, parts_tf, parts_col = [], [], []
+        for seg in segments:
+            lo, hi = np.searchsorted(seg.hashes, [cols[0], cols[-1] + 1])
+            if lo == hi:
+                continue
+            where = np.searchsorted(cols, seg.hashes[lo:hi])
+            lengths = np.diff(seg.indptr[lo : hi + 1])
+            counts[where] += lengths
+            e0, e1 = seg.indptr[lo], seg.indptr[hi]
+            parts_docs.append(seg.docs[e0:e1])
+            parts_tf.append(seg.logtf[e0:e1])
+            parts_col.append(np.repeat(where, lengths))
+        order = np.argsort(np.concatenate(parts_col), kind="stable")  # segments in document order: docs stay sorted
+        n = int(counts.sum())
+        docs[pos : pos + n] = np.concatenate(parts_docs)[order]
+        logtf[pos : pos + n] = np.concatenate(parts_tf)[order]
+        indptr[a + 1 : b + 1] = pos + np.cumsum(counts)
+        pos += n
+    for array in (indptr, docs, logtf):
+        array.flush()
+    del indptr, docs, logtf
+    (out / NDOCS).write_text(str(n_docs))
+
+
+def _part_files(directory: Path, part: Part) -> list[str]:
+    return [str(f.relative_to(directory)) for f in part.files]
+
+
+def _delete(directory: Path, part: Part) -> None:
+    if part.path == directory:
+        for file in part.files:
+            file.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(part.path, ignore_errors=True)
+
+
+def compact(
+    directory: str | Path,
+    forget: Callable[[list[str]], None],
+    factor: int = MERGE_FACTOR,
+    chunk_entries: int = MERGE_CHUNK,
+) -> int:
+    """Merge runs of segments as `merge_plan` says and delete what merges replaced; return the merges made.
+
+    For the writer of the datastore only. A merged segment is written in a `.tmp` folder and renamed whole, and
+    `load` prefers it to the parts it covers, so readers never wait and a crash leaves a loadable index; `forget`
+    (the store's `rewriting`) is told the files about to be deleted, before they are. Parts an earlier merge left
+    behind are deleted first.
+    """
+    directory = Path(directory)
+    for stale in directory.glob(f"{SEGMENT_PREFIX}*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+    merges = 0
+    while True:
+        chosen, replaced = _cover(_parts(directory))
+        for part in replaced:
+            forget(_part_files(directory, part))
+            _delete(directory, part)
+        run = merge_plan([end - part.first for part, end in chosen], factor)
+        if run is None:
+            return merges
+        picked = chosen[run[0] : run[1]]
+        first, end = picked[0][0].first, picked[-1][1]
+        target = directory / f"{SEGMENT_PREFIX}{first:09d}_{end:09d}"
+        tmp = target.with_name(target.name + ".tmp")
+        _write_merged([_load_segment(part.path) for part, _ in picked], tmp, end, chunk_entries)
+        tmp.replace(target)
+        merges += 1
 
 
 def select_documents(store: Datastore, index: TfidfIndex, question: str, subject: str | None, n_docs: int) -> list[int]:
