@@ -225,3 +225,47 @@ def test_int8_keys_are_recorded_follow_the_store_on_add_and_must_match_on_resume
     builder.build(small_corpus, tmp_path / "f", encoder)
     with pytest.raises(DatastoreError, match=r"holds float32 keys; resume it without --int8-keys"):
         builder.build(small_corpus, tmp_path / "f", encoder, int8_keys=True)
+
+
+def test_worker_processes_register_and_index_exactly_as_one_process(tmp_path, encoder, monkeypatch):
+    from bertknn import workers
+    from bertknn.pipeline import BertKNN
+    from bertknn.retrieval import TfidfIndex
+
+    docs = [
+        {
+            "id": f"w{i}",
+            "title": f"Town {i}",
+            "text": f"Town {i} lies in Norway. It was founded in {1000 + i}. Dr. Lund lived there.",
+        }
+        for i in range(450)  # three batches of workers.BATCH documents
+    ]
+    corpus = write_corpus(tmp_path / "towns.jsonl", docs)
+    one = BertKNN.build(corpus, tmp_path / "one", encoder, lazy=True, n_workers=1)
+    monkeypatch.setattr(builder, "SLOW_SPLITTERS", {"sentencex"})  # its sentences split in the workers too
+    two = BertKNN.build(corpus, tmp_path / "two", encoder, lazy=True, n_workers=2)
+    for table in ("documents", "sentences"):
+        query = f"SELECT * FROM {table} ORDER BY idx"
+        assert one.store.db.execute(query).fetchall() == two.store.db.execute(query).fetchall()
+    a, b = TfidfIndex.load(one.store.path), TfidfIndex.load(two.store.path)
+    assert a.n_docs == b.n_docs == 450
+    for sa, sb in zip(a.segments, b.segments, strict=True):
+        for name in ("hashes", "indptr", "docs", "logtf"):
+            np.testing.assert_array_equal(getattr(sa, name), getattr(sb, name))
+    assert workers.count(0, 10) == 1 and workers.count(3, 10) == 3
+    with pytest.raises(ValueError, match="workers must be >= 0"):
+        workers.count(-1)
+
+
+def test_embedding_with_the_next_chunk_tokenized_ahead_gives_the_same_store(tmp_path, encoder):
+    """The GPU's read-ahead (`prefetch`), run on CPU: chunk for chunk the same keys, entries and commits."""
+    corpus = write_corpus(tmp_path / "c.jsonl", SMALL_DOCS + [dict(d, id=d["id"] + "b") for d in SMALL_DOCS])
+    stores = {}
+    for prefetch in (False, True):
+        store = builder.build(corpus, tmp_path / f"p{prefetch}", encoder, lazy=True)
+        seen = []
+        added = builder.embed(store, store.pending(), encoder, chunk_entries=8, progress=seen.append, prefetch=prefetch)
+        assert added == store.size > 0 and len(seen) > 2
+        stores[prefetch] = seen
+    assert stores[False] == stores[True]
+    assert_same_store(tmp_path / "pFalse", tmp_path / "pTrue")

@@ -49,9 +49,9 @@ def test_faiss_build_resumes_after_an_interruption(built):
 
     with pytest.raises(KeyboardInterrupt):
         FaissIndex.build(built.store, "IVF4,Flat", train_size=built.store.size, chunk=10, progress=stop)
-    assert FaissIndex.load(built.store).index.ntotal == 10  # one chunk saved
+    assert FaissIndex.load(built.store).ntotal == 10  # one chunk saved
     resumed = FaissIndex.build(built.store, "IVF4,Flat", train_size=built.store.size, chunk=10)
-    assert resumed.index.ntotal == built.store.size
+    assert resumed.ntotal == built.store.size and len(resumed.parts) == 1
     with pytest.raises(DatastoreError, match="has a FAISS index 'IVF4,Flat'"):
         FaissIndex.build(built.store, "Flat")
 
@@ -122,7 +122,7 @@ def test_fresh_fact_answerable_after_add_and_gone_after_remove(built, retrieval)
     assert before != "tallinn" and "Zorblat Quenmire" not in docs_before
     size = knn.store.size
     added = knn.add_documents([FRESH])
-    assert added == knn.store.size - size > 0 and knn.faiss.index.ntotal == knn.store.size
+    assert added == knn.store.size - size > 0 and knn.faiss.ntotal == knn.store.size
     after, docs_after = _answers(knn, retrieval)
     assert after == "tallinn" and "Zorblat Quenmire" in docs_after
     reopened = BertKNN.load(built.store.path, str(built.encoder.name))  # the change is on disk
@@ -160,7 +160,7 @@ def test_a_crash_mid_add_leaves_the_old_state_and_a_rerun_completes(built, monke
     rerun = BertKNN.load(built.store.path, str(built.encoder.name))
     rerun.add_documents([FRESH], skip_existing=True)
     assert _answers(rerun, "ir")[0] == "tallinn" and _answers(rerun, "faiss")[0] == "tallinn"
-    assert rerun.faiss.index.ntotal == rerun.store.size and rerun.index.n_docs == rerun.store.n_documents == 6
+    assert rerun.faiss.ntotal == rerun.store.size and rerun.index.n_docs == rerun.store.n_documents == 6
 
 
 def test_add_refuses_duplicates_and_bad_documents_changing_nothing(built):
@@ -196,3 +196,67 @@ def test_cli_index_add_remove(tmp_path, built, monkeypatch):
     result = runner.invoke(app, ["remove", store, "--doc", "d1", "--doc", "nope"])  # all or nothing
     assert result.exit_code == 2 and "no document with id 'nope'" in result.output
     assert built.store.states(["d1"]) == {"d1": "live"}
+
+
+# --- the FAISS index in parts: adds append, parts merge (issue 14 §3) ---
+
+
+def _vectors(index: FaissIndex) -> np.ndarray:
+    return np.concatenate([p.index.reconstruct_n(0, p.index.ntotal) for p in index.parts if p.index.ntotal])
+
+
+def test_an_add_appends_a_part_and_leaves_faiss_index_as_it_was(built):
+    FaissIndex.build(built.store, "IVF4,Flat", train_size=built.store.size, nprobe=4)
+    base = built.store.path / INDEX_FILE
+    before = base.stat()
+    knn = BertKNN(built.encoder, built.store)
+    knn.add_documents([FRESH])
+    knn.add_documents([{"id": "n2", "title": "Vel Arbo", "text": "Vel Arbo was born in Riga. He sells maps."}])
+    after = base.stat()
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)
+    parts = sorted(p.name for p in built.store.path.glob("faiss_add_*"))
+    assert len(parts) == 2 and knn.faiss.ntotal == knn.store.size
+    reader = FaissIndex.load(Datastore(built.store.path))  # another process sees base and parts
+    assert [p.name for p in reader.parts[1:]] == parts
+    np.testing.assert_array_equal(_vectors(reader), np.asarray(knn.store.keys, np.float32))
+    _, states = built.encoder.query([QUESTION, "Vel Arbo was born in [MASK] ."])
+    for state in states:
+        ids, dist = reader.search(state, 10, rerank=reader.ntotal)  # every key a candidate: exact
+        want, want_dist = brute_force(knn.store, state, 10)
+        assert ids.tolist() == want.tolist()
+        np.testing.assert_allclose(dist, want_dist, rtol=1e-5)
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF4,PQ8x4", "HNSW8"])
+def test_parts_merge_as_they_pile_up_and_a_finished_build_is_one_file(built, factory):
+    seen = []
+
+    def count(done, total):
+        seen.append(len(list(built.store.path.glob("faiss_add_*"))))
+
+    index = FaissIndex.build(built.store, factory, train_size=built.store.size, chunk=1, progress=count)
+    assert len(seen) == built.store.size > 20 and max(seen) < 10  # merged ten at a time, never ten apart
+    assert len(index.parts) == 1 and not list(built.store.path.glob("faiss_add_*"))
+    whole = faiss.read_index(str(built.store.path / INDEX_FILE))
+    assert whole.ntotal == built.store.size
+    if factory != "IVF4,PQ8x4":  # PQ codes are lossy; Flat and HNSW keep the keys
+        np.testing.assert_array_equal(whole.reconstruct_n(0, whole.ntotal), np.asarray(built.store.keys, np.float32))
+
+
+def test_a_merge_interrupted_before_deleting_its_parts_loads_the_merged_index(built):
+    def stop(done, total):
+        if done == 15:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        FaissIndex.build(built.store, "Flat", chunk=3, progress=stop)
+    parts = FaissIndex.load(built.store)
+    assert parts.ntotal == 15 and len(parts.parts) == 6  # the empty faiss.index and five parts of 3
+    leftovers = {p.name: p.read_bytes() for p in built.store.path.glob("faiss_add_*")}
+    resumed = FaissIndex.build(built.store, "Flat", chunk=3)  # merges everything into faiss.index
+    for name, data in leftovers.items():  # as if it had died before deleting what the merge replaced
+        (built.store.path / name).write_bytes(data)
+    loaded = FaissIndex.load(built.store)
+    assert len(loaded.parts) == 1 and loaded.ntotal == resumed.ntotal == built.store.size
+    loaded.update()  # the next writer deletes them
+    assert not list(built.store.path.glob("faiss_add_*"))

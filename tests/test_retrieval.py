@@ -177,7 +177,7 @@ def test_a_segment_holds_exactly_the_counted_features():
     ],
 )
 def test_merge_plan_picks_the_first_run_of_one_level(sizes, plan):
-    from bertknn.retrieval import merge_plan
+    from bertknn.merging import merge_plan
 
     assert merge_plan(sizes, 10) == plan
 

@@ -1,13 +1,38 @@
-"""bertknn: BERT-kNN, a masked language model that answers cloze questions with evidence from a text collection."""
+"""bertknn: BERT-kNN, a masked language model that answers cloze questions with evidence from a text collection.
 
-from bertknn.combine import Neighbour, Prediction, TokenScore
-from bertknn.datastore import Datastore, DatastoreError
-from bertknn.default_model import DEFAULT_MODEL
-from bertknn.encoder import Encoder, ModelError, QuestionError
-from bertknn.pipeline import BertKNN
-from bertknn.settings import PAPER, Settings
-from bertknn.text import CorpusError
+The names below are imported when first used (PEP 562), so that `import bertknn.text` or a worker process that
+splits sentences does not load PyTorch.
+"""
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bertknn.combine import Neighbour, Prediction, TokenScore
+    from bertknn.datastore import Datastore, DatastoreError
+    from bertknn.default_model import DEFAULT_MODEL
+    from bertknn.encoder import Encoder, ModelError, QuestionError
+    from bertknn.pipeline import BertKNN
+    from bertknn.settings import PAPER, Settings
+    from bertknn.text import CorpusError
+
+_WHERE = {
+    "Neighbour": "combine",
+    "Prediction": "combine",
+    "TokenScore": "combine",
+    "Datastore": "datastore",
+    "DatastoreError": "datastore",
+    "DEFAULT_MODEL": "default_model",
+    "Encoder": "encoder",
+    "ModelError": "encoder",
+    "QuestionError": "encoder",
+    "BertKNN": "pipeline",
+    "PAPER": "settings",
+    "Settings": "settings",
+    "CorpusError": "text",
+}
 __all__ = [
     "DEFAULT_MODEL",
     "PAPER",
@@ -24,3 +49,9 @@ __all__ = [
     "TokenScore",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'bertknn' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"bertknn.{_WHERE[name]}"), name)

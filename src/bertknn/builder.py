@@ -7,26 +7,26 @@ batch, so the same stages can run elsewhere; the store (datastore.py) knows noth
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertknn.corpus import Corpus, open_corpus
+from bertknn import workers
+from bertknn.corpus import Corpus, open_corpus, record_located
 from bertknn.datastore import FORMAT, VERSION, Datastore, DatastoreError, Record
 from bertknn.datastore import copy_registration as copy_store
 from bertknn.datastore import create as create_store
 from bertknn.encoder import TOKEN_BUDGET, Encoder
 from bertknn.text import (
+    SLOW_SPLITTERS,
     SPLITTER,
     CorpusError,
-    Document,
     Sentence,
-    normalize_title,
-    split_sentences,
     tokenize_sentences,
 )
 
@@ -40,13 +40,6 @@ REGISTER_DOCS = 500  # documents registered per transaction by a build
 CHUNK_ENTRIES = 4096  # about this many target words are embedded and committed together
 CHARS_PER_WORD = 6  # a chunk's size is estimated from its characters: about one target word per 6 of them
 LAZY_WAIT = 600.0  # seconds a lazy store's reader waits for another writer before it embeds on demand
-
-
-def record(doc: Document, splitter: str) -> Record:
-    """A document as the store keeps it: its sentences (pysbd), normalised title and a digest of its text."""
-    digest = hashlib.sha256(json.dumps([doc.title, list(doc.passages)]).encode()).hexdigest()
-    sentences = tuple(s for p in doc.passages for s in split_sentences(p, splitter))
-    return Record(doc.id, doc.title, normalize_title(doc.title), sentences, digest)
 
 
 def contexts(encoder: Encoder, texts: list[str]) -> list[Sentence]:
@@ -142,8 +135,12 @@ def embed(
     chunk_entries: int = CHUNK_ENTRIES,
     token_budget: int = TOKEN_BUDGET,
     progress: Callable[[int], None] | None = None,
+    prefetch: bool | None = None,
 ) -> int:
     """Embed the given documents that are not embedded yet; return how many entries were added.
+
+    With `prefetch` (None: on a GPU), the next chunk is tokenized in a thread (the tokenizer releases the GIL)
+    while this one embeds, so the device does not wait for the CPU between chunks.
 
     Documents are taken in index order and committed in chunks of whole documents that end once they hold about
     `chunk_entries` words; `progress(documents_done)` is called after each chunk. In a lazy store a reader embeds
@@ -155,16 +152,31 @@ def embed(
     check_key_dtype(store, encoder)
     with store.writing(wait=LAZY_WAIT):
         todo = store.pending(todo)  # what another writer did meanwhile is not redone
-        added, chunk, words, done = 0, [], 0, 0
-        for i, doc in enumerate(todo):
-            chunk.append(doc)
+        chunks: list[list[int]] = [[]]
+        words = 0
+        for doc in todo:
+            if words >= chunk_entries:
+                chunks.append([])
+                words = 0
+            chunks[-1].append(doc)
             words += store.text_length(doc) // CHARS_PER_WORD
-            if words >= chunk_entries or i == len(todo) - 1:
-                added += _embed_chunk(store, chunk, encoder, token_budget)
+        added, done = 0, 0
+        if prefetch is None:
+            prefetch = encoder.runtime.torch_device.type == "cuda"
+        ahead = ThreadPoolExecutor(1) if prefetch else None
+        try:
+            prepared = _prepare(store, encoder, chunks[0], ahead)
+            for i, chunk in enumerate(chunks):
+                current = prepared
+                if i + 1 < len(chunks):
+                    prepared = _prepare(store, encoder, chunks[i + 1], ahead)
+                added += _embed_chunk(store, chunk, *current(), encoder, token_budget)
                 done += len(chunk)
-                chunk, words = [], 0
                 if progress:
                     progress(done)
+        finally:
+            if ahead:
+                ahead.shutdown(cancel_futures=True)
         if added and store.manifest.get("status") != "building":
             embedded = store.n_documents - len(store.pending())
             status = "complete" if embedded == store.n_documents else "lazy"
@@ -172,10 +184,23 @@ def embed(
     return added
 
 
-def _embed_chunk(store: Datastore, docs: list[int], encoder: Encoder, token_budget: int) -> int:
-    """The stages for whole documents: their sentences -> masked contexts -> keys -> appended to the store."""
+def _prepare(
+    store: Datastore, encoder: Encoder, docs: list[int], pool: ThreadPoolExecutor | None
+) -> Callable[[], tuple[list, list[Sentence]]]:
+    """The CPU stages of a chunk: its sentences (read here: SQLite stays in this thread) and their contexts,
+    made in `pool` when there is one; returns a function that gives (rows, contexts) when they are ready."""
     rows = store.sentences(docs)
-    sentences = contexts(encoder, [text for _, _, text in rows])
+    texts = [text for _, _, text in rows]
+    if pool is None:
+        return lambda: (rows, contexts(encoder, texts))
+    future = pool.submit(contexts, encoder, texts)
+    return lambda: (rows, future.result())
+
+
+def _embed_chunk(
+    store: Datastore, docs: list[int], rows: list, sentences: list[Sentence], encoder: Encoder, token_budget: int
+) -> int:
+    """The stages for whole documents: their sentences -> masked contexts -> keys -> appended to the store."""
     found = keys(encoder, sentences, store.pack, store.int8_keys, token_budget)
     values = np.concatenate([s.target_ids for s in sentences]) if sentences else np.zeros(0, np.int32)
     return store.append(docs, rows, found, values, [s.spans for s in sentences])
@@ -216,6 +241,7 @@ def build(
     chunk_entries: int = CHUNK_ENTRIES,
     token_budget: int = TOKEN_BUDGET,
     progress: Callable[[str, int, int], None] | None = None,
+    n_workers: int = 0,
 ) -> Datastore:
     """Build (or resume building) the datastore of a corpus: JSONL, Parquet, DrQA's docs.db, a Wikipedia XML dump or
     a datasets.Dataset (`corpus.open_corpus`).
@@ -225,6 +251,9 @@ def build(
     targets per pass and `int8_keys` runs the encoder quantised (`Encoder.embed`); the manifest records both: a resume
     with others is refused, and later embedding (lazy, `add`) follows them. `progress(phase, done, total)` reports
     the phases ("checking" where the format counts its documents from metadata, "reading", "embedding").
+    Sentences are split in `n_workers` processes (0: every core for a corpus of `workers.PARALLEL_FROM`+ documents)
+    when the store's splitter is slow (pysbd: `text.SLOW_SPLITTERS`); sentencex splits faster in this process than a
+    document is sent to a worker (bench/README.md). IR features are hashed in `n_workers` processes.
 
     Every format is read in full once first (`check_corpus`), so a malformed document fails before anything is
     written: that read costs little beside registering (sentence splitting), while a bad row found halfway through
@@ -241,10 +270,11 @@ def build(
     with store.writing():
         report("reading", store.n_documents, n_docs)
         chunk: list[tuple[str, Record]] = []
-        for i, (where, doc) in enumerate(source.located()):
-            if i < store.n_documents:
-                continue
-            chunk.append((where, record(doc, store.splitter)))
+        todo = islice(source.located(), store.n_documents, None)
+        processes = workers.count(n_workers, n_docs) if store.splitter in SLOW_SPLITTERS else 1
+        recorded = workers.ordered_map(partial(record_located, splitter=store.splitter), todo, processes)
+        for i, (where, rec) in enumerate(recorded, store.n_documents):
+            chunk.append((where, rec))
             if len(chunk) == REGISTER_DOCS or i == n_docs - 1:
                 _register(store, chunk)
                 chunk = []

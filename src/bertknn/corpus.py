@@ -15,6 +15,7 @@ import bz2
 import contextlib
 import hashlib
 import importlib
+import json
 import os
 import re
 import sqlite3
@@ -24,8 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
-from bertknn.datastore import file_sha256
-from bertknn.text import CorpusError, Document, parse_document, read_jsonl
+from bertknn.datastore import Record, file_sha256
+from bertknn.text import CorpusError, Document, normalize_title, parse_document, read_jsonl, split_sentences
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -337,3 +338,17 @@ def open_corpus(source: str | os.PathLike[str] | Corpus | Dataset) -> Corpus:
     if suffix == ".xml" or name.endswith(".xml.bz2"):
         return WikipediaDump(path)
     raise CorpusError(f"{path}: not a corpus format bertknn reads; supported: {FORMATS}")
+
+
+def record(doc: Document, splitter: str) -> Record:
+    """A document as the store keeps it: its sentences (split by `splitter`), normalised title and a digest of its
+    text."""
+    digest = hashlib.sha256(json.dumps([doc.title, list(doc.passages)]).encode()).hexdigest()
+    sentences = tuple(s for p in doc.passages for s in split_sentences(p, splitter))
+    return Record(doc.id, doc.title, normalize_title(doc.title), sentences, digest)
+
+
+def record_located(located: tuple[str, Document], splitter: str) -> tuple[str, Record]:
+    """`record` of a (where, document) pair, keeping where: what worker processes are given (`workers`)."""
+    where, doc = located
+    return where, record(doc, splitter)

@@ -12,7 +12,7 @@ import contextlib
 import copy
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
 
@@ -302,22 +302,45 @@ class Encoder:
             for group in mask_groups(len(targets), pack)
         ]
         keys = np.empty((first[-1], self.dim), dtype=np.float32)
+        pending = None  # the batch the device is still computing: its keys are read after the next is launched
         for order in length_batches([len(ids) for ids, _, _ in passes], token_budget):
             batch = [passes[j] for j in order]
             ids, attention = self._pad([window for window, _, _ in batch])
             rows = torch.tensor(np.concatenate([np.full(len(p), r) for r, (_, p, _) in enumerate(batch)]))
             cols = torch.tensor(np.concatenate([p for _, p, _ in batch]).astype(np.int64))
             ids[rows, cols] = self.mask_id
-            (states,) = self._run(self._key_states, ("states",), ids, attention, rows, cols, int8=int8_keys)
-            keys[np.concatenate([k for _, _, k in batch])] = states
+            (states,) = self._launch(self._key_states, ("states",), ids, attention, rows, cols, int8=int8_keys)
+            if pending:
+                keys[pending[0]] = pending[1]()
+            pending = np.concatenate([k for _, _, k in batch]), states
+        if pending:
+            keys[pending[0]] = pending[1]()
         return keys
 
     def _run(self, forward, outputs: tuple[str, ...], *inputs: torch.Tensor, int8: bool = False) -> list[np.ndarray]:
         """`forward(ids, attention, rows, cols)` on this encoder's runtime (ONNX Runtime int8 if `int8`), as float32."""
+        return [result() for result in self._launch(forward, outputs, *inputs, int8=int8)]
+
+    def _launch(
+        self, forward, outputs: tuple[str, ...], *inputs: torch.Tensor, int8: bool = False
+    ) -> list[Callable[[], np.ndarray]]:
+        """Start `forward` (as `_run`) and return a function per output that waits for it. On a GPU the inputs go
+        from pinned memory and the outputs come back into pinned memory, both without blocking, so the CPU prepares
+        the next batch while the GPU computes this one; elsewhere the work is done before this returns."""
         if not (self.runtime.onnx or int8):
             device = self.runtime.torch_device
-            inputs = tuple(t.to(device, non_blocking=True) for t in inputs) if device.type != "cpu" else inputs
-            return [t.float().cpu().numpy() for t in forward(*inputs)]
+            if device.type == "cpu":
+                done = [t.float().numpy() for t in forward(*inputs)]
+                return [lambda a=a: a for a in done]
+            inputs = tuple(t.pin_memory().to(device, non_blocking=True) for t in inputs)
+            hosts = []
+            for t in forward(*inputs):
+                host = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)
+                host.copy_(t.float(), non_blocking=True)
+                hosts.append(host)
+            ready = torch.cuda.Event()
+            ready.record()
+            return [lambda h=h: (ready.synchronize(), h.numpy())[1] for h in hosts]
         name = forward.__name__.strip("_")
         key = f"{name}-int8" if int8 else name
         if key not in self._runners:
@@ -329,7 +352,7 @@ class Encoder:
                 if int8
                 else OnnxRunner(forward, self.model, outputs, path)
             )
-        return self._runners[key](*inputs)
+        return [lambda a=a: a for a in self._runners[key](*inputs)]
 
     def graphs(self) -> dict[str, OnnxRunner]:
         """The ONNX Runtime graphs this encoder has opened, by forward function ("-int8": quantised)."""

@@ -1,10 +1,14 @@
 """FAISS index over every key of a datastore: kNN without the IR step (SPEC §4).
 
 Any FAISS index factory string ("Flat", "IVF4096,PQ64", "HNSW32", ...) works; "auto" picks one by size. The index is
-trained on a random sample of keys, filled in entry order (so FAISS's sequential ids are entry indices) and saved
-beside the datastore as faiss.index (always replaced whole by a rename, so the file on disk is a consistent index)
-with its settings in faiss.json. Its `ntotal` says how far filling got: a build resumes there, and `update` appends
-entries added later. Candidates are re-ranked with exact distances from the stored float16 keys."""
+trained on a random sample of keys (the trained, empty index is kept as faiss_trained.index) and filled in entry
+order, in parts: faiss.index holds entries 0.. and `faiss_add_{first}_{end}.index` files the entries after it, each
+a chunk of keys added by a build or an `add`. Every file is written once and renamed into place, so the files on
+disk are always a consistent index and an add never rewrites the large one; adjacent parts of one size are merged
+(`merging.merge_plan`, FAISS's `merge_from`: inverted lists moved, nothing re-encoded), and a finished build merges
+all into faiss.index. How far the parts reach says how far filling got: a build resumes there, and `update` appends
+entries added later. Settings are in faiss.json. Candidates are re-ranked with exact distances from the stored
+float16 keys."""
 
 from __future__ import annotations
 
@@ -12,15 +16,19 @@ import contextlib
 import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import faiss
 import numpy as np
 
-from bertknn.datastore import Datastore, DatastoreError
+from bertknn.datastore import Datastore, DatastoreError, file_stat
 from bertknn.knn import nearest
+from bertknn.merging import merge_plan
 
-INDEX_FILE, SETTINGS_FILE = "faiss.index", "faiss.json"
+INDEX_FILE, SETTINGS_FILE, TRAINED_FILE = "faiss.index", "faiss.json", "faiss_trained.index"
+DELTA_PREFIX = "faiss_add_"
+RELIST = 3  # times `load` lists the parts again when a concurrent merge replaced some as they were read
 AUTO = "auto"
 FLAT_BELOW = 20_000  # keys; exact search over fewer is already fast
 
@@ -58,34 +66,80 @@ def _settings(path: Path) -> dict | None:
     return settings
 
 
-def _read(store: Datastore) -> faiss.Index:
-    """faiss.index of a datastore; DatastoreError naming the file when it is damaged."""
+def _read(store: Datastore, name: str = INDEX_FILE) -> faiss.Index:
+    """One FAISS file of a datastore; DatastoreError naming the file when it is damaged."""
+    rebuild = (
+        f"delete {INDEX_FILE}, {SETTINGS_FILE} and the other faiss* files, then rerun `bertknn index {store.path}`"
+    )
     if store.faiss_damage:
         raise DatastoreError(
-            f"{store.path / INDEX_FILE} is damaged ({store.faiss_damage[0].problem}); delete {INDEX_FILE} and "
-            f"{SETTINGS_FILE}, then rerun `bertknn index {store.path}`"
+            f"{store.path / store.faiss_damage[0].file} is damaged ({store.faiss_damage[0].problem}); {rebuild}"
         )
     try:
-        index = faiss.read_index(str(store.path / INDEX_FILE))
+        index = faiss.read_index(str(store.path / name))
     except RuntimeError as err:
+        if not (store.path / name).is_file():
+            raise FileNotFoundError(store.path / name) from None
+        raise DatastoreError(f"{store.path / name} is damaged ({str(err).splitlines()[-1]}); {rebuild}") from None
+    if index.d != store.dim:
         raise DatastoreError(
-            f"{store.path / INDEX_FILE} is damaged ({str(err).splitlines()[-1]}); delete {INDEX_FILE} and "
-            f"{SETTINGS_FILE}, then rerun `bertknn index {store.path}`"
-        ) from None
-    if index.d != store.dim or index.ntotal > store.size:
-        raise DatastoreError(
-            f"{store.path / INDEX_FILE} does not fit the datastore ({index.ntotal:,} keys of width {index.d}, the "
-            f"store has {store.size:,} of width {store.dim}); delete it and {SETTINGS_FILE}, then rerun `bertknn index`"
+            f"{store.path / name} does not fit the datastore (keys of width {index.d}, the store's are {store.dim}); "
+            f"{rebuild}"
         )
     return index
 
 
-def _save(index: faiss.Index, store: Datastore) -> None:
+def _deltas(path: Path) -> list[tuple[int, int, str]]:
+    """The added parts on disk as (first entry, end, file name), in entry order, larger ranges first."""
+    found = []
+    for file in path.glob(f"{DELTA_PREFIX}*.index"):
+        first, _, end = file.stem[len(DELTA_PREFIX) :].partition("_")
+        if first.isdigit() and end.isdigit():
+            found.append((int(first), int(end), file.name))
+    return sorted(found, key=lambda d: (d[0], -d[1]))
+
+
+def _delta_name(first: int, end: int) -> str:
+    return f"{DELTA_PREFIX}{first:012d}_{end:012d}.index"
+
+
+@dataclass
+class Part:
+    """A FAISS index over entries first..first + ntotal (its sequential ids count from `first`)."""
+
+    first: int
+    index: faiss.Index
+    name: str
+
+    @property
+    def end(self) -> int:
+        return self.first + int(self.index.ntotal)
+
+
+def _save(index: faiss.Index, store: Datastore, name: str = INDEX_FILE) -> None:
     """Write the index to a temporary file, then rename it over the old one."""
-    tmp = store.path / f"{INDEX_FILE}.tmp"
+    tmp = store.path / f"{name}.tmp"
     faiss.write_index(index, str(tmp))
-    store.rewriting(INDEX_FILE)
-    tmp.replace(store.path / INDEX_FILE)
+    store.rewriting(name)
+    tmp.replace(store.path / name)
+
+
+def _merge(parts: list[Part], trained: faiss.Index, store: Datastore) -> faiss.Index:
+    """One index of adjacent parts: the first takes the others' codes (`merge_from`; an IVF index shifts their
+    ids by its size); indexes without `merge_from` (HNSW) are filled again from the stored keys."""
+    merged = parts[0].index
+    try:
+        ivf = faiss.extract_index_ivf(merged) is not None
+    except RuntimeError:
+        ivf = False
+    try:
+        for part in parts[1:]:
+            merged.merge_from(part.index, int(merged.ntotal) if ivf else 0)
+        return merged
+    except RuntimeError:
+        merged = faiss.clone_index(trained)
+        merged.add(np.asarray(store.keys[parts[0].first : parts[-1].end], np.float32))
+        return merged
 
 
 def _set_nprobe(index: faiss.Index, nprobe: int) -> None:
@@ -94,11 +148,29 @@ def _set_nprobe(index: faiss.Index, nprobe: int) -> None:
 
 
 class FaissIndex:
-    """A trained FAISS index over a datastore's keys, with exact re-ranking."""
+    """A trained FAISS index over a datastore's keys, in parts (faiss.index, then added parts), with exact re-ranking.
 
-    def __init__(self, index: faiss.Index, store: Datastore, settings: dict) -> None:
-        self.index, self.store, self.settings = index, store, settings
-        _set_nprobe(index, int(settings["nprobe"]))
+    `index` is faiss.index, the part from entry 0: after a build, the whole index.
+    """
+
+    def __init__(self, parts: list[Part], trained: faiss.Index, store: Datastore, settings: dict) -> None:
+        self.parts, self.trained, self.store, self.settings = parts, trained, store, settings
+        for part in parts:
+            _set_nprobe(part.index, int(settings["nprobe"]))
+
+    @property
+    def index(self) -> faiss.Index:
+        return self.parts[0].index
+
+    @property
+    def ntotal(self) -> int:
+        """Entries the index holds (0..ntotal)."""
+        return self.parts[-1].end
+
+    @staticmethod
+    def disk_state(path: Path) -> list:
+        """What changes when any FAISS file of a datastore is written (to notice another process's writes)."""
+        return [(f.name, *(file_stat(f) or [])) for f in sorted(path.glob("faiss*")) if f.suffix in (".index", ".json")]
 
     @classmethod
     def load(cls, store: Datastore) -> FaissIndex | None:
@@ -111,7 +183,36 @@ class FaissIndex:
                 f"{store.path / INDEX_FILE} is missing (its settings, {SETTINGS_FILE}, are there): rerun "
                 f"`bertknn index {store.path}`"
             )
-        return cls(_read(store), store, settings)
+        for _ in range(RELIST):  # a merge by another process may delete parts as they are read: list them again
+            deltas = _deltas(store.path)
+            try:
+                return cls._open(store, settings, deltas)
+            except FileNotFoundError:
+                if _deltas(store.path) == deltas:
+                    raise
+        return cls._open(store, settings, _deltas(store.path))
+
+    @classmethod
+    def _open(cls, store: Datastore, settings: dict, deltas: list[tuple[int, int, str]]) -> FaissIndex:
+        parts = [Part(0, _read(store), INDEX_FILE)]
+        for first, end, name in deltas:
+            if first == parts[-1].end:  # else replaced by a merge that was not cleaned up
+                parts.append(Part(first, _read(store, name), name))
+                if parts[-1].end != end:
+                    raise DatastoreError(
+                        f"{store.path / name} holds {end - first} keys less or more than its name says"
+                    )
+        if parts[-1].end > store.size:
+            raise DatastoreError(
+                f"the FAISS index of {store.path} holds {parts[-1].end:,} keys, the store has {store.size:,}: delete "
+                f"{INDEX_FILE}, {SETTINGS_FILE} and the other faiss* files, then rerun `bertknn index`"
+            )
+        if (store.path / TRAINED_FILE).is_file():
+            trained = _read(store, TRAINED_FILE)
+        else:  # made before the trained index was kept apart
+            trained = faiss.clone_index(parts[0].index)
+            trained.reset()
+        return cls(parts, trained, store, settings)
 
     @classmethod
     def build(
@@ -127,12 +228,15 @@ class FaissIndex:
         """Train (on `train_size` random keys) and fill an index over all keys; resumes an interrupted build.
 
         `factory` "auto" and `train_size` None choose by the datastore's size (auto_factory, auto_train_size), or
-        take those of the index being resumed.
+        take those of the index being resumed. Keys are added in parts of `chunk`, each saved as it is done; when all
+        are in, the parts are merged into faiss.index.
         """
         if not store.complete:
             raise DatastoreError(f"the datastore at {store.path} is not fully embedded; a FAISS index needs all keys")
         with store.writing():
-            return cls._build(store, factory, train_size, nprobe, chunk, seed, progress)
+            built = cls._build(store, factory, train_size, nprobe, chunk, seed, progress)
+            built._compact(everything=True)
+            return built
 
     @classmethod
     def _build(cls, store, factory, train_size, nprobe, chunk, seed, progress) -> FaissIndex:
@@ -149,7 +253,8 @@ class FaissIndex:
                     f"{store.path} has a FAISS index {known['factory']!r} (train size {known['train_size']}); "
                     "delete faiss.index and faiss.json to build another"
                 )
-            index = _read(store)
+            built = cls.load(store)
+            built.settings = settings
         else:
             try:
                 index = faiss.index_factory(store.dim, factory, faiss.METRIC_L2)
@@ -166,24 +271,63 @@ class FaissIndex:
                         f"cannot train FAISS index {factory!r} on {len(sample):,} keys ({str(err).splitlines()[-1]}); "
                         "use a larger --train-size or fewer IVF lists"
                     ) from None
+            for stale in _deltas(store.path):
+                store.rewriting(stale[2])
+                (store.path / stale[2]).unlink()
+            _save(index, store, TRAINED_FILE)
             _save(index, store)
+            built = cls([Part(0, index, INDEX_FILE)], faiss.clone_index(index), store, settings)
         store.rewriting(SETTINGS_FILE)
         (store.path / SETTINGS_FILE).write_text(json.dumps(settings, indent=2), encoding="utf-8")
-        built = cls(index, store, settings)
+        _set_nprobe(built.index, nprobe)
         built.update(chunk, progress)
         return built
 
     def update(self, chunk: int = 65_536, progress: Callable[[int, int], None] | None = None) -> int:
-        """Add the datastore's entries the index does not hold yet (in entry order); return how many."""
-        start = done = int(self.index.ntotal)
+        """Add the datastore's entries the index does not hold yet (in entry order), each chunk as a new part
+        merged as `merge_plan` says; return how many. For the datastore's writer."""
+        self._clean()
+        start = done = self.ntotal
         while done < self.store.size:
             stop = min(done + chunk, self.store.size)
-            self.index.add(np.asarray(self.store.keys[done:stop], np.float32))
-            _save(self.index, self.store)
+            part = faiss.clone_index(self.trained)
+            part.add(np.asarray(self.store.keys[done:stop], np.float32))
+            _set_nprobe(part, int(self.settings["nprobe"]))
+            self.parts.append(Part(done, part, _delta_name(done, stop)))
+            _save(part, self.store, self.parts[-1].name)
+            self._compact()
             done = stop
             if progress:
                 progress(done, self.store.size)
         return done - start
+
+    def _clean(self) -> None:
+        """Delete added parts a merge replaced but did not get to delete (a crash), their checksums first."""
+        mine = {part.name for part in self.parts}
+        for _, _, name in _deltas(self.store.path):
+            if name not in mine:
+                self.store.rewriting(name)
+                (self.store.path / name).unlink(missing_ok=True)
+
+    def _compact(self, everything: bool = False) -> None:
+        """Merge runs of parts (`merge_plan`; all of them with `everything`), each written whole before the files
+        it replaces are deleted: a crash in between leaves both, and `load` takes the merged one."""
+        while True:
+            run = (0, len(self.parts)) if everything else merge_plan([int(p.index.ntotal) for p in self.parts])
+            if run is None or run[1] - run[0] < 2:
+                return
+            picked = self.parts[run[0] : run[1]]
+            first, end = picked[0].first, picked[-1].end
+            merged = Part(
+                first, _merge(picked, self.trained, self.store), INDEX_FILE if first == 0 else _delta_name(first, end)
+            )
+            _set_nprobe(merged.index, int(self.settings["nprobe"]))
+            _save(merged.index, self.store, merged.name)
+            self.parts[run[0] : run[1]] = [merged]
+            for part in picked:
+                if part.name != merged.name:
+                    self.store.rewriting(part.name)
+                    (self.store.path / part.name).unlink(missing_ok=True)
 
     def search(
         self, query: np.ndarray, k: int, hidden: np.ndarray | None = None, rerank: int = 8
@@ -193,10 +337,17 @@ class FaissIndex:
         FAISS proposes `rerank` x k candidates (k when rerank is 0: its own approximate distances are returned);
         entries of `hidden` documents are dropped, and the rest are re-ranked by exact distance to the stored keys.
         """
-        want = min(k * max(rerank, 1), int(self.index.ntotal))
+        want = min(k * max(rerank, 1), self.ntotal)
         if want == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        dist, ids = self.index.search(np.asarray(query, np.float32).reshape(1, -1), want)
+        query32 = np.asarray(query, np.float32).reshape(1, -1)
+        found = [
+            (p.first, *p.index.search(query32, min(want, int(p.index.ntotal)))) for p in self.parts if p.index.ntotal
+        ]
+        dist = np.concatenate([d[0] for _, d, _ in found])[None]
+        ids = np.concatenate([np.where(i[0] >= 0, i[0] + first, -1) for first, _, i in found])[None]
+        best = np.argsort(dist[0], kind="stable")[:want]
+        dist, ids = dist[:, best], ids[:, best]
         keep = (ids[0] >= 0) & (ids[0] < self.store.size)
         ids, dist = ids[0][keep].astype(np.int64), dist[0][keep]
         if hidden is not None and len(hidden) and len(ids):

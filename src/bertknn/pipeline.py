@@ -10,16 +10,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertknn import builder
-from bertknn import datastore as ds
+from bertknn import builder, workers
 from bertknn.combine import Neighbour, Prediction, TokenScore, interpolate, ranked
-from bertknn.corpus import Corpus
+from bertknn.corpus import Corpus, record
 from bertknn.datastore import Datastore, DatastoreError
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder, QuestionError
-from bertknn.faiss_index import INDEX_FILE, SETTINGS_FILE, FaissIndex
+from bertknn.faiss_index import FaissIndex
 from bertknn.knn import knn_distribution, neighbour_weights
-from bertknn.retrieval import TfidfIndex, compact
+from bertknn.retrieval import TfidfIndex, compact, feature_array
 from bertknn.runtime import Runtime
 from bertknn.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, Search
 from bertknn.settings import Settings
@@ -37,22 +36,27 @@ def _indexed(store: Datastore) -> int:
         return 0
 
 
-def ensure_index(store: Datastore, segment_docs: int = 5000) -> TfidfIndex:
+def ensure_index(store: Datastore, segment_docs: int = 5000, n_workers: int = 1) -> TfidfIndex:
     """The datastore's IR index, extended by segments of at most `segment_docs` for the documents it lacks,
     segments merged as `retrieval.compact` says.
 
-    A new datastore's index is built the same way, segment by segment, so memory stays bounded by one segment. Only
-    a writer extends it: this takes the datastore's writer lock when there is something to add.
+    A new datastore's index is built the same way, segment by segment, so memory stays bounded by one segment. Texts
+    are hashed in `n_workers` processes (`workers.count`: 0 is every core for a large store). Only a writer extends
+    the index: this takes the datastore's writer lock when there is something to add.
     """
     if _indexed(store) < store.n_documents:
         with store.writing(wait=builder.LAZY_WAIT):
             first = _indexed(store)
             if first > store.n_documents:
                 raise DatastoreError(f"the IR index of {store.path} covers {first} documents but the store has fewer")
-            for start in range(first, store.n_documents, segment_docs):
-                stop = min(start + segment_docs, store.n_documents)
+            ranges = [
+                (a, min(a + segment_docs, store.n_documents)) for a in range(first, store.n_documents, segment_docs)
+            ]
+            texts = (text for a, b in ranges for text in store.iter_document_texts(a, b))
+            hashed = workers.ordered_map(feature_array, texts, workers.count(n_workers, store.n_documents - first))
+            for start, stop in ranges:
                 store.rewriting(*TfidfIndex.files(start))  # parts left by an interrupted run are written anew
-                TfidfIndex.build(store.iter_document_texts(start, stop), start).save(store.path, start)
+                TfidfIndex.from_features(islice(hashed, stop - start), start).save(store.path, start)
                 compact(store.path, lambda files: store.rewriting(*files))
     return TfidfIndex.load(store.path)
 
@@ -121,7 +125,7 @@ class BertKNN:
     def _load_faiss(self) -> None:
         """(Re)open the FAISS index when its file changed; a damaged one is set aside with its error, so IR
         questions still work."""
-        stat = ds.file_stat(self.store.path / INDEX_FILE), ds.file_stat(self.store.path / SETTINGS_FILE)
+        stat = FaissIndex.disk_state(self.store.path)
         if stat == self._faiss_stat and not self.store.faiss_damage:
             return
         try:
@@ -172,6 +176,7 @@ class BertKNN:
         progress: Callable[[str, int, int], None] | None = None,
         runtime: Runtime | str = "torch",
         int8_keys: bool = False,
+        n_workers: int = 0,
         **hparams: float,
     ) -> BertKNN:
         """Embed a corpus into a datastore at `out` (resuming an interrupted build), index it, and load it.
@@ -181,11 +186,14 @@ class BertKNN:
 
         With `lazy`, documents are only registered and indexed; each is embedded the first time retrieval picks it.
         `pack` > 1 masks that many non-adjacent targets per pass, `int8_keys` computes keys with the encoder quantised
-        to int8: both faster, approximate keys (`Encoder.embed`).
+        to int8: both faster, approximate keys (`Encoder.embed`). `n_workers`: processes that split sentences and hash
+        IR features (0: every core for a large corpus, `workers.count`).
         """
         encoder = model if isinstance(model, Encoder) else Encoder.load(model, layer, runtime)
-        store = builder.build(corpus, out, encoder, lazy=lazy, pack=pack, int8_keys=int8_keys, progress=progress)
-        return cls(encoder, store, ensure_index(store), **hparams)
+        store = builder.build(
+            corpus, out, encoder, lazy=lazy, pack=pack, int8_keys=int8_keys, progress=progress, n_workers=n_workers
+        )
+        return cls(encoder, store, ensure_index(store, n_workers=n_workers), **hparams)
 
     def predict(
         self,
@@ -353,7 +361,7 @@ class BertKNN:
             if live and not skip_existing:
                 raise DatastoreError(f"document id(s) already in the datastore: {live[:5]}; remove them first")
             before = self.store.size
-            self.store.stage([builder.record(d, self.store.splitter) for d in parsed])
+            self.store.stage([record(d, self.store.splitter) for d in parsed])
             if not self.store.lazy:
                 builder.embed(self.store, self.store.adding(), self.encoder, progress=progress)
             self.index = ensure_index(self.store)

@@ -12,12 +12,12 @@ memory is bounded. Documents that are being added or were removed are never retu
 
 from __future__ import annotations
 
-import math
 import re
 import shutil
 import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import pairwise
 from pathlib import Path
 
@@ -25,6 +25,7 @@ import numpy as np
 from sklearn.utils import murmurhash3_32
 
 from bertknn.datastore import Datastore, DatastoreError
+from bertknn.merging import FACTOR, merge_plan
 from bertknn.text import MASK, STOPWORDS, normalize_title
 
 NUM_BUCKETS = 2**24
@@ -32,7 +33,6 @@ TOKEN_RE = re.compile(r"\w+|[^\w\s]")  # DrQA's simple tokenizer: runs of word c
 FILES = ("tfidf_hashes.npy", "tfidf_indptr.npy", "tfidf_docs.npy", "tfidf_logtf.npy")
 SEGMENT_PREFIX = "tfidf_add_"
 NDOCS = "tfidf_ndocs.txt"
-MERGE_FACTOR = 10  # segments of one size that are merged into one (merge_plan)
 MERGE_CHUNK = 1 << 22  # entries a merge holds in memory at a time (about 100 MB)
 RELIST = 3  # times `load` lists the segments again when a concurrent merge replaced some as they were opened
 
@@ -42,6 +42,7 @@ def tokenize(text: str) -> list[str]:
     return TOKEN_RE.findall(unicodedata.normalize("NFKC", text).lower())
 
 
+@lru_cache(maxsize=1 << 20)  # words repeat (Zipf): a cached answer is one dict lookup
 def _keep(token: str) -> bool:
     return token not in STOPWORDS and any(ch.isalnum() for ch in token)
 
@@ -53,6 +54,11 @@ def ngram_hashes(text: str) -> list[int]:
     grams = [t for t, k in zip(tokens, keep) if k]
     grams += [f"{a} {b}" for a, b, ka, kb in zip(tokens, tokens[1:], keep, keep[1:]) if ka and kb]
     return [murmurhash3_32(g, positive=True) % NUM_BUCKETS for g in grams]
+
+
+def feature_array(text: str) -> np.ndarray:
+    """`ngram_hashes` of a text as an array (what `TfidfIndex.from_features` takes)."""
+    return np.asarray(ngram_hashes(text), np.int64)
 
 
 def question_query(question: str) -> str:
@@ -161,8 +167,8 @@ def _segment_files(first: int, end: int | None = None) -> list[str]:
 class TfidfIndex:
     """Hashed TF-IDF over documents 0..N-1: a base segment plus segments of added documents, merged as they pile up.
 
-    Added documents get their own segment (written once, never rewritten); `merge` replaces a run of segments by
-    one (`merge_plan` picks runs as Lucene's log merge policy does), so a query reads a number of segments that
+    Added documents get their own segment (written once, never rewritten); `compact` replaces a run of segments by
+    one (`merging.merge_plan` picks runs as Lucene's log merge policy does), so a query reads a number of segments that
     grows with the logarithm of the corpus. idf sums the document frequencies of all segments, so an index built in
     parts scores like one built at once.
     """
@@ -174,7 +180,7 @@ class TfidfIndex:
     @classmethod
     def build(cls, texts: Iterable[str], first: int = 0) -> TfidfIndex:
         """Index documents given in order: the i-th text is document `first + i`."""
-        return cls.from_features((np.asarray(ngram_hashes(t), np.int64) for t in texts), first)
+        return cls.from_features(map(feature_array, texts), first)
 
     @classmethod
     def from_features(cls, features: Iterable[np.ndarray], first: int = 0) -> TfidfIndex:
@@ -285,19 +291,6 @@ class TfidfIndex:
         return docs[order].tolist()
 
 
-def merge_plan(sizes: list[int], factor: int = MERGE_FACTOR) -> tuple[int, int] | None:
-    """The first run of `factor` adjacent segments of one level (level: floor(log_factor(documents))), as
-    (start, stop) positions, or None. Merging such runs until none is left keeps fewer than `factor` segments per
-    level, so a query reads O(factor x log(N)) segments, and each document is rewritten O(log(N)) times."""
-    levels = [int(math.log(max(size, 1), factor) + 1e-9) for size in sizes]
-    run = 1
-    for i in range(1, len(levels) + 1):
-        run = run + 1 if i < len(levels) and levels[i] == levels[i - 1] else 1
-        if run == factor:
-            return i - factor + 1, i + 1
-    return None
-
-
 def _write_merged(segments: list[Segment], out: Path, n_docs: int, chunk_entries: int) -> None:
     """One segment from segments of consecutive documents, written into `out` in hash ranges of about
     `chunk_entries` entries, so memory is bounded by a range, not by the merged size."""
@@ -359,7 +352,7 @@ def _delete(directory: Path, part: Part) -> None:
 def compact(
     directory: str | Path,
     forget: Callable[[list[str]], None],
-    factor: int = MERGE_FACTOR,
+    factor: int = FACTOR,
     chunk_entries: int = MERGE_CHUNK,
 ) -> int:
     """Merge runs of segments as `merge_plan` says and delete what merges replaced; return the merges made.

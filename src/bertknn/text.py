@@ -182,6 +182,7 @@ def _sentencex(passage: str) -> list[str]:
 
 SPLITTERS = {"pysbd": lambda passage: _segmenter().segment(passage), "sentencex": _sentencex}
 SPLITTER = "sentencex"  # new datastores' splitter: the fastest measured, and the closest to pysbd (bench/README.md)
+SLOW_SPLITTERS = {"pysbd"}  # worth worker processes; sentencex splits faster than a document is sent to a worker
 
 
 def split_sentences(passage: str, splitter: str = "pysbd") -> list[str]:

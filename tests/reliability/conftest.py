@@ -383,12 +383,18 @@ def entry_multiset(store: Path) -> Counter:
 
 
 def faiss_vectors(store: Path) -> np.ndarray | None:
-    import faiss
+    """Every vector of the FAISS index (faiss.index and the added parts, as `FaissIndex.load` reads them)."""
+    from bertknn.datastore import Datastore
+    from bertknn.faiss_index import FaissIndex
 
     if not (store / "faiss.index").is_file():
         return None
-    index = faiss.read_index(str(store / "faiss.index"))
-    return index.reconstruct_n(0, index.ntotal) if index.ntotal else np.zeros((0, index.d), np.float32)
+    opened = Datastore(store)
+    try:
+        parts = [p.index for p in FaissIndex.load(opened).parts]
+    finally:
+        opened.db.close()
+    return np.concatenate([p.reconstruct_n(0, p.ntotal) if p.ntotal else np.zeros((0, p.d), np.float32) for p in parts])
 
 
 # --- figures -------------------------------------------------------------------------------------------------------

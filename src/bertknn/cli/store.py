@@ -56,11 +56,18 @@ def build(
     device: DeviceOption = "auto",
     dtype: DtypeOption = "float32",
     threads: ThreadsOption = 0,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=0, help="processes that split sentences and hash IR features [default: every core for 5,000+ documents]"
+        ),
+    ] = 0,
     wait: WaitOption = WAIT_S,
 ) -> None:
     """Embed every target word of a corpus into a datastore and index its documents. Rerun to resume."""
     with _writer_wait(out, wait):
-        _build(corpus, out, model, layer, lazy=lazy, pack=pack, runtime=backend, int8_keys=int8_keys)
+        options = {"lazy": lazy, "pack": pack, "runtime": backend, "int8_keys": int8_keys, "n_workers": workers}
+        _build(corpus, out, model, layer, **options)
 
 
 @command()
