@@ -39,13 +39,17 @@ def _apply(fn: Callable[[T], R], batch: list[T]) -> list[R]:
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int, batch: int = BATCH) -> Iterator[R]:
-    """`fn` of each item, in order; with `workers` > 1 in that many processes ("spawn": the parent's threads and
-    model are not forked), `AHEAD` batches per worker in flight. `fn` must be a module-level function."""
+    """`fn` of each item, in order; with `workers` > 1 in that many processes, `AHEAD` batches per worker in flight.
+    `fn` must be a module-level function that touches neither the model nor the datastore's connections.
+
+    Workers are forked where the OS can (as PyTorch's DataLoader does): "spawn" would import the parent's main
+    module again in each worker, which for the command line is all of bertknn with PyTorch (seconds per worker)."""
     if workers <= 1:
         yield from map(fn, items)
         return
     it = iter(items)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
         flight: deque = deque()
         while chunk := list(islice(it, batch)):
             flight.append(pool.submit(_apply, fn, chunk))
