@@ -268,23 +268,48 @@ def build(
     n_docs = check_corpus(source, report)
     store = create(out, encoder, source.info(n_docs), pack, int8_keys)
     with store.writing():
-        report("reading", store.n_documents, n_docs)
-        chunk: list[tuple[str, Record]] = []
-        todo = islice(source.located(), store.n_documents, None)
-        processes = workers.count(n_workers, n_docs) if store.splitter in SLOW_SPLITTERS else 1
-        recorded = workers.ordered_map(partial(record_located, splitter=store.splitter), todo, processes)
-        for i, (where, rec) in enumerate(recorded, store.n_documents):
-            chunk.append((where, rec))
-            if len(chunk) == REGISTER_DOCS or i == n_docs - 1:
-                _register(store, chunk)
-                chunk = []
-                report("reading", store.n_documents, n_docs)
+        _register_all(store, source, n_docs, report, n_workers)
         if not lazy:
             todo = store.pending()
             done = n_docs - len(todo)
             report("embedding", done, n_docs)
             embed(store, todo, encoder, chunk_entries, token_budget, lambda d: report("embedding", done + d, n_docs))
-        embedded = n_docs - len(store.pending())
-        status = "complete" if embedded == n_docs else "lazy"
-        store.set_manifest(status=status, documents=n_docs, embedded=embedded, entries=store.size)
+        finish(store)
+    return store
+
+
+def finish(store: Datastore) -> None:
+    """Record in the manifest what a build made: documents, how many are embedded ("complete" when all), entries."""
+    embedded = store.n_documents - len(store.pending())
+    status = "complete" if embedded == store.n_documents else "lazy"
+    store.set_manifest(status=status, documents=store.n_documents, embedded=embedded, entries=store.size)
+
+
+def _register_all(
+    store: Datastore, source: Corpus, n_docs: int, report: Callable[[str, int, int], None], n_workers: int
+) -> None:
+    """Register the documents of `source` the store does not hold yet (REGISTER_DOCS per transaction)."""
+    report("reading", store.n_documents, n_docs)
+    chunk: list[tuple[str, Record]] = []
+    todo = islice(source.located(), store.n_documents, None)
+    processes = workers.count(n_workers, n_docs) if store.splitter in SLOW_SPLITTERS else 1
+    recorded = workers.ordered_map(partial(record_located, splitter=store.splitter), todo, processes)
+    for i, (where, rec) in enumerate(recorded, store.n_documents):
+        chunk.append((where, rec))
+        if len(chunk) == REGISTER_DOCS or i == n_docs - 1:
+            _register(store, chunk)
+            chunk = []
+            report("reading", store.n_documents, n_docs)
+
+
+def register(corpus: str | Path, out: str | Path, manifest: dict) -> Datastore:
+    """Register (or go on registering) a corpus into a datastore whose manifest is given, embedding nothing: the
+    CPU half of `build`, for a worker that has no model (a shard of a distributed build). `finish` records it."""
+    source = open_corpus(corpus)
+    n_docs = check_corpus(source, lambda phase, done, total: None)
+    path = Path(out)
+    store = Datastore(path) if (path / "manifest.json").exists() else create_store(path, manifest)
+    with store.writing():
+        _register_all(store, source, n_docs, lambda phase, done, total: None, 1)
+        finish(store)
     return store

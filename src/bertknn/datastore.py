@@ -214,7 +214,7 @@ def _damage_message(path: Path, damage: list) -> str:
     )
 
 
-def _write_json(path: Path, obj: dict) -> None:
+def write_json(path: Path, obj: dict) -> None:
     """Write JSON atomically (temporary file, fsync, rename) so a reader never sees half a manifest."""
     tmp = path.with_suffix(".tmp")
     with tmp.open("w", encoding="utf-8") as handle:
@@ -631,7 +631,7 @@ class Datastore:
         ids = list(dict.fromkeys(str(i) for i in ids))
         with self.sqlite_errors():
             held = {doc_id: idx for doc_id, idx, state, _ in self._rows("id", ids) if state in ("live", "adding")}
-            before = {doc_id for doc_id, *_ in self._rows("removed_id", [i for i in ids if i not in held])}
+        before = self.removed_ids([i for i in ids if i not in held])
         unknown = [i for i in ids if i not in held and i not in before]
         if unknown:
             raise DatastoreError(
@@ -640,6 +640,11 @@ class Datastore:
         with self.sqlite_errors(), self.db:
             self._hide(list(held.values()))
         return list(held), [i for i in ids if i in before]
+
+    def removed_ids(self, ids: list[str]) -> set[str]:
+        """Those of the given ids whose documents were removed (and not added again since)."""
+        with self.sqlite_errors():
+            return {doc_id for doc_id, *_ in self._rows("removed_id", ids)}
 
     def live_documents(self) -> int:
         """How many documents searches can return."""
@@ -739,7 +744,7 @@ class Datastore:
     def set_manifest(self, **changes: object) -> None:
         """Update the manifest atomically."""
         self.manifest.update(changes)
-        _write_json(self.path / "manifest.json", self.manifest)
+        write_json(self.path / "manifest.json", self.manifest)
 
 
 def create(path: str | Path, manifest: dict) -> Datastore:
@@ -757,7 +762,7 @@ def create(path: str | Path, manifest: dict) -> Datastore:
     for tmp in leftovers:
         (shutil.rmtree if tmp.is_dir() else Path.unlink)(tmp)
     path.mkdir(parents=True, exist_ok=True)
-    _write_json(path / "manifest.json", manifest)
+    write_json(path / "manifest.json", manifest)
     store = Datastore(path)
     store.record_identity()
     return store
@@ -778,7 +783,7 @@ def copy_registration(source: str | Path, path: str | Path, manifest: dict) -> D
         db.execute("DELETE FROM meta")
     for name in source.glob("tfidf_*"):
         (shutil.copytree if name.is_dir() else shutil.copyfile)(name, tmp / name.name)
-    _write_json(tmp / "manifest.json", manifest)
+    write_json(tmp / "manifest.json", manifest)
     made = Datastore(tmp, check=False)
     made.record_identity()
     made.db.close()

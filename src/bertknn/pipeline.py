@@ -22,6 +22,7 @@ from bertknn.retrieval import TfidfIndex, compact, feature_array
 from bertknn.runtime import Runtime
 from bertknn.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, Search
 from bertknn.settings import Settings
+from bertknn.shards import ShardedDatastore, open_store
 from bertknn.text import CorpusError, Document, parse_document, unicode_error
 
 if TYPE_CHECKING:
@@ -61,9 +62,12 @@ def ensure_index(store: Datastore, segment_docs: int = 5000, n_workers: int = 1)
     return TfidfIndex.load(store.path)
 
 
-def load_index(store: Datastore) -> TfidfIndex:
+def load_index(store: Datastore | ShardedDatastore) -> TfidfIndex:
     """The IR index as it is on disk, extended (by a writer) only when it lacks documents that are live; documents
-    being added by another process are hidden until published, so a reader never waits for that writer."""
+    being added by another process are hidden until published, so a reader never waits for that writer. A sharded
+    datastore's is its shards' indexes read as one."""
+    if isinstance(store, ShardedDatastore):
+        return TfidfIndex.load_shards([s.path for s in store.shards], store.doc_starts[:-1].tolist())
     try:
         index = TfidfIndex.load(store.path)
     except FileNotFoundError:
@@ -160,7 +164,7 @@ class BertKNN:
 
         `runtime` (a `Runtime` or a `--backend` name): where and how the model runs (`Encoder`).
         """
-        store = Datastore(datastore)
+        store = open_store(datastore)
         encoder = Encoder.load(model or store.manifest["model"], store.layer if layer is None else layer, runtime)
         return cls(encoder, store, **hparams)  # the model and layer are checked against the store's here
 
@@ -349,6 +353,8 @@ class BertKNN:
         as `datastore.lock_wait` says, else 0).
         """
         parsed = [d if isinstance(d, Document) else parse_document(d, f"document {i + 1}") for i, d in enumerate(docs)]
+        if isinstance(self.store, ShardedDatastore):
+            return self._add_to_last_shard(parsed, skip_existing, progress, wait)
         ids = [d.id for d in parsed]
         if len(set(ids)) != len(ids):
             raise CorpusError(
@@ -372,6 +378,24 @@ class BertKNN:
             self.store.set_manifest(documents=self.store.n_documents, embedded=embedded, entries=self.store.size)
         self._version = self.store.version  # index and faiss in memory are what this add wrote
         return self.store.size - before
+
+    def _add_to_last_shard(self, docs: list[Document], skip_existing: bool, progress, wait: float | None) -> int:
+        """`add_documents` on a sharded datastore: the documents go to its last shard (no other shard's numbers
+        move); an id live in another shard is refused like one live in the same store."""
+        last = self.store.shards[-1]
+        with self.store.writing(wait):
+            ids = [d.id for d in docs]
+            elsewhere = set(self.store.states(ids)) - set(last.states(ids))
+            if elsewhere and not skip_existing:
+                raise DatastoreError(
+                    f"document id(s) already in the datastore: {sorted(elsewhere)[:5]}; remove them first"
+                )
+            docs = [d for d in docs if d.id not in elsewhere]
+            added = BertKNN(self.encoder, last, settings=self.settings).add_documents(
+                docs, skip_existing, progress, wait
+            )
+        self.refresh()
+        return added
 
     def remove_documents(self, ids: list[str], wait: float | None = None) -> tuple[list[str], list[str]]:
         """Hide documents from every retrieval path, all in one transaction: (removed now, removed before).

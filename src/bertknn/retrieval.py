@@ -16,7 +16,7 @@ import re
 import shutil
 import unicodedata
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import pairwise
 from pathlib import Path
@@ -74,6 +74,7 @@ class Segment:
     indptr: np.ndarray  # int64, column c holds docs[indptr[c]:indptr[c + 1]]
     docs: np.ndarray  # int32 document indices (absolute)
     logtf: np.ndarray  # float32
+    offset: int = 0  # added to `docs`: the documents of the shards before this one's (a sharded datastore)
 
     def lookup(self, qh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(column of each query feature, whether the segment has it)."""
@@ -238,6 +239,18 @@ class TfidfIndex:
         return cls._open(directory, _parts(directory))
 
     @classmethod
+    def load_shards(cls, directories: list[Path], first_documents: list[int]) -> TfidfIndex:
+        """One index over the indexes of a sharded datastore's shards, each shard's documents numbered after those
+        of the shards before it: document frequencies are summed over all, so scores equal one index's over all."""
+        segments, sizes, n_docs = [], [], 0
+        for directory, first in zip(directories, first_documents, strict=True):
+            shard = cls.load(directory)
+            segments += [replace(seg, offset=first) for seg in shard.segments]
+            sizes += shard.sizes
+            n_docs = first + shard.n_docs
+        return cls(segments, n_docs, sizes)
+
+    @classmethod
     def _open(cls, directory: Path, parts: list[Part]) -> TfidfIndex:
         chosen, _ = _cover(parts)
         if not chosen:
@@ -273,7 +286,7 @@ class TfidfIndex:
         for seg, cols, has in found:
             for c, w in zip(cols[has], weight[has]):
                 lo, hi = seg.indptr[c], seg.indptr[c + 1]
-                docs.append(seg.docs[lo:hi])
+                docs.append(seg.docs[lo:hi] + seg.offset if seg.offset else seg.docs[lo:hi])
                 vals.append(seg.logtf[lo:hi] * w)
         if not docs:
             return np.zeros(0, np.int64), np.zeros(0)

@@ -47,6 +47,7 @@ from bertknn.demo import DEMO_CORPUS, demo_questions
 from bertknn.encoder import QuestionError
 from bertknn.pipeline import BertKNN, Query
 from bertknn.settings import RETRIEVALS, Settings
+from bertknn.shards import is_sharded, open_store
 from bertknn.text import MASK, CorpusError, unicode_error
 
 WEB_DIR = Path(str(files("bertknn") / "web"))
@@ -536,7 +537,9 @@ def create_app(
         while questions go on; the question side takes the commit in through `refresh`."""
         with writer_lock:
             if not writers:
-                store = Datastore(knn.store.path, check=False)
+                store = (
+                    open_store(knn.store.path) if is_sharded(knn.store.path) else Datastore(knn.store.path, check=False)
+                )
                 writers.append(BertKNN(knn.encoder, store, settings=knn.settings))
             return writers[0]
 

@@ -59,15 +59,44 @@ def build(
     workers: Annotated[
         int,
         typer.Option(
-            min=0, help="processes that split sentences and hash IR features [default: every core for 5,000+ documents]"
+            min=0,
+            help="local: processes that split sentences and hash IR features [default: every core for 5,000+ "
+            "documents]; ray: key-stage workers (one GPU each on CUDA) [default: 1]",
         ),
     ] = 0,
+    engine: Annotated[
+        str, typer.Option(help="local: this process; ray: shards built on a Ray cluster (pip install 'bertknn[ray]')")
+    ] = "local",
+    address: Annotated[
+        str | None, typer.Option(help="ray: the cluster's address ('auto': the running one) [default: a local one]")
+    ] = None,
+    shard_docs: Annotated[int, typer.Option(min=1, help="ray: documents per shard")] = 50_000,
     wait: WaitOption = WAIT_S,
 ) -> None:
     """Embed every target word of a corpus into a datastore and index its documents. Rerun to resume."""
+    if engine not in ("local", "ray"):
+        raise typer.BadParameter(f"--engine must be local or ray, not {engine!r}")
+    if engine == "ray":
+        _build_on_ray(corpus, out, model, layer, workers or 1, shard_docs, address, backend)
+        return
     with _writer_wait(out, wait):
         options = {"lazy": lazy, "pack": pack, "runtime": backend, "int8_keys": int8_keys, "n_workers": workers}
         _build(corpus, out, model, layer, **options)
+
+
+def _build_on_ray(
+    corpus: Path, out: Path, model: str, layer: int | None, workers: int, shard_docs: int, address, runtime
+):
+    """`build --engine ray`: shards on Ray, then say what the sharded datastore holds."""
+    from bertknn import distributed
+
+    began = time.time()
+    with phase_progress() as report:
+        top = distributed.build(corpus, out, model, layer, workers, shard_docs, address, runtime, report)
+    console.print(
+        f"sharded datastore {out}: {len(top['shards'])} shards, {top['documents']:,} documents, {top['entries']:,} "
+        f"contexts, model {top['model']}, layer {top['layer']} ({time.time() - began:,.0f}s)"
+    )
 
 
 @command()
@@ -170,9 +199,9 @@ def remove(
     wait: WaitOption = WAIT_S,
 ) -> None:
     """Remove documents: hidden from IR, kNN and FAISS search at once, all or none (their stored rows are kept)."""
-    from bertknn.datastore import Datastore
+    from bertknn.shards import open_store
 
-    store = Datastore(datastore)
+    store = open_store(datastore)
     with _writer_wait(datastore, wait), store.writing():
         removed, before = store.remove(doc)
     console.print(
@@ -190,11 +219,19 @@ def verify(
 ) -> None:
     """Check a datastore: every checksum block of every file, SQLite's integrity, keys. Exit status 1 on damage."""
     from bertknn import datastore as ds
+    from bertknn.shards import ShardedDatastore, is_sharded
 
+    paths = [s.path for s in ShardedDatastore(datastore).shards] if is_sharded(datastore) else [datastore]
     if record:
-        ds.record_checksums(datastore)
+        for path in paths:
+            ds.record_checksums(path)
+    found = ds.Report([], [])
     with phase_progress() as report:
-        found = ds.verify(datastore, progress=lambda done, total: report("verifying", done, total))
+        for path in paths:
+            one = ds.verify(path, progress=lambda done, total: report("verifying", done, total))
+            found.problems += one.problems
+            found.notes += one.notes
+            found.blocks += one.blocks
     for note in found.notes:
         console.print(f"[yellow]note:[/] {escape(note)}")
     for problem in found.problems:

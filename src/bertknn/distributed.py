@@ -1,0 +1,186 @@
+"""A datastore built on a Ray cluster: shards of whole documents, each a normal bertknn datastore (`bertknn[ray]`).
+
+The driver reads the corpus once, cuts it into shards of consecutive documents and writes each shard's documents as
+a JSONL file beside the output (the output directory must be on storage every node sees). A Ray Data pipeline over
+the shards then runs the CPU stage (`builder.register`: sentences and the shard's TF-IDF index, plain tasks) and the
+key stage (`KeyStage`: an actor per worker that loads the model once and embeds its shards, on a GPU with
+`num_gpus=1`, else with a share of the CPUs). Each shard is built by bertknn's own resumable builder, so a task that
+Ray retries after its worker died goes on from what that worker committed: nothing is lost or duplicated. The top
+manifest, `shards.json`, lists the shards in order with their document and entry offsets and is written last
+(atomically); a rerun of the driver skips the shards that are complete and rebuilds only the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from bertknn import builder
+from bertknn.corpus import open_corpus
+from bertknn.datastore import Datastore, DatastoreError, write_json
+from bertknn.encoder import Encoder
+from bertknn.runtime import Runtime
+
+SHARDS_FILE = "shards.json"
+SHARD_DOCS = 50_000  # documents per shard by default: minutes of work per shard on one GPU
+FORMAT = "bertknn-sharded"
+CPU_STAGE_CPUS = 0.5  # Ray CPUs a CPU-stage task asks for
+
+
+def shard_name(i: int) -> str:
+    return f"shard-{i:05d}"
+
+
+def plan(n_docs: int, shard_docs: int) -> list[tuple[int, int]]:
+    """The (first, stop) documents of each shard."""
+    if shard_docs < 1:
+        raise ValueError(f"shard_docs must be >= 1, not {shard_docs}")
+    return [(a, min(a + shard_docs, n_docs)) for a in range(0, n_docs, shard_docs)]
+
+
+def _complete(path: Path, documents: int) -> bool:
+    """True when the shard at `path` holds all its documents, embedded."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return manifest.get("status") == "complete" and manifest.get("documents") == documents
+
+
+def _write_inputs(corpus, out: Path, shards: list[tuple[int, int]], todo: set[int]) -> None:
+    """Each shard's documents as JSONL (`inputs/shard-i.jsonl`, written whole, then renamed), for the shards in
+    `todo` whose input is not there yet; the corpus is read once, streaming."""
+    inputs = out / "inputs"
+    inputs.mkdir(parents=True, exist_ok=True)
+    missing = {i for i in todo if not (inputs / f"{shard_name(i)}.jsonl").is_file()}
+    if not missing:
+        return
+    stops = {stop: i for i, (_, stop) in enumerate(shards)}
+    handle, i = None, 0
+    for n, doc in enumerate(corpus, 1):
+        if handle is None and i in missing:
+            handle = (inputs / f"{shard_name(i)}.jsonl.tmp").open("w", encoding="utf-8")
+        if handle is not None:
+            handle.write(json.dumps({"id": doc.id, "title": doc.title, "text": list(doc.passages)}) + "\n")
+        if n in stops:
+            if handle is not None:
+                handle.close()
+                (inputs / f"{shard_name(i)}.jsonl.tmp").replace(inputs / f"{shard_name(i)}.jsonl")
+                handle = None
+            i += 1
+
+
+def _register(batch: dict, manifest: dict) -> dict:
+    """The CPU stage (a Ray task): register each shard's documents and build its TF-IDF index."""
+    from bertknn.pipeline import ensure_index
+
+    for source, path in zip(batch["input"], batch["out"]):
+        ensure_index(builder.register(str(source), str(path), manifest))
+    return batch
+
+
+class KeyStage:
+    """The key stage (a Ray actor: the model is loaded once per worker): embed each shard's documents."""
+
+    def __init__(self, model: str, layer: int, runtime: Runtime) -> None:
+        runtime.apply()
+        self.encoder = Encoder.load(model, layer, runtime)
+
+    def __call__(self, batch: dict) -> dict:
+        entries = []
+        for path in batch["out"]:
+            store = Datastore(str(path))
+            builder.embed(store, store.pending(), self.encoder)
+            with store.writing():
+                builder.finish(store)
+            entries.append(store.size)
+            store.db.close()
+        return {**batch, "entries": np.array(entries, np.int64), "pid": np.full(len(entries), os.getpid())}
+
+
+def build(
+    corpus: str | Path,
+    out: str | Path,
+    model: str,
+    layer: int | None = None,
+    workers: int = 1,
+    shard_docs: int = SHARD_DOCS,
+    address: str | None = None,
+    runtime: Runtime | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict:
+    """Build (or finish building) a sharded datastore at `out` on Ray; return the top manifest.
+
+    `workers` key-stage actors, each with one GPU when `runtime` runs on CUDA, else `runtime.threads` CPUs (0: an
+    equal share of the cluster's). `address`: a running cluster's ("auto" finds one); None starts a local one
+    (or uses the Ray this process already started).
+    """
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("building on Ray needs Ray: pip install 'bertknn[ray]'") from None
+
+    out, report = Path(out), progress or (lambda phase, done, total: None)
+    runtime = runtime or Runtime()
+    source = open_corpus(corpus)
+    n_docs = builder.check_corpus(source, report)
+    encoder = Encoder.load(model, layer, runtime)  # for the manifest (model, weights hash, layer, width)
+    manifest = builder.manifest(encoder, source.info(n_docs), 1, False)
+    top = out / SHARDS_FILE
+    if top.is_file():
+        known = json.loads(top.read_text(encoding="utf-8"))
+        if known.get("corpus", {}).get("sha256") != manifest["corpus"]["sha256"]:
+            raise DatastoreError(f"{out} holds a sharded datastore of another corpus; choose another --out directory")
+        return known
+    shards = plan(n_docs, shard_docs)
+    dirs = [out / "shards" / shard_name(i) for i in range(len(shards))]
+    todo = [i for i, (a, b) in enumerate(shards) if not _complete(dirs[i], b - a)]
+    report("sharding", len(shards) - len(todo), len(shards))
+    _write_inputs(source, out, shards, set(todo))
+    if todo:
+        if not ray.is_initialized():
+            ray.init(address=address, log_to_driver=False)
+        cpus = ray.cluster_resources().get("CPU", 1.0)
+        # the CPU stage's tasks get half a CPU each, so key-stage actors holding the rest never starve them
+        share = float(runtime.threads or max(0.5, (cpus - CPU_STAGE_CPUS) / max(workers, 1)))
+        gpu = runtime.torch_device.type == "cuda"
+        items = [
+            {"shard": i, "input": str(out / "inputs" / f"{shard_name(i)}.jsonl"), "out": str(dirs[i])} for i in todo
+        ]
+        pipeline = (
+            ray.data.from_items(items, override_num_blocks=len(items))
+            .map_batches(_register, batch_size=1, fn_kwargs={"manifest": manifest}, num_cpus=CPU_STAGE_CPUS)
+            .map_batches(
+                KeyStage,
+                batch_size=1,
+                compute=ray.data.ActorPoolStrategy(size=workers),
+                fn_constructor_kwargs={"model": model, "layer": encoder.layer, "runtime": runtime},
+                num_gpus=1 if gpu else 0,
+                num_cpus=0 if gpu else share,
+            )
+        )
+        done = len(shards) - len(todo)
+        for _ in pipeline.iter_rows():
+            done += 1
+            report("shards", done, len(shards))
+    result = _top_manifest(manifest, dirs)
+    write_json(top, result)
+    return result
+
+
+def _top_manifest(manifest: dict, dirs: list[Path]) -> dict:
+    """The shards in order with their document and entry offsets, from their own manifests."""
+    rows, docs, entries = [], 0, 0
+    for path in dirs:
+        shard = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+        if shard.get("status") != "complete":
+            raise DatastoreError(f"shard {path} is not complete; rerun the build")
+        rows.append({"path": str(path.relative_to(path.parents[1])), "first_document": docs, "first_entry": entries})
+        rows[-1] |= {"documents": shard["documents"], "entries": shard["entries"]}
+        docs, entries = docs + shard["documents"], entries + shard["entries"]
+    keep = ("model", "model_hash", "layer", "dim", "pack", "int8", "key_dtype", "splitter", "corpus")
+    return {"format": FORMAT, **{k: manifest[k] for k in keep}, "documents": docs, "entries": entries, "shards": rows}

@@ -1,0 +1,215 @@
+"""A sharded datastore read as one: the shards of a distributed build (`distributed.py`) behind the `Datastore`
+interface the query path uses (storage only: nothing here knows the model).
+
+`shards.json` lists the shards in order; document and entry indices are global, shard after shard, so a shard's
+document d is global document `first_document + d`. Offsets are taken from the shards themselves when they are
+opened (documents added to the last shard move no other shard's offsets). Reads (keys, values, document ranges,
+titles, evidence, hidden documents) go to the shards that hold what is asked, grouped so each shard is asked once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from bertknn.datastore import Datastore, DatastoreError, Evidence
+
+SHARDS_FILE = "shards.json"
+
+
+def is_sharded(path: str | Path) -> bool:
+    """True for the directory of a sharded datastore."""
+    return (Path(path) / SHARDS_FILE).is_file()
+
+
+def open_store(path: str | Path) -> Datastore | ShardedDatastore:
+    """The datastore at `path`, sharded or not."""
+    return ShardedDatastore(path) if is_sharded(path) else Datastore(path)
+
+
+class _Rows:
+    """Rows of one array kept in several shards (keys or values), indexed by global entry numbers."""
+
+    def __init__(self, parts: list[np.ndarray], starts: np.ndarray) -> None:
+        self.parts, self.starts = parts, starts
+        self.shape = (int(starts[-1]), *parts[0].shape[1:])
+        self.dtype = parts[0].dtype
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: np.ndarray | slice) -> np.ndarray:
+        rows = np.arange(*rows.indices(len(self))) if isinstance(rows, slice) else np.asarray(rows, np.int64)
+        out = np.empty((len(rows), *self.shape[1:]), self.dtype)
+        shard = np.searchsorted(self.starts, rows, side="right") - 1
+        for s in np.unique(shard):
+            mine = shard == s
+            out[mine] = self.parts[s][rows[mine] - self.starts[s]]
+        return out
+
+
+class ShardedDatastore:
+    """The shards of `path/shards.json` as one read-only datastore (global document and entry numbers)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            top = json.loads((self.path / SHARDS_FILE).read_text(encoding="utf-8"))
+            rows = top["shards"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise DatastoreError(f"{self.path / SHARDS_FILE} is damaged ({err}); rerun the sharded build") from None
+        self.manifest = {**top, "status": "complete"}
+        self.shards = [Datastore(self.path / row["path"]) for row in rows]
+        self.faiss_damage: list = []
+        self._offsets()
+
+    def _offsets(self) -> None:
+        self.doc_starts = np.cumsum([0] + [s.n_documents for s in self.shards])
+        self.entry_starts = np.cumsum([0] + [s.size for s in self.shards])
+        self.keys = _Rows([s.keys for s in self.shards], self.entry_starts)
+        self.values = _Rows([s.values for s in self.shards], self.entry_starts)
+
+    # -- what the manifest says --
+    complete, lazy = True, False
+
+    @property
+    def layer(self) -> int:
+        return self.shards[0].layer
+
+    @property
+    def dim(self) -> int:
+        return self.shards[0].dim
+
+    @property
+    def splitter(self) -> str:
+        return self.shards[0].splitter
+
+    @property
+    def key_dtype(self) -> str:
+        return self.shards[0].key_dtype
+
+    @property
+    def size(self) -> int:
+        return int(self.entry_starts[-1])
+
+    @property
+    def n_documents(self) -> int:
+        return int(self.doc_starts[-1])
+
+    @property
+    def version(self) -> tuple:
+        return tuple(s.version for s in self.shards)
+
+    def check_model(self, name: str, weights_hash: str, dim: int, layer: int) -> None:
+        self.shards[0].check_model(name, weights_hash, dim, layer)
+
+    def reload(self) -> None:
+        """Take in what other processes committed to any shard."""
+        for shard in self.shards:
+            shard.reload()
+        self._offsets()
+
+    def pending(self, docs: list[int] | None = None) -> list[int]:
+        return []
+
+    @contextlib.contextmanager
+    def writing(self, wait: float | None = None) -> Iterator[ShardedDatastore]:
+        """Hold every shard's writer lock (in shard order, so two writers cannot hold one each), then re-read."""
+        with contextlib.ExitStack() as held:
+            for shard in self.shards:
+                held.enter_context(shard.writing(wait))
+            self._offsets()
+            yield self
+
+    @contextlib.contextmanager
+    def sqlite_errors(self) -> Iterator[None]:
+        """SQLite's errors about a damaged shard as a DatastoreError naming the shards' directory."""
+        try:
+            yield
+        except sqlite3.IntegrityError:
+            raise
+        except sqlite3.DatabaseError as err:
+            raise DatastoreError(
+                f"the SQLite file of a shard under {self.path} is damaged or unreadable ({err}); `bertknn verify` each "
+                "shard to locate it"
+            ) from None
+
+    # -- reads, by global numbers --
+    def _by_shard(self, items: list[int], starts: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """(shard, positions in `items`, local numbers) for each shard holding some of `items`."""
+        items = np.asarray(items, np.int64)
+        shard = np.searchsorted(starts, items, side="right") - 1
+        if len(items) and (items.min() < 0 or items.max() >= starts[-1]):
+            raise DatastoreError(f"{self.path} has no item {int(items.max())} (it holds {int(starts[-1])})")
+        for s in np.unique(shard):
+            where = np.flatnonzero(shard == s)
+            yield int(s), where, items[where] - starts[s]
+
+    def _gather(self, items: list[int], starts: np.ndarray, read: Callable[[Datastore, list[int], int], list]) -> list:
+        out: list = [None] * len(items)
+        for s, where, local in self._by_shard(items, starts):
+            for i, value in zip(where, read(self.shards[s], local.tolist(), s)):
+                out[i] = value
+        return out
+
+    def document_ranges(self, docs: list[int]) -> list[tuple[int, int]]:
+        def read(shard: Datastore, local: list[int], s: int) -> list:
+            base = int(self.entry_starts[s])
+            return [(a + base, b + base) for a, b in shard.document_ranges(local)]
+
+        return self._gather(docs, self.doc_starts, read)
+
+    def titles(self, docs: list[int]) -> list[str]:
+        return self._gather(docs, self.doc_starts, lambda shard, local, s: shard.titles(local))
+
+    def evidence(self, entries: list[int]) -> list[Evidence]:
+        def read(shard: Datastore, local: list[int], s: int) -> list:
+            base = int(self.entry_starts[s])
+            return [Evidence(e.entry + base, e.doc_id, e.title, e.sentence, e.span) for e in shard.evidence(local)]
+
+        return self._gather(entries, self.entry_starts, read)
+
+    def documents_of(self, entries: np.ndarray) -> np.ndarray:
+        def read(shard: Datastore, local: list[int], s: int) -> list:
+            return (shard.documents_of(np.asarray(local, np.int64)) + self.doc_starts[s]).tolist()
+
+        return np.asarray(self._gather(list(entries), self.entry_starts, read), np.int64)
+
+    def find_title(self, norm_title: str) -> int | None:
+        for s, shard in enumerate(self.shards):
+            found = shard.find_title(norm_title)
+            if found is not None:
+                return found + int(self.doc_starts[s])
+        return None
+
+    def hidden_documents(self) -> np.ndarray:
+        return np.concatenate([s.hidden_documents() + self.doc_starts[i] for i, s in enumerate(self.shards)])
+
+    def states(self, ids: list[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for shard in self.shards:
+            found |= shard.states(ids)
+        return found
+
+    def remove(self, ids: list[str]) -> tuple[list[str], list[str]]:
+        """Remove documents from the shards holding them; return (removed now, removed before). An unknown id raises
+        DatastoreError before anything changes. Each shard removes its part in one transaction; a crash between
+        shards leaves some removed, and a rerun finishes (reporting those as removed before)."""
+        ids = list(dict.fromkeys(str(i) for i in ids))
+        owners = {i: shard for shard in self.shards for i in shard.states(ids)}
+        before = set().union(*(shard.removed_ids([i for i in ids if i not in owners]) for shard in self.shards))
+        unknown = [i for i in ids if i not in owners and i not in before]
+        if unknown:
+            raise DatastoreError(
+                f"no document with id {', '.join(map(repr, unknown[:5]))} in {self.path}; nothing was removed"
+            )
+        removed = []
+        for shard in dict.fromkeys(owners.values()):
+            with shard.writing():  # re-entrant under `writing`
+                removed += shard.remove([i for i in ids if owners.get(i) is shard])[0]
+        return removed, [i for i in ids if i in before]

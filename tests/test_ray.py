@@ -1,0 +1,210 @@
+"""The datastore built on Ray (a real local cluster, 2 CPUs): shards equal to a single-process build, the sharded
+datastore read as one (IR scores, predictions, add, remove), a key-stage worker killed mid-shard."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .conftest import write_corpus
+
+ray = pytest.importorskip("ray")
+
+from bertknn import distributed  # noqa: E402
+from bertknn.pipeline import BertKNN  # noqa: E402
+from bertknn.retrieval import TfidfIndex  # noqa: E402
+from bertknn.shards import ShardedDatastore  # noqa: E402
+
+CITIES = ["Oslo", "Riga", "Lisbon", "Porto", "Tallinn", "Vienna", "Bergen"]
+
+
+def towns(n: int, sentences: int = 3) -> list[dict]:
+    return [
+        {
+            "id": f"t{i}",
+            "title": f"Town {i}",
+            "text": " ".join(
+                [f"Town {i} lies near {CITIES[i % len(CITIES)]}."]
+                + [f"In {1000 + i + j} the people of Town {i} built a bridge over river {j}." for j in range(sentences)]
+            ),
+        }
+        for i in range(n)
+    ]
+
+
+def key_stage_processes() -> list[int]:
+    """PIDs of the processes running a key-stage actor (Ray names them ray::MapWorker(MapBatches(KeyStage)))."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"KeyStage" in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def built(cluster, tmp_path_factory, tiny_model_dir):
+    """The same 50 documents built on Ray (4 shards of up to 15) and in one process."""
+    path = tmp_path_factory.mktemp("ray")
+    corpus = write_corpus(path / "towns.jsonl", towns(50))
+    top = distributed.build(corpus, path / "sharded", str(tiny_model_dir), workers=2, shard_docs=15)
+    single = BertKNN.build(corpus, path / "single", str(tiny_model_dir))
+    return path, top, single
+
+
+def test_shards_hold_exactly_the_single_build_s_entries(built):
+    path, top, single = built
+    assert [s["documents"] for s in top["shards"]] == [15, 15, 15, 5]
+    assert [s["first_document"] for s in top["shards"]] == [0, 15, 30, 45]
+    sharded = ShardedDatastore(path / "sharded")
+    every = np.arange(single.store.size)
+    assert sharded.size == top["entries"] == single.store.size and sharded.n_documents == 50
+    np.testing.assert_array_equal(sharded.values[every], np.asarray(single.store.values))
+    # keys: the same contexts, batched per shard instead of over the whole corpus (float32 batching noise at most)
+    np.testing.assert_allclose(sharded.keys[every], np.asarray(single.store.keys), atol=2e-3)
+    assert sharded.evidence(every.tolist()) == single.store.evidence(every.tolist())
+    assert sharded.document_ranges([44, 3, 45]) == single.store.document_ranges([44, 3, 45])
+    assert sharded.find_title("town 31") == single.store.find_title("town 31") == 31
+
+
+def test_ir_scores_over_shards_equal_one_index_over_all(built):
+    path, _, single = built
+    sharded = BertKNN.load(path / "sharded")
+    assert sharded.index.n_docs == single.index.n_docs == 50
+    for query in ("Town 31", "bridge river", "Oslo", "people of Town 7 built"):
+        (d1, s1), (d2, s2) = sharded.index.scores(query), single.index.scores(query)
+        assert d1.tolist() == d2.tolist() and len(d1)
+        np.testing.assert_allclose(s1, s2, rtol=1e-9)
+        assert sharded.index.top(query, 3) == single.index.top(query, 3)
+
+
+def test_the_sharded_datastore_answers_adds_and_removes_like_one(built, tmp_path):
+    path, _, single = built
+    knn = BertKNN.load(path / "sharded")
+    for question, subject in (("Town 33 lies near [MASK] .", "Town 33"), ("The people built a [MASK] .", None)):
+        a, b = knn.predict(question, subject=subject), single.predict(question, subject=subject)
+        assert a.documents == b.documents
+        assert [(t.token, round(t.probability, 5)) for t in a.bert_knn] == [
+            (t.token, round(t.probability, 5)) for t in b.bert_knn
+        ]
+    fresh = {"id": "new", "title": "Zorblat Quenmire", "text": "Zorblat Quenmire was born in Tallinn."}
+    added = knn.add_documents([fresh])
+    assert added > 0 and knn.store.n_documents == 51 and knn.store.shards[-1].n_documents == 6
+    assert knn.predict("Zorblat Quenmire was born in [MASK] .", subject="Zorblat Quenmire").documents == [
+        "Zorblat Quenmire"
+    ]
+    with pytest.raises(Exception, match="already in the datastore"):
+        knn.add_documents([{"id": "t3", "title": "Again", "text": "Again."}])
+    with pytest.raises(Exception, match="no document with id 'nope'"):
+        knn.store.remove(["t3", "nope"])
+    assert knn.store.states(["t3"]) == {"t3": "live"}  # nothing removed
+    with knn.store.writing():
+        assert knn.store.remove(["t3", "new"]) == (["t3", "new"], [])
+    knn.refresh()
+    assert "Town 3" not in knn.predict("Town 3 lies near [MASK] .", subject="Town 3").documents
+    with knn.store.writing():
+        assert knn.store.remove(["t3"]) == ([], ["t3"])
+
+
+def test_a_rerun_after_the_build_returns_the_top_manifest_and_refuses_another_corpus(built, tiny_model_dir):
+    path, top, _ = built
+    assert distributed.build(path / "towns.jsonl", path / "sharded", str(tiny_model_dir), shard_docs=15) == top
+    other = write_corpus(path / "other.jsonl", towns(3))
+    with pytest.raises(ValueError, match="another corpus"):
+        distributed.build(other, path / "sharded", str(tiny_model_dir), shard_docs=15)
+
+
+def test_a_key_stage_worker_killed_mid_shard_is_retried_and_nothing_is_lost(cluster, tmp_path, tiny_model_dir):
+    corpus = write_corpus(tmp_path / "towns.jsonl", towns(240, sentences=12))
+    out = tmp_path / "sharded"
+    killed: list[int] = []
+
+    def kill_one_mid_shard() -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline and not killed:
+            for shard in sorted((out / "shards").glob("shard-*")) if (out / "shards").is_dir() else []:
+                manifest = (
+                    json.loads((shard / "manifest.json").read_text()) if (shard / "manifest.json").is_file() else {}
+                )
+                keys = shard / "keys.f16"
+                if manifest.get("status") == "lazy" and keys.is_file() and keys.stat().st_size > 0:  # keys coming
+                    alive = key_stage_processes()
+                    if alive:
+                        os.kill(alive[0], signal.SIGKILL)
+                        killed.append(alive[0])
+                        return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_one_mid_shard)
+    killer.start()
+    top = distributed.build(corpus, out, str(tiny_model_dir), workers=1, shard_docs=60)
+    killer.join()
+    assert killed, "no key-stage worker was caught mid-shard"
+    single = BertKNN.build(corpus, tmp_path / "single", str(tiny_model_dir))
+    sharded = ShardedDatastore(out)
+    every = np.arange(single.store.size)
+    assert top["entries"] == sharded.size == single.store.size  # nothing lost, nothing duplicated
+    np.testing.assert_array_equal(sharded.values[every], np.asarray(single.store.values))
+    assert sharded.evidence(every.tolist()) == single.store.evidence(every.tolist())
+    np.testing.assert_allclose(sharded.keys[every], np.asarray(single.store.keys), atol=2e-3)
+    whole = TfidfIndex.build(single.store.iter_document_texts())
+    assert BertKNN.load(out).index.top("Town 101 bridge", 3) == whole.top("Town 101 bridge", 3)
+
+
+DRIVER = """
+import sys, ray
+from bertknn import distributed
+ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
+distributed.build(sys.argv[1], sys.argv[2], sys.argv[3], workers=1, shard_docs=60)
+"""
+
+
+def test_a_driver_killed_mid_build_and_rerun_redoes_only_the_shards_not_committed(cluster, tmp_path, tiny_model_dir):
+    import subprocess
+    import sys
+
+    corpus = write_corpus(tmp_path / "towns.jsonl", towns(240, sentences=12))
+    out = tmp_path / "sharded"
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(corpus), str(out), str(tiny_model_dir)])
+    shards = out / "shards"
+    deadline = time.time() + 300
+    while time.time() < deadline and driver.poll() is None:
+        done = [p for p in shards.glob("shard-*") if distributed._complete(p, 60)] if shards.is_dir() else []
+        if done:
+            break
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)  # its cluster
+    assert not (out / distributed.SHARDS_FILE).exists(), "the driver finished before it was killed"
+    committed = {
+        p.name: (p / "keys.f16").stat().st_mtime_ns for p in shards.glob("shard-*") if distributed._complete(p, 60)
+    }
+    assert 1 <= len(committed) < 4
+    ray.shutdown()  # `ray stop` ended this module's cluster too: start it again
+    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
+    top = distributed.build(corpus, out, str(tiny_model_dir), workers=1, shard_docs=60)
+    for name, mtime in committed.items():  # not rebuilt
+        assert (shards / name / "keys.f16").stat().st_mtime_ns == mtime
+    single = BertKNN.build(corpus, tmp_path / "single", str(tiny_model_dir))
+    sharded = ShardedDatastore(out)
+    every = np.arange(single.store.size)
+    assert top["entries"] == sharded.size == single.store.size
+    assert sharded.evidence(every.tolist()) == single.store.evidence(every.tolist())
+    np.testing.assert_array_equal(sharded.values[every], np.asarray(single.store.values))
