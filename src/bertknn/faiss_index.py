@@ -25,6 +25,7 @@ import numpy as np
 from bertknn.datastore import Datastore, DatastoreError, file_stat
 from bertknn.knn import nearest
 from bertknn.merging import merge_plan
+from bertknn.shards import ShardedDatastore
 
 INDEX_FILE, SETTINGS_FILE, TRAINED_FILE = "faiss.index", "faiss.json", "faiss_trained.index"
 DELTA_PREFIX = "faiss_add_"
@@ -147,6 +148,27 @@ def _set_nprobe(index: faiss.Index, nprobe: int) -> None:
         faiss.extract_index_ivf(index).nprobe = nprobe
 
 
+def train(store, factory: str, train_size: int | None, seed: int) -> tuple[faiss.Index, int]:
+    """An empty index of `factory` trained on `train_size` random keys of `store` (None: `auto_train_size`), and
+    the train size used. `store` may be sharded: the sample is drawn from all its keys."""
+    try:
+        index = faiss.index_factory(store.dim, factory, faiss.METRIC_L2)
+    except RuntimeError as err:
+        raise ValueError(f"bad FAISS factory string {factory!r}: {str(err).splitlines()[-1]}") from None
+    if train_size is None:
+        train_size = auto_train_size(index, store.size)
+    if not index.is_trained:  # Flat, HNSW...: nothing to learn, no sample to read
+        sample = np.sort(np.random.default_rng(seed).permutation(store.size)[:train_size])
+        try:
+            index.train(np.asarray(store.keys[sample], np.float32))
+        except RuntimeError as err:
+            raise ValueError(
+                f"cannot train FAISS index {factory!r} on {len(sample):,} keys ({str(err).splitlines()[-1]}); "
+                "use a larger --train-size or fewer IVF lists"
+            ) from None
+    return index, train_size
+
+
 class FaissIndex:
     """A trained FAISS index over a datastore's keys, in parts (faiss.index, then added parts), with exact re-ranking.
 
@@ -224,8 +246,10 @@ class FaissIndex:
         chunk: int = 65_536,
         seed: int = 0,
         progress: Callable[[int, int], None] | None = None,
+        trained: faiss.Index | None = None,
     ) -> FaissIndex:
         """Train (on `train_size` random keys) and fill an index over all keys; resumes an interrupted build.
+        `trained`: an index trained already (on a sample of all shards of a sharded datastore), used as it is.
 
         `factory` "auto" and `train_size` None choose by the datastore's size (auto_factory, auto_train_size), or
         take those of the index being resumed. Keys are added in parts of `chunk`, each saved as it is done; when all
@@ -234,12 +258,12 @@ class FaissIndex:
         if not store.complete:
             raise DatastoreError(f"the datastore at {store.path} is not fully embedded; a FAISS index needs all keys")
         with store.writing():
-            built = cls._build(store, factory, train_size, nprobe, chunk, seed, progress)
+            built = cls._build(store, factory, train_size, nprobe, chunk, seed, progress, trained)
             built._compact(everything=True)
             return built
 
     @classmethod
-    def _build(cls, store, factory, train_size, nprobe, chunk, seed, progress) -> FaissIndex:
+    def _build(cls, store, factory, train_size, nprobe, chunk, seed, progress, trained) -> FaissIndex:
         known = _settings(store.path)
         resuming = known is not None and (store.path / INDEX_FILE).is_file()
         if factory == AUTO:
@@ -256,21 +280,10 @@ class FaissIndex:
             built = cls.load(store)
             built.settings = settings
         else:
-            try:
-                index = faiss.index_factory(store.dim, factory, faiss.METRIC_L2)
-            except RuntimeError as err:
-                raise ValueError(f"bad FAISS factory string {factory!r}: {str(err).splitlines()[-1]}") from None
-            if train_size is None:
-                settings["train_size"] = train_size = auto_train_size(index, store.size)
-            if not index.is_trained:  # Flat, HNSW...: nothing to learn, no sample to read
-                sample = np.sort(np.random.default_rng(seed).permutation(store.size)[:train_size])
-                try:
-                    index.train(np.asarray(store.keys[sample], np.float32))
-                except RuntimeError as err:
-                    raise ValueError(
-                        f"cannot train FAISS index {factory!r} on {len(sample):,} keys ({str(err).splitlines()[-1]}); "
-                        "use a larger --train-size or fewer IVF lists"
-                    ) from None
+            if trained is not None:
+                index = faiss.clone_index(trained)
+            else:
+                index, settings["train_size"] = train(store, factory, train_size, seed)
             for stale in _deltas(store.path):
                 store.rewriting(stale[2])
                 (store.path / stale[2]).unlink()
@@ -356,3 +369,64 @@ class FaissIndex:
         if rerank:
             return nearest(self.store.keys, ids, query, k)
         return ids[:k], dist[:k]
+
+
+class ShardedFaiss:
+    """The FAISS indexes of a sharded datastore's shards, trained once on a sample of all keys (`build`) and searched
+    side by side: each shard proposes and re-ranks its candidates, the exact distances are merged."""
+
+    def __init__(self, store: ShardedDatastore, parts: list[FaissIndex]) -> None:
+        self.store, self.parts = store, parts
+
+    @property
+    def ntotal(self) -> int:
+        return sum(p.ntotal for p in self.parts)
+
+    @property
+    def settings(self) -> dict:
+        """The settings every shard's index was built with (faiss.json)."""
+        return self.parts[0].settings
+
+    @classmethod
+    def load(cls, store: ShardedDatastore) -> ShardedFaiss | None:
+        """The shards' indexes, or None when a shard has none."""
+        parts = [FaissIndex.load(shard) for shard in store.shards]
+        return None if any(p is None for p in parts) else cls(store, parts)
+
+    @classmethod
+    def build(
+        cls,
+        store: ShardedDatastore,
+        factory: str = AUTO,
+        train_size: int | None = None,
+        nprobe: int = 16,
+        chunk: int = 65_536,
+        seed: int = 0,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ShardedFaiss:
+        """Train one index on `train_size` keys drawn from all shards, then fill a copy of it per shard (each
+        resumable as `FaissIndex.build`); every shard's index shares the one quantizer."""
+        factory = auto_factory(store.size, store.dim) if factory == AUTO else factory
+        trained, train_size = train(store, factory, train_size, seed)
+        parts, done = [], 0
+        for shard in store.shards:
+            step = (lambda d, t, base=done: progress(base + d, store.size)) if progress else None
+            parts.append(FaissIndex.build(shard, factory, train_size, nprobe, chunk, seed, step, trained))
+            done += shard.size
+        return cls(store, parts)
+
+    def search(
+        self, query: np.ndarray, k: int, hidden: np.ndarray | None = None, rerank: int = 8
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`FaissIndex.search` over every shard (global entry numbers), nearest first."""
+        hidden = np.zeros(0, np.int64) if hidden is None else np.asarray(hidden, np.int64)
+        entries, dist = [], []
+        for s, part in enumerate(self.parts):
+            first_doc, first_entry = self.store.doc_starts[s], self.store.entry_starts[s]
+            mine = hidden[(hidden >= first_doc) & (hidden < self.store.doc_starts[s + 1])] - first_doc
+            e, d = part.search(query, k, mine, rerank)
+            entries.append(np.asarray(e, np.int64) + first_entry)
+            dist.append(np.asarray(d, np.float32))
+        entries, dist = np.concatenate(entries), np.concatenate(dist)
+        order = np.lexsort((entries, dist))[:k]
+        return entries[order], dist[order]

@@ -16,7 +16,7 @@ from bertknn.corpus import Corpus, record
 from bertknn.datastore import Datastore, DatastoreError
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder, QuestionError
-from bertknn.faiss_index import FaissIndex
+from bertknn.faiss_index import FaissIndex, ShardedFaiss
 from bertknn.knn import knn_distribution, neighbour_weights
 from bertknn.retrieval import TfidfIndex, compact, feature_array
 from bertknn.runtime import Runtime
@@ -129,11 +129,16 @@ class BertKNN:
     def _load_faiss(self) -> None:
         """(Re)open the FAISS index when its file changed; a damaged one is set aside with its error, so IR
         questions still work."""
-        stat = FaissIndex.disk_state(self.store.path)
+        sharded = isinstance(self.store, ShardedDatastore)
+        stat = (
+            [FaissIndex.disk_state(s.path) for s in self.store.shards]
+            if sharded
+            else FaissIndex.disk_state(self.store.path)
+        )
         if stat == self._faiss_stat and not self.store.faiss_damage:
             return
         try:
-            self.faiss, self.faiss_error = FaissIndex.load(self.store), None
+            self.faiss, self.faiss_error = (ShardedFaiss if sharded else FaissIndex).load(self.store), None
         except DatastoreError as err:
             self.faiss, self.faiss_error = None, err
         self._faiss_stat = stat

@@ -77,6 +77,8 @@ def build(
     if engine not in ("local", "ray"):
         raise typer.BadParameter(f"--engine must be local or ray, not {engine!r}")
     if engine == "ray":
+        if lazy or pack != 1 or int8_keys:
+            raise typer.BadParameter("--engine ray builds exact, complete shards: drop --lazy, --pack and --int8-keys")
         _build_on_ray(corpus, out, model, layer, workers or 1, shard_docs, address, backend)
         return
     with _writer_wait(out, wait):
@@ -150,19 +152,21 @@ def index(
     """Index every key of a datastore with FAISS (for `--retrieval faiss`). Rerun to resume."""
     import faiss
 
-    from bertknn.datastore import Datastore
-    from bertknn.faiss_index import FaissIndex
+    from bertknn.faiss_index import FaissIndex, ShardedFaiss
+    from bertknn.shards import ShardedDatastore, open_store
 
     faiss.omp_set_num_threads(threads or os.cpu_count() or 1)
     began = time.time()
-    store = Datastore(datastore)
+    store = open_store(datastore)
+    kind = ShardedFaiss if isinstance(store, ShardedDatastore) else FaissIndex  # sharded: one quantizer, per shard
     with _writer_wait(datastore, wait), phase_progress() as report:
         report("indexing", 0, store.size)
-        built = FaissIndex.build(
+        built = kind.build(
             store, factory, train_size, nprobe, progress=lambda done, total: report("indexing", done, total)
         )
+    where = "the faiss.index of each shard" if kind is ShardedFaiss else datastore / "faiss.index"
     console.print(
-        f"FAISS index {built.settings['factory']!r} over {built.index.ntotal:,} keys in {datastore / 'faiss.index'} "
+        f"FAISS index {built.settings['factory']!r} over {built.ntotal:,} keys in {where} "
         f"({time.time() - began:,.0f}s); ask with --retrieval faiss"
     )
 
