@@ -232,8 +232,14 @@ def test_faiss_over_shards_returns_what_one_index_over_all_keys_returns(cluster,
     single = BertKNN.build(corpus, path / "single", str(tiny_model_dir))
     sharded = ShardedDatastore(path / "sharded")
     # trained once on the same sample of all keys: the same quantizer; 2 of 4 lists probed
-    over_shards = ShardedFaiss.build(sharded, "IVF4,Flat", train_size=sharded.size, nprobe=2)
+    in_turn = ShardedFaiss.build(sharded, "IVF4,Flat", train_size=sharded.size, nprobe=2)
+    for shard in sharded.shards:
+        for file in shard.path.glob("faiss*"):
+            file.unlink()
+    over_shards = ShardedFaiss.build(sharded, "IVF4,Flat", train_size=sharded.size, nprobe=2, on_ray=True)
     one = FaissIndex.build(single.store, "IVF4,Flat", train_size=single.store.size, nprobe=2)
+    for a, b in zip(in_turn.parts, over_shards.parts, strict=True):  # filled in turn or by parallel Ray tasks
+        np.testing.assert_array_equal(a.index.reconstruct_n(0, a.ntotal), b.index.reconstruct_n(0, b.ntotal))
     assert over_shards.ntotal == one.ntotal == single.store.size
     knn = BertKNN.load(path / "sharded")
     _, states = knn.encoder.query(["Town 12 lies near [MASK] .", "The people built a [MASK] ."])
@@ -247,3 +253,39 @@ def test_faiss_over_shards_returns_what_one_index_over_all_keys_returns(cluster,
             assert got[: len(want)].tolist() == want.tolist() and len(got) >= len(want) and len(want) >= 9
             np.testing.assert_allclose(got_d[: len(want)], want_d, rtol=1e-5)
     assert knn.faiss is not None and knn.predict("Town 12 lies near [MASK] .", retrieval="faiss").knn
+
+
+def test_index_on_ray_needs_a_sharded_datastore_and_fills_its_shards(built):
+    from typer.testing import CliRunner
+
+    from bertknn.cli import app
+
+    path, _, single = built
+    for command in ("index", "serve"):
+        refused = CliRunner().invoke(app, [command, str(single.store.path), "--engine", "ray"])
+        assert refused.exit_code == 2 and "ray for a sharded datastore" in " ".join(refused.output.split())
+    done = CliRunner().invoke(app, ["index", str(path / "sharded"), "--engine", "ray", "--factory", "Flat"])
+    assert done.exit_code == 0, done.output
+    assert "the faiss.index of each shard" in " ".join(done.output.split())
+    assert all((path / "sharded" / s["path"] / "faiss.index").is_file() for s in built[1]["shards"])
+
+
+def test_faiss_shards_served_by_ray_actors_answer_like_the_local_shards(built):
+    from bertknn.distributed import RayFaissLoader
+    from bertknn.faiss_index import ShardedFaiss
+
+    path, _, _ = built
+    local = BertKNN.load(path / "sharded")
+    if not isinstance(local.faiss, ShardedFaiss):  # this module's index test made one; else make it here
+        ShardedFaiss.build(local.store, "Flat")
+        local.refresh()
+        local._load_faiss()
+    remote = BertKNN.load(path / "sharded")
+    remote.serve_faiss_on(RayFaissLoader(num_cpus=0.25))
+    assert len(remote.faiss.actors) == 4 and remote.faiss.ntotal == local.faiss.ntotal
+    for question in ("Town 12 lies near [MASK] .", "The people built a [MASK] .", "Town 47 lies near [MASK] ."):
+        a, b = remote.predict(question, retrieval="faiss"), local.predict(question, retrieval="faiss")
+        assert a.documents == b.documents and a.knn
+        assert [(t.token, round(t.probability, 6)) for t in a.bert_knn] == [
+            (t.token, round(t.probability, 6)) for t in b.bert_knn
+        ]

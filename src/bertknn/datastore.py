@@ -109,6 +109,17 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+@contextlib.contextmanager
+def sqlite_errors(what: str, hint: str) -> Iterator[None]:
+    """SQLite's errors about a damaged or foreign file as a DatastoreError naming `what` (integrity errors pass)."""
+    try:
+        yield
+    except sqlite3.IntegrityError:
+        raise
+    except sqlite3.DatabaseError as err:
+        raise DatastoreError(f"{what} is damaged or unreadable ({err}); {hint}") from None
+
+
 def file_stat(path: Path) -> list[int] | None:
     """(size, modification time in ns) of a file, None when it does not exist."""
     with contextlib.suppress(FileNotFoundError):
@@ -266,18 +277,9 @@ class Datastore:
             if len(damage) > len(self.faiss_damage):
                 raise DatastoreError(_damage_message(self.path, damage))
 
-    @contextlib.contextmanager
-    def sqlite_errors(self) -> Iterator[None]:
+    def sqlite_errors(self) -> contextlib.AbstractContextManager[None]:
         """Turn SQLite's errors about a damaged or foreign file into a DatastoreError that names the file."""
-        try:
-            yield
-        except sqlite3.IntegrityError:
-            raise
-        except sqlite3.DatabaseError as err:
-            raise DatastoreError(
-                f"{self.path / SQLITE} is damaged or unreadable ({err}); `bertknn verify {self.path}` locates the "
-                "damage"
-            ) from None
+        return sqlite_errors(str(self.path / SQLITE), f"`bertknn verify {self.path}` locates the damage")
 
     def _check_identity(self) -> None:
         """Refuse a manifest whose model, layer or key settings disagree with the copy kept in SQLite."""

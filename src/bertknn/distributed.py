@@ -184,3 +184,74 @@ def _top_manifest(manifest: dict, dirs: list[Path]) -> dict:
         docs, entries = docs + shard["documents"], entries + shard["entries"]
     keep = ("model", "model_hash", "layer", "dim", "pack", "int8", "key_dtype", "splitter", "corpus")
     return {"format": FORMAT, **{k: manifest[k] for k in keep}, "documents": docs, "entries": entries, "shards": rows}
+
+
+class FaissShard:
+    """A Ray actor holding one shard's FAISS index (on whichever machine Ray places it) and searching it."""
+
+    def __init__(self, path: str) -> None:
+        from bertknn.faiss_index import FaissIndex
+
+        self.store = Datastore(path)
+        self.index = FaissIndex.load(self.store)
+        if self.index is None:
+            raise DatastoreError(f"shard {path} has no FAISS index: run `bertknn index` on the sharded datastore")
+
+    def reload(self) -> int:
+        """Take in what was written to the shard (an add, a rebuilt index); return its keys."""
+        from bertknn.faiss_index import FaissIndex
+
+        self.store.reload()
+        self.index = FaissIndex.load(self.store)
+        return self.index.ntotal
+
+    def search(self, query: np.ndarray, k: int, hidden: np.ndarray, rerank: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.index.search(query, k, hidden, rerank)
+
+
+class RayShardedFaiss:
+    """`ShardedFaiss` with each shard's index in a Ray actor (`FaissShard`): a question fans out to every shard at
+    once and the re-ranked neighbours are merged by distance, so the indexes' memory is spread over the cluster.
+    Made by `RayFaissLoader`."""
+
+    def __init__(self, store, actors: list, ntotal: int, settings: dict) -> None:
+        self.store, self.actors, self.ntotal, self.settings = store, actors, ntotal, settings
+
+    def search(
+        self, query: np.ndarray, k: int, hidden: np.ndarray | None = None, rerank: int = 8
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The k nearest entries over all shards (global numbers), nearest first, as `ShardedFaiss.search`."""
+        import ray
+
+        hidden = np.zeros(0, np.int64) if hidden is None else np.asarray(hidden, np.int64)
+        starts, ends = self.store.doc_starts[:-1], self.store.doc_starts[1:]
+        calls = [
+            actor.search.remote(query, k, hidden[(hidden >= a) & (hidden < b)] - a, rerank)
+            for actor, a, b in zip(self.actors, starts, ends)
+        ]
+        found = ray.get(calls)
+        entries = np.concatenate(
+            [np.asarray(e, np.int64) + first for (e, _), first in zip(found, self.store.entry_starts)]
+        )
+        dist = np.concatenate([np.asarray(d, np.float32) for _, d in found])
+        order = np.lexsort((entries, dist))[:k]
+        return entries[order], dist[order]
+
+
+class RayFaissLoader:
+    """Opens a sharded datastore's FAISS index as Ray actors, one per shard (`BertKNN.serve_faiss_on`): made on the
+    first load, told to reload their shard on the later ones. Ray is started by the caller."""
+
+    def __init__(self, num_cpus: float = 0.5) -> None:
+        self.num_cpus, self.actors = num_cpus, {}
+
+    def __call__(self, store) -> RayShardedFaiss:
+        import ray
+
+        for shard in store.shards:
+            if str(shard.path) not in self.actors:
+                self.actors[str(shard.path)] = ray.remote(num_cpus=self.num_cpus)(FaissShard).remote(str(shard.path))
+        actors = [self.actors[str(shard.path)] for shard in store.shards]
+        ntotal = sum(ray.get([actor.reload.remote() for actor in actors]))
+        settings = json.loads((store.shards[0].path / "faiss.json").read_text(encoding="utf-8"))
+        return RayShardedFaiss(store, actors, ntotal, settings)

@@ -403,15 +403,31 @@ class ShardedFaiss:
         chunk: int = 65_536,
         seed: int = 0,
         progress: Callable[[int, int], None] | None = None,
+        on_ray: bool = False,
     ) -> ShardedFaiss:
         """Train one index on `train_size` keys drawn from all shards, then fill a copy of it per shard (each
-        resumable as `FaissIndex.build`); every shard's index shares the one quantizer."""
+        resumable as `FaissIndex.build`); every shard's index shares the one quantizer. `on_ray`: the shards are
+        filled by parallel Ray tasks (Ray started by the caller), one CPU each."""
         factory = auto_factory(store.size, store.dim) if factory == AUTO else factory
         trained, train_size = train(store, factory, train_size, seed)
+        settings = (factory, train_size, nprobe, chunk, seed)
+        if on_ray:
+            import ray
+
+            fill = ray.remote(num_cpus=1)(_fill_shard)
+            blob = ray.put(faiss.serialize_index(trained))
+            pending, done = [fill.remote(str(shard.path), *settings, blob) for shard in store.shards], 0
+            while pending:
+                ready, pending = ray.wait(pending)
+                done += sum(ray.get(ready))
+                if progress:
+                    progress(done, store.size)
+            store.reload()
+            return cls(store, [FaissIndex.load(shard) for shard in store.shards])
         parts, done = [], 0
         for shard in store.shards:
             step = (lambda d, t, base=done: progress(base + d, store.size)) if progress else None
-            parts.append(FaissIndex.build(shard, factory, train_size, nprobe, chunk, seed, step, trained))
+            parts.append(FaissIndex.build(shard, *settings[:4], seed, step, trained))
             done += shard.size
         return cls(store, parts)
 
@@ -430,3 +446,14 @@ class ShardedFaiss:
         entries, dist = np.concatenate(entries), np.concatenate(dist)
         order = np.lexsort((entries, dist))[:k]
         return entries[order], dist[order]
+
+
+def _fill_shard(
+    path: str, factory: str, train_size: int, nprobe: int, chunk: int, seed: int, trained: np.ndarray
+) -> int:
+    """A Ray task: fill one shard's index from the serialized trained index; return the shard's keys."""
+    shard = Datastore(path)
+    FaissIndex.build(shard, factory, train_size, nprobe, chunk, seed, None, faiss.deserialize_index(trained))
+    size = shard.size
+    shard.db.close()
+    return size

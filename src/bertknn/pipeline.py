@@ -118,6 +118,7 @@ class BertKNN:
         self.encoder, self.store = encoder, store
         self.index = index or load_index(store)
         self._faiss_stat: tuple | None = None  # (size, mtime) of the FAISS files when they were loaded
+        self.faiss_loader: Callable | None = None  # `serve_faiss_on`: another way to open the FAISS index
         self._load_faiss()
         self._version = store.version  # the store's state that index and faiss were loaded at
 
@@ -138,10 +139,17 @@ class BertKNN:
         if stat == self._faiss_stat and not self.store.faiss_damage:
             return
         try:
-            self.faiss, self.faiss_error = (ShardedFaiss if sharded else FaissIndex).load(self.store), None
+            loader = self.faiss_loader or (ShardedFaiss if sharded else FaissIndex).load
+            self.faiss, self.faiss_error = loader(self.store), None
         except DatastoreError as err:
             self.faiss, self.faiss_error = None, err
         self._faiss_stat = stat
+
+    def serve_faiss_on(self, loader: Callable) -> None:
+        """Open the FAISS index with `loader(store)` from now on (`distributed.RayShardedFaiss.load`: the shards'
+        indexes held by Ray actors on other machines), and open it now."""
+        self.faiss_loader, self._faiss_stat = loader, None
+        self._load_faiss()
 
     def refresh(self) -> bool:
         """Take in what another process committed (documents added or removed, a FAISS index built); True if any.

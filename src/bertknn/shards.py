@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
-from bertknn.datastore import Datastore, DatastoreError, Evidence
+from bertknn.datastore import Datastore, DatastoreError, Evidence, sqlite_errors
 
 SHARDS_FILE = "shards.json"
 
@@ -126,18 +125,11 @@ class ShardedDatastore:
             self._offsets()
             yield self
 
-    @contextlib.contextmanager
-    def sqlite_errors(self) -> Iterator[None]:
+    def sqlite_errors(self) -> contextlib.AbstractContextManager[None]:
         """SQLite's errors about a damaged shard as a DatastoreError naming the shards' directory."""
-        try:
-            yield
-        except sqlite3.IntegrityError:
-            raise
-        except sqlite3.DatabaseError as err:
-            raise DatastoreError(
-                f"the SQLite file of a shard under {self.path} is damaged or unreadable ({err}); `bertknn verify` each "
-                "shard to locate it"
-            ) from None
+        return sqlite_errors(
+            f"the SQLite file of a shard under {self.path}", f"`bertknn verify {self.path}` locates it"
+        )
 
     # -- reads, by global numbers --
     def _by_shard(self, items: list[int], starts: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:

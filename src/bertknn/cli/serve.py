@@ -59,6 +59,11 @@ def serve(
             "adds it and this machine's names and addresses)",
         ),
     ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(help="sharded datastores: local (this process searches every shard) or ray (an actor per shard)"),
+    ] = "local",
+    address: Annotated[str | None, typer.Option(help="ray: the cluster's address [default: a local one]")] = None,
     backend: BackendOption = CLI_BACKEND,
     device: DeviceOption = "auto",
     dtype: DtypeOption = "float32",
@@ -80,6 +85,15 @@ def serve(
             knn = build_demo(runtime=backend, progress=report)
     else:
         knn = BertKNN.load(datastore, runtime=backend)
+    if engine not in ("local", "ray") or (engine == "ray" and not hasattr(knn.store, "shards")):
+        raise ValueError("--engine is local, or ray for a sharded datastore (its FAISS shards held by Ray actors)")
+    if engine == "ray":
+        import ray
+
+        from bertknn.distributed import RayFaissLoader
+
+        ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
+        knn.serve_faiss_on(RayFaissLoader())
     knn.encoder.query(["[MASK] ."])  # the first request should not pay for loading (or exporting) the model
     if network:
         console.print(

@@ -146,6 +146,8 @@ def index(
         int | None, typer.Option(min=1, help="random keys to train on [default: 50 per IVF list, at least 100k]")
     ] = None,
     nprobe: Annotated[int, typer.Option(min=1, help="IVF lists searched per query")] = 16,
+    engine: Annotated[str, typer.Option(help="sharded datastores: local (one shard after the other) or ray")] = "local",
+    address: Annotated[str | None, typer.Option(help="ray: the cluster's address [default: a local one]")] = None,
     threads: ThreadsOption = 0,
     wait: WaitOption = WAIT_S,
 ) -> None:
@@ -159,10 +161,17 @@ def index(
     began = time.time()
     store = open_store(datastore)
     kind = ShardedFaiss if isinstance(store, ShardedDatastore) else FaissIndex  # sharded: one quantizer, per shard
+    if engine not in ("local", "ray") or (engine == "ray" and kind is FaissIndex):
+        raise typer.BadParameter("--engine is local, or ray for a sharded datastore (its shards filled in parallel)")
+    options = {"on_ray": True} if engine == "ray" else {}
+    if engine == "ray":
+        import ray
+
+        ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
     with _writer_wait(datastore, wait), phase_progress() as report:
         report("indexing", 0, store.size)
         built = kind.build(
-            store, factory, train_size, nprobe, progress=lambda done, total: report("indexing", done, total)
+            store, factory, train_size, nprobe, progress=lambda done, total: report("indexing", done, total), **options
         )
     where = "the faiss.index of each shard" if kind is ShardedFaiss else datastore / "faiss.index"
     console.print(
