@@ -289,3 +289,20 @@ def test_faiss_shards_served_by_ray_actors_answer_like_the_local_shards(built):
         assert [(t.token, round(t.probability, 6)) for t in a.bert_knn] == [
             (t.token, round(t.probability, 6)) for t in b.bert_knn
         ]
+
+
+def test_a_rerun_with_another_corpus_or_shard_size_is_refused_before_anything_is_written(tmp_path, tiny_model_dir):
+    corpus = write_corpus(tmp_path / "towns.jsonl", towns(5))
+    begun = tmp_path / "out" / "shards" / "shard-00000"
+    begun.mkdir(parents=True)
+    (begun / "manifest.json").write_text(json.dumps({"corpus": {"sha256": "another"}}))
+    with pytest.raises(ValueError, match="holds shards of another corpus or model"):
+        distributed.build(corpus, tmp_path / "out", str(tiny_model_dir), shard_docs=2)
+    from bertknn.encoder import Encoder
+
+    manifest = distributed.builder.manifest(Encoder.load(str(tiny_model_dir)), None, 1, False)
+    manifest |= {"corpus": {"sha256": distributed.open_corpus(corpus).fingerprint()}, "shard_docs": 3}
+    (begun / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="holds shards of 3 documents"):
+        distributed.build(corpus, tmp_path / "out", str(tiny_model_dir), shard_docs=2)
+    assert not (tmp_path / "out" / "inputs").exists()

@@ -129,7 +129,7 @@ def build(
     source = open_corpus(corpus)
     n_docs = builder.check_corpus(source, report)
     encoder = Encoder.load(model, layer, runtime)  # for the manifest (model, weights hash, layer, width)
-    manifest = builder.manifest(encoder, source.info(n_docs), 1, False)
+    manifest = builder.manifest(encoder, source.info(n_docs), 1, False) | {"shard_docs": shard_docs}
     top = out / SHARDS_FILE
     if top.is_file():
         known = json.loads(top.read_text(encoding="utf-8"))
@@ -138,6 +138,7 @@ def build(
         return known
     shards = plan(n_docs, shard_docs)
     dirs = [out / "shards" / shard_name(i) for i in range(len(shards))]
+    _check_existing(out, manifest, shard_docs)
     todo = [i for i, (a, b) in enumerate(shards) if not _complete(dirs[i], b - a)]
     report("sharding", len(shards) - len(todo), len(shards))
     _write_inputs(source, out, shards, set(todo))
@@ -172,6 +173,22 @@ def build(
     return result
 
 
+def _check_existing(out: Path, manifest: dict, shard_docs: int) -> None:
+    """Refuse to go on with shards begun for another corpus, model or shard size (a rerun must be the same build)."""
+    for path in sorted((out / "shards").glob("shard-*")):
+        try:
+            known = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # not begun: it is built anew
+        same = all(known.get(k) == manifest[k] for k in ("model_hash", "layer", "key_dtype"))
+        if not same or (known.get("corpus") or {}).get("sha256") != manifest["corpus"]["sha256"]:
+            raise DatastoreError(
+                f"{out} holds shards of another corpus or model ({path.name}); choose another --out directory"
+            )
+        if known.get("shard_docs", shard_docs) != shard_docs:
+            raise DatastoreError(f"{out} holds shards of {known['shard_docs']} documents: rerun with that --shard-docs")
+
+
 def _top_manifest(manifest: dict, dirs: list[Path]) -> dict:
     """The shards in order with their document and entry offsets, from their own manifests."""
     rows, docs, entries = [], 0, 0
@@ -182,7 +199,7 @@ def _top_manifest(manifest: dict, dirs: list[Path]) -> dict:
         rows.append({"path": str(path.relative_to(path.parents[1])), "first_document": docs, "first_entry": entries})
         rows[-1] |= {"documents": shard["documents"], "entries": shard["entries"]}
         docs, entries = docs + shard["documents"], entries + shard["entries"]
-    keep = ("model", "model_hash", "layer", "dim", "pack", "int8", "key_dtype", "splitter", "corpus")
+    keep = ("model", "model_hash", "layer", "dim", "pack", "int8", "key_dtype", "splitter", "corpus", "shard_docs")
     return {"format": FORMAT, **{k: manifest[k] for k in keep}, "documents": docs, "entries": entries, "shards": rows}
 
 
