@@ -125,6 +125,12 @@ def _save(index: faiss.Index, store: Datastore, name: str = INDEX_FILE) -> None:
     tmp.replace(store.path / name)
 
 
+def _delete(store: Datastore, name: str) -> None:
+    """Delete a FAISS file of the store, its checksums dropped first (so its absence is not taken for damage)."""
+    store.rewriting(name)
+    (store.path / name).unlink(missing_ok=True)
+
+
 def _merge(parts: list[Part], trained: faiss.Index, store: Datastore) -> faiss.Index:
     """One index of adjacent parts: the first takes the others' codes (`merge_from`; an IVF index shifts their
     ids by its size); indexes without `merge_from` (HNSW) are filled again from the stored keys."""
@@ -284,15 +290,15 @@ class FaissIndex:
                 index = faiss.clone_index(trained)
             else:
                 index, settings["train_size"] = train(store, factory, train_size, seed)
-            for stale in _deltas(store.path):
-                store.rewriting(stale[2])
-                (store.path / stale[2]).unlink()
+            for _, _, name in _deltas(store.path):  # parts of an index deleted by hand would follow the new one
+                _delete(store, name)
             _save(index, store, TRAINED_FILE)
             _save(index, store)
             built = cls([Part(0, index, INDEX_FILE)], faiss.clone_index(index), store, settings)
         store.rewriting(SETTINGS_FILE)
         (store.path / SETTINGS_FILE).write_text(json.dumps(settings, indent=2), encoding="utf-8")
-        _set_nprobe(built.index, nprobe)
+        for part in built.parts:
+            _set_nprobe(part.index, nprobe)
         built.update(chunk, progress)
         return built
 
@@ -319,8 +325,7 @@ class FaissIndex:
         mine = {part.name for part in self.parts}
         for _, _, name in _deltas(self.store.path):
             if name not in mine:
-                self.store.rewriting(name)
-                (self.store.path / name).unlink(missing_ok=True)
+                _delete(self.store, name)
 
     def _compact(self, everything: bool = False) -> None:
         """Merge runs of parts (`merge_plan`; all of them with `everything`), each written whole before the files
@@ -339,8 +344,7 @@ class FaissIndex:
             self.parts[run[0] : run[1]] = [merged]
             for part in picked:
                 if part.name != merged.name:
-                    self.store.rewriting(part.name)
-                    (self.store.path / part.name).unlink(missing_ok=True)
+                    _delete(self.store, part.name)
 
     def search(
         self, query: np.ndarray, k: int, hidden: np.ndarray | None = None, rerank: int = 8
@@ -435,17 +439,8 @@ class ShardedFaiss:
         self, query: np.ndarray, k: int, hidden: np.ndarray | None = None, rerank: int = 8
     ) -> tuple[np.ndarray, np.ndarray]:
         """`FaissIndex.search` over every shard (global entry numbers), nearest first."""
-        hidden = np.zeros(0, np.int64) if hidden is None else np.asarray(hidden, np.int64)
-        entries, dist = [], []
-        for s, part in enumerate(self.parts):
-            first_doc, first_entry = self.store.doc_starts[s], self.store.entry_starts[s]
-            mine = hidden[(hidden >= first_doc) & (hidden < self.store.doc_starts[s + 1])] - first_doc
-            e, d = part.search(query, k, mine, rerank)
-            entries.append(np.asarray(e, np.int64) + first_entry)
-            dist.append(np.asarray(d, np.float32))
-        entries, dist = np.concatenate(entries), np.concatenate(dist)
-        order = np.lexsort((entries, dist))[:k]
-        return entries[order], dist[order]
+        local = self.store.split_documents(hidden)
+        return self.store.merge_nearest([p.search(query, k, h, rerank) for p, h in zip(self.parts, local)], k)
 
 
 def _fill_shard(

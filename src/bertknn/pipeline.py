@@ -119,6 +119,7 @@ class BertKNN:
         self.index = index or load_index(store)
         self._faiss_stat: tuple | None = None  # (size, mtime) of the FAISS files when they were loaded
         self.faiss_loader: Callable | None = None  # `serve_faiss_on`: another way to open the FAISS index
+        self._last_shard: BertKNN | None = None  # a sharded datastore's writer: what adds go through
         self._load_faiss()
         self._version = store.version  # the store's state that index and faiss were loaded at
 
@@ -131,11 +132,7 @@ class BertKNN:
         """(Re)open the FAISS index when its file changed; a damaged one is set aside with its error, so IR
         questions still work."""
         sharded = isinstance(self.store, ShardedDatastore)
-        stat = (
-            [FaissIndex.disk_state(s.path) for s in self.store.shards]
-            if sharded
-            else FaissIndex.disk_state(self.store.path)
-        )
+        stat = [FaissIndex.disk_state(store.path) for store in (self.store.shards if sharded else [self.store])]
         if stat == self._faiss_stat and not self.store.faiss_damage:
             return
         try:
@@ -146,8 +143,8 @@ class BertKNN:
         self._faiss_stat = stat
 
     def serve_faiss_on(self, loader: Callable) -> None:
-        """Open the FAISS index with `loader(store)` from now on (`distributed.RayShardedFaiss.load`: the shards'
-        indexes held by Ray actors on other machines), and open it now."""
+        """Open the FAISS index with `loader(store)` from now on (`distributed.RayFaissLoader`: the shards' indexes
+        held by Ray actors on other machines), and open it now."""
         self.faiss_loader, self._faiss_stat = loader, None
         self._load_faiss()
 
@@ -404,9 +401,9 @@ class BertKNN:
                     f"document id(s) already in the datastore: {sorted(elsewhere)[:5]}; remove them first"
                 )
             docs = [d for d in docs if d.id not in elsewhere]
-            added = BertKNN(self.encoder, last, settings=self.settings).add_documents(
-                docs, skip_existing, progress, wait
-            )
+            if self._last_shard is None or self._last_shard.store is not last:  # opened once, not per add
+                self._last_shard = BertKNN(self.encoder, last, settings=self.settings)
+            added = self._last_shard.add_documents(docs, skip_existing, progress, wait)
         self.refresh()
         return added
 

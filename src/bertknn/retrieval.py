@@ -156,13 +156,9 @@ def _cover(parts: list[Part]) -> tuple[list[tuple[Part, int]], list[Part]]:
     return chosen, rest
 
 
-def _segment_files(first: int, end: int | None = None) -> list[str]:
-    """The files (relative to the datastore) of the segment of documents first..end (end None: an added segment)."""
-    names = [*FILES, NDOCS]
-    if first == 0 and end is None:
-        return names
-    folder = f"{SEGMENT_PREFIX}{first:09d}" + ("" if end is None else f"_{end:09d}")
-    return [f"{folder}/{name}" for name in names]
+def _folder(first: int, end: int | None = None) -> str:
+    """The name of a segment folder: `tfidf_add_{first}` (an added segment), `tfidf_add_{first}_{end}` (a merge)."""
+    return f"{SEGMENT_PREFIX}{first:09d}" + ("" if end is None else f"_{end:09d}")
 
 
 class TfidfIndex:
@@ -204,13 +200,14 @@ class TfidfIndex:
     @staticmethod
     def files(first: int) -> list[str]:
         """The files (relative to the datastore) that `save(..., first)` writes."""
-        return _segment_files(first)
+        names = [*FILES, NDOCS]
+        return names if first == 0 else [f"{_folder(first)}/{name}" for name in names]
 
     def save(self, directory: str | Path, first: int = 0) -> None:
         """Write a one-segment index: documents from 0 as the base files, else as a segment folder (renamed whole)."""
         (segment,) = self.segments
         directory = Path(directory)
-        target = directory if first == 0 else directory / f"{SEGMENT_PREFIX}{first:09d}"
+        target = directory if first == 0 else directory / _folder(first)
         out = target if first == 0 else target.with_name(target.name + ".tmp")
         out.mkdir(exist_ok=True)
         for name, array in zip(FILES, (segment.hashes, segment.indptr, segment.docs, segment.logtf)):
@@ -389,7 +386,7 @@ def compact(
             return merges
         picked = chosen[run[0] : run[1]]
         first, end = picked[0][0].first, picked[-1][1]
-        target = directory / f"{SEGMENT_PREFIX}{first:09d}_{end:09d}"
+        target = directory / _folder(first, end)
         tmp = target.with_name(target.name + ".tmp")
         _write_merged([_load_segment(part.path) for part, _ in picked], tmp, end, chunk_entries)
         tmp.replace(target)

@@ -172,6 +172,19 @@ class ShardedDatastore:
 
         return np.asarray(self._gather(list(entries), self.entry_starts, read), np.int64)
 
+    def split_documents(self, docs: np.ndarray | None) -> list[np.ndarray]:
+        """Global document numbers as each shard's own numbers, shard by shard."""
+        docs = np.zeros(0, np.int64) if docs is None else np.asarray(docs, np.int64)
+        return [docs[(docs >= a) & (docs < b)] - a for a, b in zip(self.doc_starts[:-1], self.doc_starts[1:])]
+
+    def merge_nearest(self, found: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each shard's nearest (its own entry numbers, squared distances), shard by shard, merged into the k
+        nearest by global entry number, nearest first (ties: the lower entry)."""
+        entries = np.concatenate([np.asarray(e, np.int64) + a for (e, _), a in zip(found, self.entry_starts)])
+        dist = np.concatenate([np.asarray(d, np.float32) for _, d in found])
+        order = np.lexsort((entries, dist))[:k]
+        return entries[order], dist[order]
+
     def find_title(self, norm_title: str) -> int | None:
         for s, shard in enumerate(self.shards):
             found = shard.find_title(norm_title)

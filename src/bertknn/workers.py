@@ -1,7 +1,7 @@
 """CPU worker processes for the stages that are pure Python (sentence splitting, IR hashing): `ordered_map`.
 
-A build must feed the model as fast as it embeds (a GPU takes tens of thousands of contexts per second); one Python
-process splits and hashes far fewer. The standard library's process pool does the work; what is written here is
+A build should never leave the model waiting for these stages; bench/README.md has the rates of one process and of
+several. The standard library's process pool does the work; what is written here is
 only the part it lacks: results in input order with a bounded number of batches in flight, so memory does not grow
 with the corpus (`Executor.map` submits the whole input at once).
 """
