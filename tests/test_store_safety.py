@@ -297,3 +297,33 @@ def test_a_rebuilt_faiss_index_is_taken_in_after_damage(indexed, built):
     (indexed / "faiss.json").unlink()
     FaissIndex.build(Datastore(indexed, check=False), "Flat")  # as `bertknn index` in another process
     assert knn.refresh() and _top(knn, "faiss") == "tallinn"
+
+
+def test_a_file_a_writer_deleted_after_dropping_its_checksums_is_not_damage_to_a_reader(built, monkeypatch):
+    """A reader that read checksums.json before a merge deleted index parts (their records dropped first) sees no
+    damage, whether the file is gone before its size is read or while its blocks are hashed; a file deleted without
+    its record dropped is still damage."""
+    from bertknn import integrity
+
+    built.add_documents([{"id": "x1", "title": "X 1", "text": "Town 1 lies in Norway."}])
+    segment = next(p for p in built.store.path.glob("tfidf_add_*") if p.is_dir())
+    names = [str(f.relative_to(built.store.path)) for f in sorted(segment.iterdir())]
+    before = integrity.Checksums(built.store.path)  # what a reader read before the merge
+    assert set(names) <= set(before.files)
+    real, calls = integrity._digest, []
+
+    def vanishing(path, block, length):  # the first file hashed disappears just then (a writer's merge)
+        if not calls:
+            calls.append(path)
+            built.store.rewriting(str(path.relative_to(built.store.path)))
+            path.unlink()
+        return real(path, block, length)
+
+    monkeypatch.setattr(integrity, "_digest", vanishing)
+    assert before.verify(names) == []
+    monkeypatch.setattr(integrity, "_digest", real)
+    built.store.rewriting(names[1])
+    (built.store.path / names[1]).unlink()
+    assert before.verify(names[1:2]) == []  # gone before its size was read
+    (built.store.path / names[2]).unlink()  # deleted without its record dropped: damage
+    assert [(d.file, d.problem) for d in before.verify(names[2:3])] == [(names[2], "missing")]

@@ -112,6 +112,11 @@ class Checksums:
         for name in names:
             self.files.pop(name, None)
 
+    def _dropped(self, name: str) -> bool:
+        """True when a writer dropped the file's record since this checksums.json was read: it deleted the file on
+        purpose (a merge of index parts drops their records, then deletes them), so its absence is not damage."""
+        return name not in Checksums(self.directory).files
+
     def verify(
         self,
         names: Iterable[str] | None = None,
@@ -136,6 +141,8 @@ class Checksums:
             record = self.files[name]
             path = self.directory / name
             have = path.stat().st_size if path.is_file() else None
+            if have is None and self._dropped(name):
+                continue
             if have is None or have < record["length"] or (have > record["length"] and name not in growing):
                 problem = "missing" if have is None else f"{have:,} bytes, {record['length']:,} recorded"
                 damage.append(Damage(name, None, problem))
@@ -152,8 +159,11 @@ class Checksums:
         def check(job: tuple[str, int]) -> Damage | None:
             name, block = job
             record = self.files[name]
-            if _digest(self.directory / name, block, record["length"]) != record["blocks"][block]:
-                return Damage(name, block, "checksum mismatch")
+            try:
+                if _digest(self.directory / name, block, record["length"]) != record["blocks"][block]:
+                    return Damage(name, block, "checksum mismatch")
+            except FileNotFoundError:
+                return None if self._dropped(name) else Damage(name, None, "missing")
             return None
 
         with _pool() as pool:
