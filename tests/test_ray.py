@@ -270,25 +270,77 @@ def test_index_on_ray_needs_a_sharded_datastore_and_fills_its_shards(built):
     assert all((path / "sharded" / s["path"] / "faiss.index").is_file() for s in built[1]["shards"])
 
 
-def test_faiss_shards_served_by_ray_actors_answer_like_the_local_shards(built):
-    from bertknn.distributed import RayFaissLoader
+@pytest.fixture(scope="module")
+def served(built):
+    """The sharded datastore (with a FAISS index per shard) on Ray Serve: 2 replicas per shard, on a free port."""
+    import socket
+    import urllib.request
+
+    from ray import serve
+
+    from bertknn import ray_serve
     from bertknn.faiss_index import ShardedFaiss
+    from bertknn.runtime import Runtime
 
     path, _, _ = built
     local = BertKNN.load(path / "sharded")
     if not isinstance(local.faiss, ShardedFaiss):  # this module's index test made one; else make it here
         ShardedFaiss.build(local.store, "Flat")
         local.refresh()
-        local._load_faiss()
-    remote = BertKNN.load(path / "sharded")
-    remote.serve_faiss_on(RayFaissLoader(num_cpus=0.25))
-    assert len(remote.faiss.actors) == 4 and remote.faiss.ntotal == local.faiss.ntotal
-    for question in ("Town 12 lies near [MASK] .", "The people built a [MASK] .", "Town 47 lies near [MASK] ."):
-        a, b = remote.predict(question, retrieval="faiss"), local.predict(question, retrieval="faiss")
-        assert a.documents == b.documents and a.knn
-        assert [(t.token, round(t.probability, 6)) for t in a.bert_knn] == [
-            (t.token, round(t.probability, 6)) for t in b.bert_knn
-        ]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    runtime = Runtime(threads=1)
+    ray_serve.run(str(path / "sharded"), "127.0.0.1", port, runtime, replicas=2, blocking=False)
+
+    def ask(question: str, subject: str | None, retrieval: str) -> dict:
+        body = {"text": question, "subject": subject, "options": {"retrieval": retrieval}}
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/predict", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())
+
+    yield BertKNN.load(path / "sharded"), ask
+    serve.shutdown()
+
+
+QUESTIONS = [
+    ("Town 12 lies near [MASK] .", "Town 12"),
+    ("Town 47 lies near [MASK] .", None),
+    ("The people of Town 31 built a [MASK] .", None),
+]
+
+
+@pytest.mark.parametrize("retrieval", ["ir", "faiss", "ir+faiss"])
+def test_ray_serve_answers_equal_one_process_searching_every_shard(served, retrieval):
+    local, ask = served
+    for question, subject in QUESTIONS:
+        remote, here = ask(question, subject, retrieval), local.predict(question, subject=subject, retrieval=retrieval)
+        assert remote["documents"] == here.documents and remote["knn"]
+        for ranking in ("knn", "bert_knn"):
+            expected = [(t.token, round(t.probability, 5)) for t in getattr(here, ranking)]
+            assert [(t["token"], round(t["probability"], 5)) for t in remote[ranking]] == expected
+
+
+def test_an_ir_question_is_searched_only_by_the_shards_owning_its_documents(served):
+    from ray import serve
+
+    from bertknn.ray_serve import APP_NAME, ServedShards, shard_deployment
+
+    local, _ = served
+    routed = BertKNN.load(local.store.path)
+    handles = [serve.get_deployment_handle(shard_deployment(i), app_name=APP_NAME) for i in range(4)]
+    routed.serve_shards_on(ServedShards(routed.store, handles))
+    assert routed.faiss.ntotal == local.store.size
+    for question, subject in [*QUESTIONS, ("Town 40 lies near [MASK] .", "Town 40")]:
+        docs = local.search().documents(question, subject, local.settings.n_docs)
+        owners = np.bincount(np.searchsorted(local.store.doc_starts, docs, side="right") - 1, minlength=4)
+        before = list(routed.remote_shards.asked)
+        a, b = routed.predict(question, subject=subject), local.predict(question, subject=subject)
+        assert a.documents == b.documents and [t.token for t in a.knn] == [t.token for t in b.knn]
+        assert [n - m for n, m in zip(routed.remote_shards.asked, before)] == (owners > 0).tolist()
+    assert routed.remote_shards.asked[1] == 0 < routed.remote_shards.asked[2]  # Town 40's document is in shard 2
 
 
 def test_a_rerun_with_another_corpus_or_shard_size_is_refused_before_anything_is_written(tmp_path, tiny_model_dir):
@@ -306,3 +358,23 @@ def test_a_rerun_with_another_corpus_or_shard_size_is_refused_before_anything_is
     with pytest.raises(ValueError, match="holds shards of 3 documents"):
         distributed.build(corpus, tmp_path / "out", str(tiny_model_dir), shard_docs=2)
     assert not (tmp_path / "out" / "inputs").exists()
+
+
+def test_a_gpu_build_is_checked_against_the_cluster_not_the_driver(cluster, tmp_path, tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from bertknn.cli import app
+
+    corpus = write_corpus(tmp_path / "towns.jsonl", towns(3))
+    args = ["build", str(corpus), "--out", str(tmp_path / "out"), "--model", str(tiny_model_dir), "--engine", "ray"]
+    refused = CliRunner().invoke(app, [*args, "--device", "cuda"])  # the driver has no GPU either: not what is said
+    assert refused.exit_code == 2 and "the Ray cluster has no GPU; use --device cpu" in " ".join(refused.output.split())
+    assert not (tmp_path / "out" / "inputs").exists()
+
+
+def test_ray_serve_refuses_more_shard_replicas_than_the_cluster_has_cpus_for(built):
+    from bertknn import ray_serve
+    from bertknn.runtime import Runtime
+
+    with pytest.raises(ValueError, match="too few CPUs for the ingress \\(1\\) and 400 shard replicas: use fewer"):
+        ray_serve.run(str(built[0] / "sharded"), "127.0.0.1", 1, Runtime(threads=1), replicas=100, blocking=False)

@@ -39,6 +39,17 @@ def test_what_cannot_run_here_is_refused_with_the_way_out(options, message):
         Runtime(**options)
 
 
+def test_a_remote_runtime_is_checked_on_the_machine_that_runs_it():
+    gpus = cuda_devices()
+    remote = Runtime.of("auto", device=f"cuda:{gpus}", dtype="fp16", remote=True)  # nothing here can run it
+    assert (remote.engine, remote.device, remote.dtype, remote.remote) == ("torch", f"cuda:{gpus}", "float16", True)
+    with pytest.raises(ValueError, match=f"PyTorch sees {gpus} CUDA GPU"):
+        remote.here()
+    assert Runtime.of("auto", device="auto", remote=True).here() == Runtime("torch", device="cuda" if GPU else "cpu")
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):  # what is wrong anywhere is refused at once
+        Runtime.of("torch", device="gpu", remote=True)
+
+
 @pytest.fixture(scope="module")
 def bf16(tiny_model_dir):
     """The tiny BERT in bfloat16 (its own copy: the Encoder moves its model)."""

@@ -87,6 +87,7 @@ class KeyStage:
     """The key stage (a Ray actor: the model is loaded once per worker): embed each shard's documents."""
 
     def __init__(self, model: str, layer: int, runtime: Runtime) -> None:
+        runtime = runtime.here()
         runtime.apply()
         self.encoder = Encoder.load(model, layer, runtime)
 
@@ -100,6 +101,18 @@ class KeyStage:
             entries.append(store.size)
             store.db.close()
         return {**batch, "entries": np.array(entries, np.int64), "pid": np.full(len(entries), os.getpid())}
+
+
+def on_gpu(runtime: Runtime) -> bool:
+    """True when `runtime`'s model runs on the cluster's GPUs (an actor then asks Ray for one): a CUDA device, or
+    "auto" on a cluster that has GPUs; a CUDA device on a cluster without any is refused (its actors would wait for
+    one for ever). Ray is started by the caller."""
+    import ray
+
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if runtime.device.startswith("cuda") and not gpus:
+        raise ValueError(f"--device {runtime.device}: the Ray cluster has no GPU; use --device cpu or auto")
+    return runtime.device.startswith("cuda") or (runtime.device == "auto" and gpus > 0)
 
 
 def build(
@@ -128,8 +141,10 @@ def build(
     runtime = runtime or Runtime()
     source = open_corpus(corpus)
     n_docs = builder.check_corpus(source, report)
-    encoder = Encoder.load(model, layer, runtime)  # for the manifest (model, weights hash, layer, width)
-    manifest = builder.manifest(encoder, source.info(n_docs), 1, False) | {"shard_docs": shard_docs}
+    # for the manifest (model, weights hash, layer, width), on this machine's CPU: the keys are made on the workers'
+    encoder = Encoder.load(model, layer, Runtime())
+    manifest = builder.manifest(encoder, source.info(n_docs), 1, False)
+    manifest |= {"key_dtype": runtime.dtype, "shard_docs": shard_docs}
     top = out / SHARDS_FILE
     if top.is_file():
         known = json.loads(top.read_text(encoding="utf-8"))
@@ -141,14 +156,15 @@ def build(
     _check_existing(out, manifest, shard_docs)
     todo = [i for i, (a, b) in enumerate(shards) if not _complete(dirs[i], b - a)]
     report("sharding", len(shards) - len(todo), len(shards))
-    _write_inputs(source, out, shards, set(todo))
     if todo:
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False)
+        gpu = on_gpu(runtime)
+    _write_inputs(source, out, shards, set(todo))
+    if todo:
         cpus = ray.cluster_resources().get("CPU", 1.0)
         # the CPU stage's tasks get half a CPU each, so key-stage actors holding the rest never starve them
         share = float(runtime.threads or max(0.5, (cpus - CPU_STAGE_CPUS) / max(workers, 1)))
-        gpu = runtime.torch_device.type == "cuda"
         items = [
             {"shard": i, "input": str(out / "inputs" / f"{shard_name(i)}.jsonl"), "out": str(dirs[i])} for i in todo
         ]
@@ -201,64 +217,3 @@ def _top_manifest(manifest: dict, dirs: list[Path]) -> dict:
         docs, entries = docs + shard["documents"], entries + shard["entries"]
     keep = ("model", "model_hash", "layer", "dim", "pack", "int8", "key_dtype", "splitter", "corpus", "shard_docs")
     return {"format": FORMAT, **{k: manifest[k] for k in keep}, "documents": docs, "entries": entries, "shards": rows}
-
-
-class FaissShard:
-    """A Ray actor holding one shard's FAISS index (on whichever machine Ray places it) and searching it."""
-
-    def __init__(self, path: str) -> None:
-        self.store = Datastore(path)
-        self.reload()
-
-    def reload(self) -> int:
-        """(Re)open the shard's index, taking in what was written to it (an add, a rebuilt index); return its keys."""
-        from bertknn.faiss_index import FaissIndex
-
-        self.store.reload()
-        self.index = FaissIndex.load(self.store)
-        if self.index is None:
-            raise DatastoreError(
-                f"shard {self.store.path} has no FAISS index: run `bertknn index` on the sharded store"
-            )
-        return self.index.ntotal
-
-    def search(self, query: np.ndarray, k: int, hidden: np.ndarray, rerank: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.index.search(query, k, hidden, rerank)
-
-
-class RayShardedFaiss:
-    """`ShardedFaiss` with each shard's index in a Ray actor (`FaissShard`): a question fans out to every shard at
-    once and the re-ranked neighbours are merged by distance, so the indexes' memory is spread over the cluster.
-    Made by `RayFaissLoader`."""
-
-    def __init__(self, store, actors: list, ntotal: int, settings: dict) -> None:
-        self.store, self.actors, self.ntotal, self.settings = store, actors, ntotal, settings
-
-    def search(
-        self, query: np.ndarray, k: int, hidden: np.ndarray | None = None, rerank: int = 8
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The k nearest entries over all shards (global numbers), nearest first, as `ShardedFaiss.search`."""
-        import ray
-
-        local = self.store.split_documents(hidden)
-        calls = [actor.search.remote(query, k, h, rerank) for actor, h in zip(self.actors, local)]
-        return self.store.merge_nearest(ray.get(calls), k)
-
-
-class RayFaissLoader:
-    """Opens a sharded datastore's FAISS index as Ray actors, one per shard (`BertKNN.serve_faiss_on`): made on the
-    first load, told to reload their shard on the later ones. Ray is started by the caller."""
-
-    def __init__(self, num_cpus: float = 0.5) -> None:
-        self.num_cpus, self.actors = num_cpus, {}
-
-    def __call__(self, store) -> RayShardedFaiss:
-        import ray
-
-        for shard in store.shards:
-            if str(shard.path) not in self.actors:
-                self.actors[str(shard.path)] = ray.remote(num_cpus=self.num_cpus)(FaissShard).remote(str(shard.path))
-        actors = [self.actors[str(shard.path)] for shard in store.shards]
-        ntotal = sum(ray.get([actor.reload.remote() for actor in actors]))
-        settings = json.loads((store.shards[0].path / "faiss.json").read_text(encoding="utf-8"))
-        return RayShardedFaiss(store, actors, ntotal, settings)

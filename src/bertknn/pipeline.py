@@ -20,7 +20,7 @@ from bertknn.faiss_index import FaissIndex, ShardedFaiss
 from bertknn.knn import knn_distribution, neighbour_weights
 from bertknn.retrieval import TfidfIndex, compact, feature_array
 from bertknn.runtime import Runtime
-from bertknn.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, Search
+from bertknn.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, RemoteShards, Search
 from bertknn.settings import Settings
 from bertknn.shards import ShardedDatastore, open_store
 from bertknn.text import CorpusError, Document, parse_document, unicode_error
@@ -118,7 +118,7 @@ class BertKNN:
         self.encoder, self.store = encoder, store
         self.index = index or load_index(store)
         self._faiss_stat: tuple | None = None  # (size, mtime) of the FAISS files when they were loaded
-        self.faiss_loader: Callable | None = None  # `serve_faiss_on`: another way to open the FAISS index
+        self.remote_shards: RemoteShards | None = None  # `serve_shards_on`: the shards searched elsewhere
         self._last_shard: BertKNN | None = None  # a sharded datastore's writer: what adds go through
         self._load_faiss()
         self._version = store.version  # the store's state that index and faiss were loaded at
@@ -136,16 +136,16 @@ class BertKNN:
         if stat == self._faiss_stat and not self.store.faiss_damage:
             return
         try:
-            loader = self.faiss_loader or (ShardedFaiss if sharded else FaissIndex).load
+            loader = self.remote_shards.faiss if self.remote_shards else (ShardedFaiss if sharded else FaissIndex).load
             self.faiss, self.faiss_error = loader(self.store), None
         except DatastoreError as err:
             self.faiss, self.faiss_error = None, err
         self._faiss_stat = stat
 
-    def serve_faiss_on(self, loader: Callable) -> None:
-        """Open the FAISS index with `loader(store)` from now on (`distributed.RayFaissLoader`: the shards' indexes
-        held by Ray actors on other machines), and open it now."""
-        self.faiss_loader, self._faiss_stat = loader, None
+    def serve_shards_on(self, shards: RemoteShards) -> None:
+        """Search a sharded datastore's shards through `shards` from now on (`ray_serve.ServedShards`: Ray Serve
+        deployments on the machines that hold them): the IR path's exact kNN and the FAISS index."""
+        self.remote_shards, self._faiss_stat = shards, None
         self._load_faiss()
 
     def refresh(self) -> bool:
@@ -302,7 +302,7 @@ class BertKNN:
     def search(self, retrieval: str = "ir") -> Search:
         """The searcher of a retrieval setting ("ir", "faiss" or "ir+faiss"), over the datastore as loaded now."""
         embed = (lambda docs: builder.embed(self.store, docs, self.encoder)) if self.store.lazy else None
-        documents = DocumentSearch(self.store, self.index, embed)
+        documents = DocumentSearch(self.store, self.index, embed, self.remote_shards)
         if retrieval == "ir":
             return documents
         if self.faiss is None:

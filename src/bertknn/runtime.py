@@ -9,6 +9,7 @@ on CPU). Int8 *keys* are a property of a datastore, chosen when it is built (`in
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -36,13 +37,15 @@ class Runtime:
     threads: CPU threads for the model (0: all cores); device: "cpu", "cuda" or "cuda:N" ("auto" is resolved when the
     record is made: a GPU when PyTorch sees one, for the torch engine); dtype: "float32", "bfloat16" or "float16" (the
     model's weights and activations; keys are stored as float16 whatever it is). Made with a bad value or one this
-    machine cannot run, it raises ValueError saying what to use instead."""
+    machine cannot run, it raises ValueError saying what to use instead. remote: made for other machines (the
+    workers of a Ray cluster, whose driver may have no GPU): "auto" and the device are left to `here()` on each."""
 
     engine: str = "torch"
     int8_questions: bool = False
     threads: int = 0
     device: str = "cpu"
     dtype: str = "float32"
+    remote: bool = False
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -52,13 +55,19 @@ class Runtime:
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPE_NAMES)}")
         object.__setattr__(self, "dtype", DTYPE_NAMES[self.dtype])
-        if self.device == "auto":
-            object.__setattr__(self, "device", "cuda" if self.engine == "torch" and cuda_devices() else "cpu")
-        self._check_machine()
         if self.int8_questions and self.engine != "onnx":
             raise ValueError("int8 questions run in ONNX Runtime: use the onnx engine (--backend onnx-int8)")
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 0:
             raise ValueError(f"threads must be a whole number >= 0 (0: all cores), not {self.threads!r}")
+        if self.remote:
+            return
+        if self.device == "auto":
+            object.__setattr__(self, "device", "cuda" if self.engine == "torch" and cuda_devices() else "cpu")
+        self._check_machine()
+
+    def here(self) -> Runtime:
+        """This runtime on the machine that runs the model: "auto" resolved and the device checked there."""
+        return dataclasses.replace(self, remote=False) if self.remote else self
 
     def _check_machine(self) -> None:
         """Refuse what this machine or engine cannot run, naming the way out."""
@@ -77,17 +86,19 @@ class Runtime:
             raise ValueError("float16 runs on a GPU only: on CPU use --dtype bfloat16 (or float32, exact)")
 
     @classmethod
-    def of(cls, backend: str | Runtime, threads: int = 0, device: str = "cpu", dtype: str = "float32") -> Runtime:
+    def of(
+        cls, backend: str | Runtime, threads: int = 0, device: str = "cpu", dtype: str = "float32", remote: bool = False
+    ) -> Runtime:
         """The runtime a `--backend` name stands for on `device` in `dtype` (a Runtime is returned as it is).
-        "auto" is PyTorch on a GPU, else ONNX Runtime (float32) or PyTorch (other dtypes)."""
+        "auto" is PyTorch on a GPU, else ONNX Runtime (float32) or PyTorch (other dtypes); `remote`: see Runtime."""
         if isinstance(backend, Runtime):
             return backend
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
         if backend == "auto":
-            on_gpu = device.startswith("cuda") or (device == "auto" and cuda_devices() > 0)
+            on_gpu = device.startswith("cuda") or (device == "auto" and (remote or cuda_devices() > 0))
             backend = "torch" if on_gpu or DTYPE_NAMES.get(dtype, dtype) != "float32" else "onnx"
-        return cls("torch" if backend == "torch" else "onnx", backend == "onnx-int8", threads, device, dtype)
+        return cls("torch" if backend == "torch" else "onnx", backend == "onnx-int8", threads, device, dtype, remote)
 
     @property
     def torch_device(self) -> torch.device:

@@ -54,6 +54,16 @@ class Search(Protocol):
     ) -> list[Neighbours]: ...
 
 
+class RemoteShards(Protocol):
+    """A sharded datastore's shards searched where they are held (`ray_serve.ServedShards`, through
+    `BertKNN.serve_shards_on`): exact kNN over documents (global numbers), asking only the shards that own them, and
+    the FAISS index (None when a shard has none)."""
+
+    def nearest(self, docs: list[int], state: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def faiss(self, store: Datastore) -> object | None: ...
+
+
 def _values(store: Datastore, entries: np.ndarray) -> np.ndarray:
     return np.asarray(store.values[entries]) if len(entries) else np.zeros(0, np.int32)
 
@@ -61,11 +71,18 @@ def _values(store: Datastore, entries: np.ndarray) -> np.ndarray:
 class DocumentSearch:
     """The paper's search: choose documents (title shortcut, else TF-IDF), then exact kNN over their entries.
 
-    `embed(docs)`, given for a lazy datastore, embeds the documents that lack keys before they are searched.
+    `embed(docs)`, given for a lazy datastore, embeds the documents that lack keys before they are searched;
+    `shards`, given for a sharded datastore served elsewhere, searches the documents' keys where they are held.
     """
 
-    def __init__(self, store: Datastore, index: TfidfIndex, embed: Callable[[list[int]], object] | None = None):
-        self.store, self.index, self.embed = store, index, embed
+    def __init__(
+        self,
+        store: Datastore,
+        index: TfidfIndex,
+        embed: Callable[[list[int]], object] | None = None,
+        shards: RemoteShards | None = None,
+    ):
+        self.store, self.index, self.embed, self.shards = store, index, embed, shards
 
     def documents(self, question: str, subject: str | None, n_docs: int) -> list[int]:
         """The documents searched for a question: the one titled `subject` if any, else TF-IDF's top n_docs."""
@@ -76,7 +93,10 @@ class DocumentSearch:
         if self.embed is not None:
             self.embed(docs)  # first: the key memmap grows
         searched = candidates(self.store.document_ranges(docs))
-        entries, dist = nearest(self.store.keys, searched, state, int(k))
+        if self.shards is not None:
+            entries, dist = self.shards.nearest(docs, state, int(k))
+        else:
+            entries, dist = nearest(self.store.keys, searched, state, int(k))
         return Neighbours(docs, entries, dist, _values(self.store, entries), searched)
 
     def search(self, question: str, subject: str | None, state: np.ndarray, settings: Settings) -> Neighbours:

@@ -43,7 +43,8 @@ def command(
     """Register a command on `group` with the one error handler of all commands, so that a user sees a line, not a
     traceback: `errors()` print the red `error:` line (exit 2); Ctrl+C prints `interrupted` (formatted with the
     arguments; exit 130) where one is given. A command that runs the model declares `backend`, `device`, `dtype` and
-    `threads`: it is called with the `Runtime` they make (checked here, threads applied) in `backend`."""
+    `threads`: it is called with the `Runtime` they make (checked here, threads applied) in `backend`; under
+    `--engine ray` the model runs on the cluster's workers, so the device is checked there (`Runtime.remote`)."""
 
     def wrap(fn: Callable[..., None]) -> Callable[..., None]:
         signature = inspect.signature(fn)
@@ -53,7 +54,8 @@ def command(
             arguments = signature.bind(*args, **kwargs).arguments
             try:
                 if "backend" in arguments:  # the command gets, in `backend`, the Runtime made of its model options
-                    runtime = Runtime.of(*(arguments[name] for name in ("backend", "threads", "device", "dtype")))
+                    options = (arguments[name] for name in ("backend", "threads", "device", "dtype"))
+                    runtime = Runtime.of(*options, remote=arguments.get("engine") == "ray")
                     arguments["backend"] = runtime
                     runtime.apply()
                 elif "threads" in arguments:

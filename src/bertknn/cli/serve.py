@@ -61,9 +61,13 @@ def serve(
     ] = None,
     engine: Annotated[
         str,
-        typer.Option(help="sharded datastores: local (this process searches every shard) or ray (an actor per shard)"),
+        typer.Option(
+            help="sharded datastores: local (this process searches every shard) or ray (on Ray Serve: a deployment "
+            "per shard, searched where it is held; pip install 'bertknn[ray]')"
+        ),
     ] = "local",
     address: Annotated[str | None, typer.Option(help="ray: the cluster's address [default: a local one]")] = None,
+    replicas: Annotated[int, typer.Option(min=1, help="ray: replicas of each shard's deployment")] = 1,
     backend: BackendOption = CLI_BACKEND,
     device: DeviceOption = "auto",
     dtype: DtypeOption = "float32",
@@ -74,33 +78,38 @@ def serve(
 
     from bertknn.demo import build_demo
     from bertknn.service import allowed_hosts_for, create_app, is_loopback
+    from bertknn.shards import is_sharded
 
     token = token or None
     network = not is_loopback(host)
     if writable and network and not token:
         raise ValueError(f"--writable on {host} needs a token: pass --token or set BERTKNN_TOKEN")
     hosts = allowed_host or allowed_hosts_for(host)
-    if datastore == "demo":
-        with phase_progress() as report:
-            knn = build_demo(runtime=backend, progress=report)
-    else:
-        knn = BertKNN.load(datastore, runtime=backend)
-    if engine not in ("local", "ray") or (engine == "ray" and not hasattr(knn.store, "shards")):
-        raise ValueError("--engine is local, or ray for a sharded datastore (its FAISS shards held by Ray actors)")
-    if engine == "ray":
-        import ray
-
-        from bertknn.distributed import RayFaissLoader
-
-        ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
-        knn.serve_faiss_on(RayFaissLoader())
-    knn.encoder.query(["[MASK] ."])  # the first request should not pay for loading (or exporting) the model
+    if engine not in ("local", "ray") or (engine == "ray" and not is_sharded(datastore)):
+        raise ValueError("--engine is local, or ray for a sharded datastore (its shards served by Ray Serve)")
     if network:
         console.print(
             f"[bold yellow]warning:[/] bound to {escape(host)}: the service is reachable from the network, by anyone "
             "who can connect to this machine"
         )
     mode = ("writable, with token" if token else "writable") if writable else "read-only"
+    if engine == "ray":
+        from bertknn import ray_serve
+
+        console.print(
+            f"sharded datastore {escape(datastore)} ({mode}) on Ray Serve, a deployment per shard ({replicas} "
+            f"replica(s) each)\nserving on [bold]http://{escape(host)}:{port}/[/] once the deployments are up "
+            "(Ctrl+C stops)"
+        )
+        options = {"writable": writable, "token": token, "allowed_hosts": hosts}
+        ray_serve.run(datastore, host, port, backend, address, replicas, **options)
+        return
+    if datastore == "demo":
+        with phase_progress() as report:
+            knn = build_demo(runtime=backend, progress=report)
+    else:
+        knn = BertKNN.load(datastore, runtime=backend)
+    knn.encoder.query(["[MASK] ."])  # the first request should not pay for loading (or exporting) the model
     console.print(
         f"datastore {knn.store.path} ({knn.store.n_documents:,} documents, {knn.store.size:,} contexts, {mode}), "
         f"model {knn.encoder.name}\nserving on [bold]http://{escape(host)}:{port}/[/] for the Host names "
