@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bertknn.combine import interpolate, ranked
-from bertknn.knn import candidates, knn_distribution, nearest, neighbour_weights
+from bertknn.combine import confident_lam, interpolate, ranked
+from bertknn.knn import candidates, document_prior, document_vote, knn_distribution, nearest, neighbour_weights
 
 
 def test_candidates_concatenate_ranges():
@@ -72,3 +72,39 @@ def test_ranked_orders_by_probability_and_drops_zeros(tokenizer):
         ("berlin", 0.3),
         ("paris", 0.2),
     ]
+
+
+def test_document_prior_is_a_softmax_of_scores_relative_to_the_best():
+    e = np.exp(-1.0)
+    np.testing.assert_allclose(document_prior([4.0, 2.0], 0.5), [1 / (1 + e), e / (1 + e)])
+    np.testing.assert_allclose(document_prior([40.0, 20.0], 0.5), document_prior([4.0, 2.0], 0.5))  # scale-free
+    np.testing.assert_allclose(document_prior([1.0], 0.1), [1.0])
+
+
+def test_document_vote_marginalises_over_documents():
+    # document 0 (p(d|q) 0.8): words 5 and 6 at distances 0 and 6; document 1 (0.2): word 7, the nearest key of all
+    values, dist, groups = np.array([7, 5, 6]), np.array([0.0, 3.0, 9.0]), np.array([1, 0, 0])
+    p = document_vote(values, dist, groups, np.array([0.8, 0.2]), 6.0, 10)
+    e = np.exp(-1.0)
+    expected = np.zeros(10)
+    expected[[5, 6, 7]] = [0.8 / (1 + e), 0.8 * e / (1 + e), 0.2]
+    np.testing.assert_allclose(p, expected)
+    paper = knn_distribution(values, dist, 6.0, 10)
+    assert paper.argmax() == 7 and p.argmax() == 5  # the near key of the weakly retrieved document no longer wins
+    # a document without neighbours drops out: the prior is renormalised over the others
+    np.testing.assert_allclose(
+        document_vote(values[1:], dist[1:], groups[1:], np.array([0.5, 0.5]), 6.0, 10)[[5, 6]],
+        [1 / (1 + e), e / (1 + e)],
+    )
+    # one document: the paper's vote exactly; far distances do not underflow
+    np.testing.assert_allclose(
+        document_vote(values, dist + 1e4, np.zeros(3, int), np.ones(1), 6.0, 10),
+        knn_distribution(values, dist + 1e4, 6.0, 10),
+    )
+
+
+def test_confident_lambda_scales_with_the_knn_s_entropy():
+    assert confident_lam(np.array([0.0, 1.0]), 0.6, 128) == 0.6  # all neighbours agree: lam
+    assert confident_lam(np.full(4, 0.25), 0.6, 4) == pytest.approx(0.0)  # 4 neighbours on 4 words: no weight
+    assert confident_lam(np.array([0.5, 0.5, 0.0]), 0.6, 4) == pytest.approx(0.6 * (1 - np.log(2) / np.log(4)))
+    assert confident_lam(np.array([1.0]), 0.6, 1) == 0.6

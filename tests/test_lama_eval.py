@@ -33,6 +33,17 @@ def test_ranks_equal_a_direct_computation(built, facts, tmp_path):
     assert squad["ranks"]["bert_knn"] == squad["ranks"]["bert"] and squad["ceiling"] is False
 
 
+def test_without_subjects_every_question_retrieves_from_its_own_text(built, facts, tmp_path):
+    name = ev.results_name(built, "full", with_subject=False)
+    assert name.endswith("-full-nosubject.jsonl") and name != ev.results_name(built, "full")
+    rows = ev.evaluate_facts(built, facts, tmp_path / name, with_subject=False)
+    for fact, row in zip(facts, rows):
+        pred = built.predict(fact.question)  # no subject: TF-IDF on the question's words, no title shortcut
+        assert row["documents"] == pred.documents and row["ranks"]["bert_knn"] == ev.rank_of(pred.p, fact.answer_id)
+    with_subject = ev.evaluate_facts(built, facts, tmp_path / "with.jsonl")
+    assert rows[1]["documents"] != with_subject[1]["documents"] == ["Ilsa Varnhold"]
+
+
 def test_interrupted_evaluation_resumes_without_recomputing(built, facts, tmp_path, monkeypatch):
     path = tmp_path / "results.jsonl"
     first = ev.evaluate_facts(built, facts[:2], path)

@@ -21,7 +21,15 @@ QUESTION, SUBJECT = "Ilsa Varnhold was born in [MASK] .", "Ilsa Varnhold"
 
 def test_the_defaults_are_the_papers():
     assert Settings() == PAPER
-    assert PAPER.as_dict() == {"n_docs": 3, "k": 128, "temperature": 6.0, "lam": 0.3, "retrieval": "ir"}
+    assert PAPER.as_dict() == {
+        "n_docs": 3,
+        "k": 128,
+        "temperature": 6.0,
+        "lam": 0.3,
+        "retrieval": "ir",
+        "doc_temperature": 0.0,  # off: the paper's vote
+        "lam_by": "constant",
+    }
     assert HPARAMS == ("n_docs", "k", "temperature", "lam") and RETRIEVALS == ("ir", "faiss", "ir+faiss")
     assert PAPER.hparams == {name: PAPER.as_dict()[name] for name in HPARAMS}
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -54,6 +62,9 @@ def test_replace_round_trip():
         ({"retrieval": "web"}, "retrieval must be one of ir, faiss, ir+faiss, not 'web'"),
         ({"lam": 5, "retrieval": "web"}, "lam must be in [0, 1] (got 5); retrieval must be one of ir, faiss, ir+faiss"),
         ({"k": float("inf"), "retrieval": 3}, "k must be a finite number (got inf); retrieval must be one of"),
+        ({"doc_temperature": -1}, "doc_temperature must be a number >= 0 (0: the paper's vote), not -1"),
+        ({"doc_temperature": float("nan"), "lam_by": "max"}, "doc_temperature must be a number >= 0 (0: the paper's"),
+        ({"lam_by": "max"}, "lam_by must be one of constant, entropy, not 'max'"),
     ],
 )
 def test_bad_values_are_named_together(overrides, message):
@@ -72,7 +83,9 @@ def test_edge_values_are_valid():
 
 
 def test_unknown_names_are_a_type_error():
-    with pytest.raises(TypeError, match=r"unknown hyperparameter\(s\) \['alpha', 'lambda_'\]; known: \['k', 'lam'"):
+    with pytest.raises(
+        TypeError, match=r"unknown hyperparameter\(s\) \['alpha', 'lambda_'\]; known: \['doc_temperature', 'k', 'lam',"
+    ):
         PAPER.replace(lambda_=0.5, alpha=1)
     assert Settings.from_tuned({"k": 64, "temperature": 34.51}) == PAPER.replace(k=64, temperature=34.51)
     assert Settings.from_tuned({}) == PAPER

@@ -90,6 +90,16 @@ class Prediction:
 METHODS = ("bert", "knn", "bert_knn")
 
 
+def confident_lam(p_knn: np.ndarray, lam: float, neighbours: int) -> float:
+    """The adaptive lambda ("entropy"): `lam` scaled by the kNN's confidence, 1 - H(p_kNN) / log(neighbours), so
+    neighbours that agree on one word weigh up to `lam` and neighbours spread over many words weigh little (no extra
+    forward pass). One neighbour: `lam`."""
+    if neighbours < 2:
+        return lam
+    p = p_knn[p_knn > 0]
+    return float(lam * max(0.0, 1.0 + float(np.sum(p * np.log(p))) / np.log(neighbours)))
+
+
 def interpolate(p_bert: np.ndarray, p_knn: np.ndarray | None, lam: float) -> np.ndarray:
     """lambda * p_kNN + (1 - lambda) * p_BERT; p_BERT alone when there is no kNN distribution."""
     if p_knn is None:

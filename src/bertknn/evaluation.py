@@ -212,9 +212,9 @@ def _top3(ranked_list) -> list[list]:
     return [[t.token, round(t.probability, 4)] for t in ranked_list[:3]]
 
 
-def results_name(knn, vocab: str) -> str:
-    """File name of a run's per-fact results: one file per layer, hyperparameters and ranking vocabulary."""
-    return f"results-L{knn.store.layer}-{knn.settings.file_tag()}-{vocab}.jsonl"
+def results_name(knn, vocab: str, with_subject: bool = True) -> str:
+    """File name of a run's per-fact results: one file per layer, settings, ranking vocabulary and subject use."""
+    return f"results-L{knn.store.layer}-{knn.settings.file_tag()}-{vocab}{'' if with_subject else '-nosubject'}.jsonl"
 
 
 def evaluate_facts(
@@ -226,8 +226,11 @@ def evaluate_facts(
     progress=None,
     max_seconds: float | None = None,
     seed: int = 0,
+    with_subject: bool = True,
 ) -> list[dict]:
-    """Rank every fact's gold token under BERT, kNN, BERT-kNN and the frequency baseline; resumable.
+    """Rank every fact's gold token under BERT, kNN, BERT-kNN and the frequency baseline; resumable. Without
+    `with_subject` no question gets its subject: documents are retrieved from the question's own text, as a user
+    asks.
 
     Facts are taken in a seeded random order, a batch at a time: the batch's documents are embedded (in a lazy
     datastore), then its results are appended to `results_path` (JSON lines). A rerun skips the facts already there,
@@ -251,7 +254,8 @@ def evaluate_facts(
             if deadline and time.time() >= deadline:
                 break
             batch = todo[start : start + batch_size]
-            preds = knn.predict_batch([f.question for f in batch], [ir_subject(f) for f in batch], top_k=3, evidence=0)
+            subjects = [ir_subject(f) if with_subject else None for f in batch]
+            preds = knn.predict_batch([f.question for f in batch], subjects, top_k=3, evidence=0)
             for fact, pred in zip(batch, preds):
                 values = np.asarray(knn.store.values[pred.neighbours.searched])  # the frequency baseline's words
                 counts = np.bincount(values, minlength=len(pred.p_bert)).astype(np.float64) if len(values) else None
@@ -418,6 +422,7 @@ def evaluate_layers(
     seed: int = 0,
     pack: int = 1,
     int8_keys: bool = False,
+    with_subject: bool = True,
     **hparams,
 ) -> tuple[dict, list[dict], Any]:
     """Evaluate `facts` with keys from each of `layers` (default: the encoder's), results resumed in `out`, so that
@@ -433,10 +438,9 @@ def evaluate_layers(
         enc = encoder.at_layer(layer)
         with phases() as report:
             knn = lama_knn(corpus, enc, progress=report, pack=pack, int8_keys=int8_keys, **hparams)
-            name = results_name(knn, "full" if common is None else "common")
-            rows = evaluate_facts(
-                knn, facts, Path(out) / name, vocab, progress=report, max_seconds=max_seconds, seed=seed
-            )
+            name = results_name(knn, "full" if common is None else "common", with_subject)
+            options = {"progress": report, "max_seconds": max_seconds, "seed": seed, "with_subject": with_subject}
+            rows = evaluate_facts(knn, facts, Path(out) / name, vocab, **options)
         runs[layer] = (summarize(rows), rows, knn)
     main = encoder.layer if encoder.layer in runs else next(iter(runs))
     summary, rows, knn = runs[main]

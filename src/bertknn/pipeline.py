@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bertknn import builder, workers
-from bertknn.combine import Neighbour, Prediction, TokenScore, interpolate, ranked
+from bertknn.combine import Neighbour, Prediction, TokenScore, confident_lam, interpolate, ranked
 from bertknn.corpus import Corpus, record
 from bertknn.datastore import Datastore, DatastoreError
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder, QuestionError
 from bertknn.faiss_index import FaissIndex, ShardedFaiss
-from bertknn.knn import knn_distribution, neighbour_weights
+from bertknn.knn import document_prior, document_vote, knn_distribution, neighbour_weights
 from bertknn.retrieval import TfidfIndex, compact, feature_array
 from bertknn.runtime import Runtime
 from bertknn.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, RemoteShards, Search
@@ -317,10 +317,7 @@ class BertKNN:
     ) -> Prediction:
         """The answer to one question: the LM's and the kNN's distributions, interpolated and ranked, with evidence."""
         self._check_neighbours(found, len(p_bert))
-        p_knn = (
-            knn_distribution(found.values, found.distances, s.temperature, len(p_bert)) if len(found.entries) else None
-        )
-        p = interpolate(p_bert.astype(np.float64), p_knn, s.lam)
+        p_knn, p = self.distributions(p_bert, found, s)
         tok = self.encoder.tokenizer
         knn_top = ranked(p_knn, tok, top_k)
         return Prediction(
@@ -339,6 +336,22 @@ class BertKNN:
             input_ids=query.ids,
             mask_index=query.mask,
         )
+
+    def distributions(self, p_bert: np.ndarray, found: Neighbours, s: Settings) -> tuple[np.ndarray | None, np.ndarray]:
+        """p_kNN (None without neighbours) and the interpolated p of one question, as the settings say: the paper's
+        vote or the retrieval-aware one (`doc_temperature`), a constant or an adaptive lambda (`lam_by`)."""
+        if not len(found.entries):
+            return None, p_bert.astype(np.float64)
+        if s.doc_temperature and found.scores is not None:
+            position = {doc: i for i, doc in enumerate(found.documents)}
+            extra = len(found.documents)  # a neighbour from a document IR did not retrieve (ir+faiss): score 0
+            groups = np.array([position.get(int(d), extra) for d in self.store.documents_of(found.entries)])
+            prior = document_prior(np.append(found.scores, 0.0), s.doc_temperature)
+            p_knn = document_vote(found.values, found.distances, groups, prior, s.temperature, len(p_bert))
+        else:
+            p_knn = knn_distribution(found.values, found.distances, s.temperature, len(p_bert))
+        lam = confident_lam(p_knn, s.lam, len(found.entries)) if s.lam_by == "entropy" else s.lam
+        return p_knn, interpolate(p_bert.astype(np.float64), p_knn, lam)
 
     def _check_neighbours(self, found: Neighbours, vocab: int) -> None:
         """A damaged key (NaN) or value (outside the vocabulary) must never reach an answer."""

@@ -138,6 +138,7 @@ def lama_setting(
     vocab: str,
     given: dict,
     began: float,
+    with_subject: bool = True,
 ) -> dict[str, str]:
     """The report's "Setting" section: what was evaluated and how, in words, so that a reader can judge the numbers.
 
@@ -171,9 +172,24 @@ def lama_setting(
         if vocab == "common"
         else f"full model vocabulary ({encoder.vocab_size:,})",
         "hyperparameters": ", ".join(f"{k}={v}" for k, v in knn.settings.hparams.items()) + tuned,
+        "kNN vote and lambda": _options_beyond_paper(knn.settings),
+        "questions": "with the subject: its document by title, else TF-IDF on the subject (the paper)"
+        if with_subject
+        else "WITHOUT the subject (--no-subject): documents retrieved by TF-IDF on the question's own text",
         "LAMA-UHN": "string-match filter applied; person-name filter not applied (it needs a cased BERT)",
         "wall time": f"{time.time() - began:,.0f} s (this run; cached embeddings and results are reused)",
     }
+
+
+def _options_beyond_paper(settings: Settings) -> str:
+    """The kNN vote and lambda rule of a run in words (the paper's unless set)."""
+    vote = (
+        f"retrieval-aware (doc_temperature={settings.doc_temperature})"
+        if settings.doc_temperature
+        else "the paper's (all neighbours vote together)"
+    )
+    lam = "adaptive by the kNN's entropy (lam_by=entropy)" if settings.lam_by == "entropy" else "constant (the paper's)"
+    return f"vote {vote}; lambda {lam}"
 
 
 def write_grid(directory: str | Path, description: str, grid: list[tuple[Settings, dict]]) -> Path:

@@ -290,15 +290,22 @@ class TfidfIndex:
         unique, inverse = np.unique(np.concatenate(docs), return_inverse=True)
         return unique.astype(np.int64), np.bincount(inverse, weights=np.concatenate(vals))
 
-    def top(self, query: str | np.ndarray, n: int, hidden: np.ndarray | None = None) -> list[int]:
-        """The `n` best-scoring documents (score > 0, not `hidden`), best first, ties broken by document order."""
+    def ranked(
+        self, query: str | np.ndarray, n: int, hidden: np.ndarray | None = None
+    ) -> tuple[list[int], list[float]]:
+        """The `n` best-scoring documents (score > 0, not `hidden`), best first, ties broken by document order, and
+        their scores."""
         docs, scores = self.scores(query)
         keep = scores > 0
         if hidden is not None and len(hidden):
             keep &= ~np.isin(docs, hidden)
         docs, scores = docs[keep], scores[keep]
         order = np.lexsort((docs, -scores))[:n]
-        return docs[order].tolist()
+        return docs[order].tolist(), scores[order].tolist()
+
+    def top(self, query: str | np.ndarray, n: int, hidden: np.ndarray | None = None) -> list[int]:
+        """The documents of `ranked`."""
+        return self.ranked(query, n, hidden)[0]
 
 
 def _write_merged(segments: list[Segment], out: Path, n_docs: int, chunk_entries: int) -> None:
@@ -393,13 +400,16 @@ def compact(
         merges += 1
 
 
-def select_documents(store: Datastore, index: TfidfIndex, question: str, subject: str | None, n_docs: int) -> list[int]:
-    """Documents for a question: the one titled `subject` when there is one, else the top `n_docs` by TF-IDF.
+def select_documents(
+    store: Datastore, index: TfidfIndex, question: str, subject: str | None, n_docs: int
+) -> tuple[list[int], list[float]]:
+    """Documents for a question and their retrieval scores: the one titled `subject` when there is one (score 1),
+    else the top `n_docs` by TF-IDF.
 
     The query is the subject for knowledge-base questions, else the question without mask and punctuation.
     """
     if subject:
         titled = store.find_title(normalize_title(subject))
         if titled is not None:
-            return [titled]
-    return index.top(subject or question_query(question), n_docs, store.hidden_documents())
+            return [titled], [1.0]
+    return index.ranked(subject or question_query(question), n_docs, store.hidden_documents())

@@ -11,6 +11,7 @@ Prediction, evaluation and tuning all search through these: nothing else retriev
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -30,7 +31,8 @@ class Neighbours:
 
     documents: indices of the documents searched (FAISS: those the neighbours come from, nearest first);
     entries, distances, values: the k nearest stored contexts, nearest first (ties by entry), their squared L2
-    distances and their words; searched: every entry compared exactly (the documents' entries; none for FAISS).
+    distances and their words; searched: every entry compared exactly (the documents' entries; none for FAISS);
+    scores: the retrieval scores of `documents` (TF-IDF; 1 for the title shortcut's one), None for FAISS's.
     """
 
     documents: list[int]
@@ -38,10 +40,11 @@ class Neighbours:
     distances: np.ndarray
     values: np.ndarray
     searched: np.ndarray
+    scores: list[float] | None = None
 
     def top(self, k: int) -> Neighbours:
         """The k nearest of these (the same documents and searched entries)."""
-        return Neighbours(self.documents, self.entries[:k], self.distances[:k], self.values[:k], self.searched)
+        return dataclasses.replace(self, entries=self.entries[:k], distances=self.distances[:k], values=self.values[:k])
 
 
 class Search(Protocol):
@@ -84,12 +87,17 @@ class DocumentSearch:
     ):
         self.store, self.index, self.embed, self.shards = store, index, embed, shards
 
-    def documents(self, question: str, subject: str | None, n_docs: int) -> list[int]:
-        """The documents searched for a question: the one titled `subject` if any, else TF-IDF's top n_docs."""
+    def scored(self, question: str, subject: str | None, n_docs: int) -> tuple[list[int], list[float]]:
+        """The documents searched for a question (the one titled `subject` if any, else TF-IDF's top n_docs) and
+        their retrieval scores."""
         return select_documents(self.store, self.index, question, subject, int(n_docs))
 
-    def among(self, docs: list[int], state: np.ndarray, k: int) -> Neighbours:
-        """The k entries of `docs` nearest to `state` (exact squared L2)."""
+    def documents(self, question: str, subject: str | None, n_docs: int) -> list[int]:
+        """The documents of `scored`."""
+        return self.scored(question, subject, n_docs)[0]
+
+    def among(self, docs: list[int], state: np.ndarray, k: int, scores: list[float] | None = None) -> Neighbours:
+        """The k entries of `docs` (retrieved with `scores`) nearest to `state` (exact squared L2)."""
         if self.embed is not None:
             self.embed(docs)  # first: the key memmap grows
         searched = candidates(self.store.document_ranges(docs))
@@ -97,20 +105,21 @@ class DocumentSearch:
             entries, dist = self.shards.nearest(docs, state, int(k))
         else:
             entries, dist = nearest(self.store.keys, searched, state, int(k))
-        return Neighbours(docs, entries, dist, _values(self.store, entries), searched)
+        return Neighbours(docs, entries, dist, _values(self.store, entries), searched, scores)
 
     def search(self, question: str, subject: str | None, state: np.ndarray, settings: Settings) -> Neighbours:
         """The neighbours of one question."""
-        return self.among(self.documents(question, subject, settings.n_docs), state, settings.k)
+        docs, scores = self.scored(question, subject, settings.n_docs)
+        return self.among(docs, state, settings.k, scores)
 
     def batch_search(
         self, questions: Sequence[str], subjects: Sequence[str | None], states: np.ndarray, settings: Settings
     ) -> list[Neighbours]:
         """The neighbours of many questions; a lazy datastore embeds all their documents in one run."""
-        docs = [self.documents(q, s, settings.n_docs) for q, s in zip(questions, subjects)]
+        chosen = [self.scored(q, s, settings.n_docs) for q, s in zip(questions, subjects)]
         if self.embed is not None:
-            self.embed(sorted({d for chosen in docs for d in chosen}))
-        return [self.among(chosen, state, settings.k) for chosen, state in zip(docs, states)]
+            self.embed(sorted({d for docs, _ in chosen for d in docs}))
+        return [self.among(docs, state, settings.k, scores) for (docs, scores), state in zip(chosen, states)]
 
 
 def _nearest_first(entries: np.ndarray, dist: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -151,7 +160,7 @@ class MergedSearch:
     def _merged(self, a: Neighbours, b: Neighbours, k: int) -> Neighbours:
         both = np.concatenate([a.entries, b.entries]), np.concatenate([a.distances, b.distances])
         entries, dist = _nearest_first(*both, k)
-        return Neighbours(a.documents, entries, dist, _values(self.store, entries), a.searched)
+        return Neighbours(a.documents, entries, dist, _values(self.store, entries), a.searched, a.scores)
 
     def search(self, question: str, subject: str | None, state: np.ndarray, settings: Settings) -> Neighbours:
         """The k nearest of both searches' neighbours."""

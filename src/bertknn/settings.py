@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 RETRIEVALS = ("ir", "faiss", "ir+faiss")  # where the neighbours come from (BertKNN.predict)
+LAM_RULES = ("constant", "entropy")  # how lambda is set per question (`combine.confident_lam` for "entropy")
 HPARAMS = ("n_docs", "k", "temperature", "lam")  # the numeric ones: what `bertknn tune` searches and stores
 
 
@@ -28,7 +29,10 @@ class Settings:
     n_docs: documents retrieved by IR; k: nearest neighbours; temperature: the l of exp(-d/l), d the squared
     distance; lam: weight of p_kNN against the LM's distribution; retrieval: where the neighbours come from, one of
     RETRIEVALS ("ir", the paper: the documents IR selects; "faiss": the whole datastore's FAISS index; "ir+faiss":
-    both). Made with bad values, it raises ValueError naming every problem.
+    both). Beyond the paper, off by default: doc_temperature > 0 makes the kNN vote retrieval-aware (each retrieved
+    document's neighbours vote within it, weighted by p(d|q), a softmax of its retrieval score over doc_temperature:
+    `knn.document_vote`); lam_by "entropy" scales lam per question by the kNN's confidence (`combine.confident_lam`).
+    Made with bad values, it raises ValueError naming every problem.
     """
 
     n_docs: int = 3
@@ -36,6 +40,8 @@ class Settings:
     temperature: float = 6.0
     lam: float = 0.3
     retrieval: str = "ir"
+    doc_temperature: float = 0.0
+    lam_by: str = "constant"
 
     def __post_init__(self) -> None:
         wrong_retrieval = (
@@ -61,6 +67,11 @@ class Settings:
             )
             if bad
         ] + wrong_retrieval
+        doc_t = self.doc_temperature
+        if isinstance(doc_t, bool) or not isinstance(doc_t, (int, float)) or not (math.isfinite(doc_t) and doc_t >= 0):
+            problems.append(f"doc_temperature must be a number >= 0 (0: the paper's vote), not {doc_t!r}")
+        if self.lam_by not in LAM_RULES:
+            problems.append(f"lam_by must be one of {', '.join(LAM_RULES)}, not {self.lam_by!r}")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -89,8 +100,12 @@ class Settings:
         return dataclasses.asdict(self)
 
     def file_tag(self) -> str:
-        """The numeric settings in a file name, e.g. "n3-k128-T6.0-l0.3" (evaluation's result files)."""
-        return f"n{self.n_docs}-k{self.k}-T{self.temperature}-l{self.lam}"
+        """The numeric settings in a file name, e.g. "n3-k128-T6.0-l0.3" (evaluation's result files), and the
+        options beyond the paper that are on."""
+        extra = (f"-dt{self.doc_temperature}" if self.doc_temperature else "") + (
+            f"-{self.lam_by}" if self.lam_by != "constant" else ""
+        )
+        return f"n{self.n_docs}-k{self.k}-T{self.temperature}-l{self.lam}{extra}"
 
 
 FIELDS = tuple(field.name for field in dataclasses.fields(Settings))

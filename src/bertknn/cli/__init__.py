@@ -103,6 +103,18 @@ TemperatureOption = Annotated[
     float | None, typer.Option(help=f"kNN temperature l in exp(-d/l) [{TUNED}{PAPER.temperature}]")
 ]
 LamOption = Annotated[float | None, typer.Option("--lambda", help=f"weight of p_kNN [{TUNED}{PAPER.lam}]")]
+DocTemperatureOption = Annotated[
+    float | None,
+    typer.Option(
+        min=0,
+        help="retrieval-aware kNN: each retrieved document's neighbours vote within it, weighted by a softmax of its "
+        "retrieval score over this temperature; 0: the paper's vote [default: 0]",
+    ),
+]
+LamByOption = Annotated[
+    str | None,
+    typer.Option(help="lambda per question: constant (the paper) or entropy (scaled by the kNN's confidence)"),
+]
 PackOption = Annotated[
     int,
     typer.Option(

@@ -13,9 +13,11 @@ from bertknn.cli import (
     DATA_DIR,
     BackendOption,
     DeviceOption,
+    DocTemperatureOption,
     DtypeOption,
     Int8Option,
     KOption,
+    LamByOption,
     LamOption,
     NDocsOption,
     PackOption,
@@ -86,6 +88,9 @@ def eval_lama(
     vocab: Annotated[str, typer.Option(help="ranking vocabulary: full (the paper) or common (LAMA's)")] = "full",
     layers: Annotated[str | None, typer.Option(help="blocks to compare, e.g. 4,5,6 [default: second-to-last]")] = None,
     heldout_only: Annotated[bool, typer.Option(help="only facts whose subject the default head never saw")] = False,
+    no_subject: Annotated[
+        bool, typer.Option(help="ask without the subject: documents retrieved from the question's text, as users ask")
+    ] = False,
     out: Annotated[Path, typer.Option(help="report directory (results there are resumed)")] = Path("lama-report"),
     max_minutes: Annotated[
         float | None, typer.Option(help="stop starting new facts after this long; report those done (a random subset)")
@@ -96,6 +101,8 @@ def eval_lama(
     k: KOption = None,
     temperature: TemperatureOption = None,
     lam: LamOption = None,
+    doc_temperature: DocTemperatureOption = None,
+    lam_by: LamByOption = None,
     backend: BackendOption = CLI_BACKEND,
     device: DeviceOption = "auto",
     dtype: DtypeOption = "float32",
@@ -114,13 +121,38 @@ def eval_lama(
         data, encoder.tokenizer, groups, common, heldout_only, sample_per_relation, seed, console.print
     )
     given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam}
+    options = {"doc_temperature": doc_temperature, "lam_by": lam_by}
     max_seconds = max_minutes * 60 if max_minutes else None
     blocks = [int(x) for x in layers.split(",")] if layers else None
     summary, rows, knn = ev.evaluate_layers(
-        corpus, encoder, facts, out, blocks, common, phase_progress, max_seconds, seed, pack, int8_keys, **given
+        corpus,
+        encoder,
+        facts,
+        out,
+        blocks,
+        common,
+        phase_progress,
+        max_seconds,
+        seed,
+        pack,
+        int8_keys,
+        not no_subject,
+        **given,
+        **options,
     )
     setting = lama_setting(
-        encoder, knn, len(facts), len(rows), corpus, sample_per_relation, seed, heldout_only, vocab, given, began
+        encoder,
+        knn,
+        len(facts),
+        len(rows),
+        corpus,
+        sample_per_relation,
+        seed,
+        heldout_only,
+        vocab,
+        given,
+        began,
+        not no_subject,
     )
     console.print(f"report: {write_report(out, summary, rows, setting)}")
     console.print(p_at_1_table(summary))

@@ -16,9 +16,11 @@ from bertknn.cli import (
     BackendOption,
     DatastoreArg,
     DeviceOption,
+    DocTemperatureOption,
     DtypeOption,
     Int8Option,
     KOption,
+    LamByOption,
     LamOption,
     NDocsOption,
     PackOption,
@@ -111,6 +113,8 @@ def ask(
     k: KOption = None,
     temperature: TemperatureOption = None,
     lam: LamOption = None,
+    doc_temperature: DocTemperatureOption = None,
+    lam_by: LamByOption = None,
     retrieval: Annotated[
         str, typer.Option(help="neighbours from: ir (the paper), faiss (whole datastore; `bertknn index`), ir+faiss")
     ] = PAPER.retrieval,
@@ -124,7 +128,8 @@ def ask(
     threads: ThreadsOption = 0,
 ) -> None:
     """Answer a cloze question: BERT, kNN and BERT-kNN side by side, with the evidence sentences."""
-    knn = BertKNN.load(datastore, model, runtime=backend, n_docs=n_docs, k=k, temperature=temperature, lam=lam)
+    hparams = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam}
+    knn = BertKNN.load(datastore, model, runtime=backend, **hparams, doc_temperature=doc_temperature, lam_by=lam_by)
     prediction = knn.predict(question, subject=subject, top_k=top_k, retrieval=retrieval)
     if as_json:
         typer.echo(json.dumps(prediction.to_dict(knn.encoder.tokenizer), indent=1))  # plain: never wrapped

@@ -1,0 +1,39 @@
+"""The options beyond the paper through BertKNN: the retrieval-aware vote and the adaptive lambda, against the knn
+and combine functions computed by hand from the same neighbours; off by default."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bertknn.combine import confident_lam
+from bertknn.knn import document_prior, document_vote, knn_distribution
+from bertknn.settings import PAPER
+
+QUESTION = "Ilsa Varnhold was born in [MASK] ."
+
+
+def test_the_retrieval_aware_vote_weighs_each_document_by_its_retrieval_score(built):
+    paper = built.predict(QUESTION)  # no subject: TF-IDF's top documents, with their scores
+    found = paper.neighbours
+    assert len(found.documents) > 1 and found.scores == sorted(found.scores, reverse=True) and found.scores[0] > 0
+    aware = built.predict(QUESTION, doc_temperature=0.1)
+    docs = built.store.documents_of(found.entries)
+    groups = np.array([found.documents.index(int(d)) for d in docs])
+    prior = document_prior(np.append(found.scores, 0.0), 0.1)
+    expected = document_vote(found.values, found.distances, groups, prior, PAPER.temperature, len(paper.p_bert))
+    np.testing.assert_allclose(aware.p_knn, expected)
+    np.testing.assert_allclose(aware.p, PAPER.lam * expected + (1 - PAPER.lam) * paper.p_bert)
+    np.testing.assert_array_equal(paper.p_knn, knn_distribution(found.values, found.distances, 6.0, len(paper.p_bert)))
+    assert not np.allclose(aware.p_knn, paper.p_knn)
+    with_subject = built.predict(QUESTION, subject="Ilsa Varnhold", doc_temperature=0.1)  # one document: the paper's
+    np.testing.assert_allclose(with_subject.p_knn, built.predict(QUESTION, subject="Ilsa Varnhold").p_knn)
+
+
+def test_the_adaptive_lambda_scales_lambda_by_the_knn_s_confidence(built):
+    paper = built.predict(QUESTION, lam=0.8)
+    adaptive = built.predict(QUESTION, lam=0.8, lam_by="entropy")
+    lam = confident_lam(paper.p_knn, 0.8, len(paper.neighbours.entries))
+    assert 0 < lam < 0.8
+    np.testing.assert_allclose(adaptive.p, lam * paper.p_knn + (1 - lam) * paper.p_bert)
+    assert PAPER.replace(lam_by="entropy", doc_temperature=0.1).file_tag() == "n3-k128-T6.0-l0.3-dt0.1-entropy"
+    assert PAPER.file_tag() == "n3-k128-T6.0-l0.3"
