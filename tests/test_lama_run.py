@@ -59,9 +59,17 @@ def test_lama_setting_says_what_was_evaluated(built, encoder, small_corpus):
         "PARTIAL: a random subset, rerun the same command to complete it",
         "ranking vocabulary": "LAMA common vocabulary",
         "hyperparameters": "n_docs=3, k=128, temperature=6.0, lam=0.3 (as given on the command line where set)",
+        "kNN vote and lambda": "vote retrieval-aware (doc_temperature=0.2); lambda constant (the paper's)",
+        "questions": "with the subject: its document by title, else TF-IDF on the subject (the paper)",
         "LAMA-UHN": "string-match filter applied; person-name filter not applied (it needs a cased BERT)",
         "wall time": "10 s (this run; cached embeddings and results are reused)",
     }
     plain = lama_setting(encoder, built, 4, 4, small_corpus, None, 0, False, "full", {"k": None}, time.time())
     assert plain["facts"] == "4 evaluated of 4 (all)" and plain["hyperparameters"].endswith(" (the paper's)")
+    built.settings = built.settings.replace(doc_temperature=0, lam_by="entropy")
+    asked = lama_setting(encoder, built, 4, 4, small_corpus, None, 0, False, "full", {}, time.time(), False)
+    assert asked["kNN vote and lambda"] == (
+        "vote the paper's (all neighbours vote together); lambda adaptive by the kNN's entropy (lam_by=entropy)"
+    )
+    assert asked["questions"].startswith("WITHOUT the subject (--no-subject)")
     assert plain["ranking vocabulary"] == f"full model vocabulary ({encoder.vocab_size:,})"

@@ -63,6 +63,9 @@ def test_options_reach_the_model(client, built):
     expected = built.predict(QUESTIONS[2]["text"], top_k=10, evidence=3, **options)
     assert body == _as_json(expected)
     assert body["bert_knn"] != _as_json(built.predict(QUESTIONS[2]["text"]))["bert_knn"]
+    vote = {"doc_temperature": 0.05, "lam_by": "entropy", "lam": 0.9}  # the options beyond the paper, per request
+    body = client.post("/predict", json={"text": QUESTIONS[2]["text"], "options": vote}).json()
+    assert body == _as_json(built.predict(QUESTIONS[2]["text"], top_k=10, evidence=3, **vote))
 
 
 def test_batch_equals_singles(client):
@@ -92,6 +95,8 @@ def test_batch_equals_singles(client):
         ({**ILSA, "options": {"n_docs": 2, "temperature": -1}}, "temperature must be > 0"),
         ({**ILSA, "options": {"k": 0}}, "greater than or equal to 1"),
         ({**ILSA, "options": {"beam": 3}}, "Extra inputs are not permitted"),
+        ({**ILSA, "options": {"doc_temperature": -1}}, "doc_temperature must be a number >= 0"),
+        ({**ILSA, "options": {"lam_by": "max"}}, "lam_by must be one of constant, entropy"),
         ({"subject": "Ilsa Varnhold"}, "Field required"),
     ],
 )

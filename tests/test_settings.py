@@ -13,14 +13,14 @@ from fastapi.testclient import TestClient
 from bertknn import BertKNN, DatastoreError
 from bertknn import evaluation as ev
 from bertknn.service import create_app
-from bertknn.settings import HPARAMS, PAPER, RETRIEVALS, Settings
+from bertknn.settings import DEFAULT, DOC_TEMPERATURE, HPARAMS, PAPER, RETRIEVALS, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION, SUBJECT = "Ilsa Varnhold was born in [MASK] .", "Ilsa Varnhold"
 
 
 def test_the_defaults_are_the_papers():
-    assert Settings() == PAPER
+    assert Settings() == DEFAULT == PAPER.replace(doc_temperature=DOC_TEMPERATURE)  # bertknn's: the vote differs
     assert PAPER.as_dict() == {
         "n_docs": 3,
         "k": 128,
@@ -87,8 +87,8 @@ def test_unknown_names_are_a_type_error():
         TypeError, match=r"unknown hyperparameter\(s\) \['alpha', 'lambda_'\]; known: \['doc_temperature', 'k', 'lam',"
     ):
         PAPER.replace(lambda_=0.5, alpha=1)
-    assert Settings.from_tuned({"k": 64, "temperature": 34.51}) == PAPER.replace(k=64, temperature=34.51)
-    assert Settings.from_tuned({}) == PAPER
+    assert Settings.from_tuned({"k": 64, "temperature": 34.51}) == DEFAULT.replace(k=64, temperature=34.51)
+    assert Settings.from_tuned({}) == DEFAULT
     with pytest.raises(TypeError, match=r"unknown hyperparameter\(s\) \['retrieval'\]"):
         Settings.from_tuned({"retrieval": "faiss"})  # a datastore stores tuned numbers only
     with pytest.raises(TypeError, match="unknown hyperparameter"):
@@ -98,14 +98,14 @@ def test_unknown_names_are_a_type_error():
 
 
 def test_the_library_keeps_its_keyword_interface(built):
-    assert built.settings == PAPER and built.hparams == PAPER.hparams
+    assert built.settings == DEFAULT and built.hparams == PAPER.hparams
     chosen = PAPER.replace(n_docs=1, k=4, temperature=2.0, lam=0.5)
     by_keywords = built.predict(QUESTION, SUBJECT, **chosen.hparams)
     by_settings = built.predict_batch([QUESTION], [SUBJECT], settings=chosen)[0]
     np.testing.assert_array_equal(by_keywords.p, by_settings.p)
     other = BertKNN(built.encoder, built.store, settings=chosen, k=8)
     assert other.settings == chosen.replace(k=8) and other.hparams["k"] == 8
-    assert BertKNN(built.encoder, built.store, k=4).settings == PAPER.replace(k=4)
+    assert BertKNN(built.encoder, built.store, k=4).settings == DEFAULT.replace(k=4)
     with pytest.raises(ValueError, match="retrieval must be one of ir, faiss, ir\\+faiss, not 'web'"):
         built.predict(QUESTION, retrieval="web")
 
@@ -114,9 +114,10 @@ def test_tuned_values_stored_with_the_datastore_replace_the_papers(built):
     with built.store.writing():
         built.store.set_manifest(tuned={"hparams": {"n_docs": 1, "k": 64, "temperature": 34.51, "lam": 0.6}})
     tuned = BertKNN(built.encoder, built.store)
-    assert tuned.settings == PAPER.replace(n_docs=1, k=64, temperature=34.51, lam=0.6)
+    assert tuned.settings == DEFAULT.replace(n_docs=1, k=64, temperature=34.51, lam=0.6)
     assert BertKNN(built.encoder, built.store, lam=0.3).settings.lam == 0.3  # arguments replace the tuned values
-    assert ev.results_name(tuned, "full") == f"results-L{built.store.layer}-n1-k64-T34.51-l0.6-full.jsonl"
+    tag = f"n1-k64-T34.51-l0.6-dt{DOC_TEMPERATURE}"
+    assert ev.results_name(tuned, "full") == f"results-L{built.store.layer}-{tag}-full.jsonl"
     with built.store.writing():
         built.store.set_manifest(tuned={"hparams": {"lam": 7}})
     with pytest.raises(DatastoreError, match=r"holds bad tuned hyperparameters \(lam must be in \[0, 1\] \(got 7\)\)"):
@@ -157,7 +158,7 @@ def test_the_service_passes_one_settings_down(built, monkeypatch):
         assert response.status_code == 200, response.text
         assert client.get("/health").json()["hparams"] == PAPER.hparams
         schema = client.get("/openapi.json").json()["components"]["schemas"]["Options"]["properties"]["retrieval"]
-    assert seen == [{"settings": PAPER.replace(**options)}]
+    assert seen == [{"settings": DEFAULT.replace(**options)}]
     assert list(RETRIEVALS) in (schema.get("enum"), *(s.get("enum") for s in schema.get("anyOf", [])))
 
 
@@ -168,13 +169,14 @@ def test_result_file_names_are_unchanged():
     pattern = re.compile(r"results-L(\d+)-n(\d+)-k(\d+)-T([\d.]+)-l([\d.]+)-(full|common)\.jsonl")
     for name in names:
         layer, n_docs, k, temperature, lam, vocab = pattern.fullmatch(name).groups()
-        settings = Settings(int(n_docs), int(k), float(temperature), float(lam))
+        settings = PAPER.replace(n_docs=int(n_docs), k=int(k), temperature=float(temperature), lam=float(lam))
         assert f"results-L{layer}-{settings.file_tag()}-{vocab}.jsonl" == name
     assert f"results-L5-{PAPER.file_tag()}-full.jsonl" in names
 
 
 def test_results_name_uses_the_settings(built):
-    assert ev.results_name(built, "common") == f"results-L{built.store.layer}-{PAPER.file_tag()}-common.jsonl"
+    assert ev.results_name(built, "common") == f"results-L{built.store.layer}-{DEFAULT.file_tag()}-common.jsonl"
+    assert DEFAULT.file_tag() == f"{PAPER.file_tag()}-dt{DOC_TEMPERATURE}"  # other results than the paper's: a new file
 
 
 NUMBER = r"(?<![\w.]){}(?![\w.])"

@@ -15,6 +15,7 @@ from bertknn import datastore as ds
 from bertknn.cli import app
 from bertknn.datastore import Datastore
 from bertknn.faiss_index import FaissIndex
+from bertknn.settings import PAPER
 
 from .conftest import write_corpus
 
@@ -28,9 +29,11 @@ def _top(knn: BertKNN, retrieval: str = "ir") -> str:
 
 
 def test_a_document_without_targets_does_not_brick_the_store(built):
+    # the paper's vote: the retrieval-aware one moves with the IDF that any added document changes
+    built.settings = PAPER
     reference = built.predict("Dante was born in [MASK] .", top_k=3)
     assert built.add_documents([STOPWORDS_ONLY]) == 0
-    for knn in (built, BertKNN.load(built.store.path, str(built.encoder.name))):
+    for knn in (built, BertKNN.load(built.store.path, str(built.encoder.name), doc_temperature=0)):
         assert knn.predict("Dante was born in [MASK] .", top_k=3).bert_knn == reference.bert_knn
         assert knn.predict("It is [MASK] .", top_k=3).bert  # a question whose IR query is all stopwords
     built.remove_document("it-1")

@@ -7,13 +7,13 @@ import numpy as np
 
 from bertknn.combine import confident_lam
 from bertknn.knn import document_prior, document_vote, knn_distribution
-from bertknn.settings import PAPER
+from bertknn.settings import DOC_TEMPERATURE, PAPER
 
 QUESTION = "Ilsa Varnhold was born in [MASK] ."
 
 
 def test_the_retrieval_aware_vote_weighs_each_document_by_its_retrieval_score(built):
-    paper = built.predict(QUESTION)  # no subject: TF-IDF's top documents, with their scores
+    paper = built.predict(QUESTION, doc_temperature=0)  # no subject: TF-IDF's top documents, with their scores
     found = paper.neighbours
     assert len(found.documents) > 1 and found.scores == sorted(found.scores, reverse=True) and found.scores[0] > 0
     aware = built.predict(QUESTION, doc_temperature=0.1)
@@ -25,13 +25,17 @@ def test_the_retrieval_aware_vote_weighs_each_document_by_its_retrieval_score(bu
     np.testing.assert_allclose(aware.p, PAPER.lam * expected + (1 - PAPER.lam) * paper.p_bert)
     np.testing.assert_array_equal(paper.p_knn, knn_distribution(found.values, found.distances, 6.0, len(paper.p_bert)))
     assert not np.allclose(aware.p_knn, paper.p_knn)
-    with_subject = built.predict(QUESTION, subject="Ilsa Varnhold", doc_temperature=0.1)  # one document: the paper's
-    np.testing.assert_allclose(with_subject.p_knn, built.predict(QUESTION, subject="Ilsa Varnhold").p_knn)
+    default = built.predict(QUESTION)  # bertknn's default vote is the retrieval-aware one
+    assert built.settings.doc_temperature == DOC_TEMPERATURE > 0 and not np.allclose(default.p_knn, paper.p_knn)
+    with_subject = built.predict(QUESTION, subject="Ilsa Varnhold")  # one document: the paper's vote exactly
+    np.testing.assert_allclose(
+        with_subject.p_knn, built.predict(QUESTION, subject="Ilsa Varnhold", doc_temperature=0).p_knn
+    )
 
 
 def test_the_adaptive_lambda_scales_lambda_by_the_knn_s_confidence(built):
-    paper = built.predict(QUESTION, lam=0.8)
-    adaptive = built.predict(QUESTION, lam=0.8, lam_by="entropy")
+    paper = built.predict(QUESTION, lam=0.8, doc_temperature=0)
+    adaptive = built.predict(QUESTION, lam=0.8, lam_by="entropy", doc_temperature=0)
     lam = confident_lam(paper.p_knn, 0.8, len(paper.neighbours.entries))
     assert 0 < lam < 0.8
     np.testing.assert_allclose(adaptive.p, lam * paper.p_knn + (1 - lam) * paper.p_bert)

@@ -46,7 +46,7 @@ from bertknn.datastore import BusyError, Datastore, DatastoreError, file_sha256
 from bertknn.demo import DEMO_CORPUS, demo_questions
 from bertknn.encoder import QuestionError
 from bertknn.pipeline import BertKNN, Query
-from bertknn.settings import RETRIEVALS, Settings
+from bertknn.settings import LAM_RULES, RETRIEVALS, Settings
 from bertknn.shards import is_sharded, open_store
 from bertknn.text import MASK, CorpusError, unicode_error
 
@@ -110,6 +110,14 @@ class Options(BaseModel):
     retrieval: Annotated[str, WithJsonSchema({"type": "string", "enum": list(RETRIEVALS)})] | None = Field(
         default=None,  # checked by Settings (`_checked`), so the message is the library's
         description="neighbours from IR documents (default), the whole datastore's FAISS index, or both",
+    )
+    doc_temperature: float | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        description="retrieval-aware kNN vote: p(d|q) = softmax of retrieval scores over this; 0: the paper's vote",
+    )
+    lam_by: Annotated[str, WithJsonSchema({"type": "string", "enum": list(LAM_RULES)})] | None = Field(
+        default=None, description="lambda per question: constant (the paper) or entropy (by the kNN's confidence)"
     )
 
 

@@ -3,7 +3,8 @@
 Each dev fact is run through the model once: its LM distribution and, for n_docs = 1..5, its 512 nearest neighbours
 are cached; every grid point is then scored from that cache alone (no forward pass, no search). The gold token's
 BERT-kNN rank is counted exactly and cheaply: kNN puts mass on at most k tokens, so the tokens outside that support
-are counted with a binary search in the sorted LM distribution.
+are counted with a binary search in the sorted LM distribution. The grid scores the paper's vote (its settings are
+`PAPER`'s); the numbers it stores are used with the datastore's default vote.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def grid_search(facts: list[Fact], cache: list[FactCache]) -> list[tuple[Setting
         ranks = np.stack([c.ranks(n_docs, k, temperature, lambdas) for c in cache])  # facts x lambdas
         for j, lam in enumerate(LAMBDAS):
             macro = macro_metrics(facts, ranks[:, j].tolist())["macro"]
-            results.append((Settings(n_docs, k, temperature, lam), macro))
+            results.append((PAPER.replace(n_docs=n_docs, k=k, temperature=temperature, lam=lam), macro))
     results.sort(key=lambda r: (-r[1]["P@1"], -r[1]["MRR"]))
     return results
 
