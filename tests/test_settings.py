@@ -166,11 +166,14 @@ def test_result_file_names_are_unchanged():
     assert PAPER.file_tag() == "n3-k128-T6.0-l0.3"
     names = sorted(p.name for p in ROOT.glob("reports/*/results-*.jsonl"))
     assert names, "no committed result files found"
-    pattern = re.compile(r"results-L(\d+)-n(\d+)-k(\d+)-T([\d.]+)-l([\d.]+)-(full|common)\.jsonl")
+    pattern = re.compile(
+        r"results-L(\d+)-n(\d+)-k(\d+)-T([\d.]+)-l([\d.]+)(?:-dt([\d.]+))?-(full|common)(-nosubject)?\.jsonl"
+    )
     for name in names:
-        layer, n_docs, k, temperature, lam, vocab = pattern.fullmatch(name).groups()
-        settings = PAPER.replace(n_docs=int(n_docs), k=int(k), temperature=float(temperature), lam=float(lam))
-        assert f"results-L{layer}-{settings.file_tag()}-{vocab}.jsonl" == name
+        layer, n_docs, k, temperature, lam, dt, vocab, nosubject = pattern.fullmatch(name).groups()
+        numbers = {"n_docs": int(n_docs), "k": int(k), "temperature": float(temperature), "lam": float(lam)}
+        settings = PAPER.replace(**numbers, doc_temperature=float(dt or 0))
+        assert f"results-L{layer}-{settings.file_tag()}-{vocab}{nosubject or ''}.jsonl" == name
     assert f"results-L5-{PAPER.file_tag()}-full.jsonl" in names
 
 

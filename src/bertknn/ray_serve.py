@@ -39,7 +39,6 @@ class ShardServer:
     def __init__(self, path: str) -> None:
         self.store, self.index, self.lock = Datastore(path), None, threading.Lock()
         self._seen: tuple | None = None  # (store version, FAISS files) when the index was opened
-        self.served = {"nearest": 0, "faiss": 0}
 
     def _fresh(self) -> None:
         self.store.reload()
@@ -51,7 +50,6 @@ class ShardServer:
         """The k entries of the shard's documents `docs` (its own numbers) nearest to `state`, nearest first."""
         with self.lock:
             self._fresh()
-            self.served["nearest"] += 1
             return nearest(self.store.keys, candidates(self.store.document_ranges(docs.tolist())), state, k)
 
     def search(self, query: np.ndarray, k: int, hidden: np.ndarray, rerank: int) -> tuple[np.ndarray, np.ndarray]:
@@ -60,7 +58,6 @@ class ShardServer:
             self._fresh()
             if self.index is None:
                 raise DatastoreError(f"shard {self.store.path} has no FAISS index: run `bertknn index` on the store")
-            self.served["faiss"] += 1
             return self.index.search(query, k, hidden, rerank)
 
     def size(self) -> int | None:
@@ -68,10 +65,6 @@ class ShardServer:
         with self.lock:
             self._fresh()
             return None if self.index is None else self.index.ntotal
-
-    def stats(self) -> dict[str, int]:
-        """The searches this replica answered, by path."""
-        return dict(self.served)
 
 
 class ServedShards:
