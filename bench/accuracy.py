@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from evidence import DATA, EVIDENCE, first_documents
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
@@ -124,11 +125,10 @@ def lama_dev(args) -> dict:
     from bertknn.settings import PAPER
     from bertknn.tune import DevSplit
 
-    data = Path(os.environ.get("BERTKNN_DATA", ROOT / "../shared/data"))
     encoder = Encoder.load(args.model)
-    facts = ev.load_lama(data / "lama", encoder.tokenizer, ev.GROUPS, warn=lambda m: None)
+    facts = ev.load_lama(DATA / "lama", encoder.tokenizer, ev.GROUPS, warn=lambda m: None)
     dev = DevSplit(per_relation=args.dev_per_relation, squad=0).choose(facts)
-    knn = ev.lama_knn(data / "wiki" / "lama_evidence_docs.jsonl", encoder)
+    knn = ev.lama_knn(EVIDENCE, encoder)
     print(f"# LAMA dev: {len(dev)} facts ({args.dev_per_relation} per T-REx/Google-RE relation, seed 1, disjoint from")
     print(f"# the report's sample); evidence corpus datastore {knn.store.path.name}, layer {knn.store.layer}")
     results = {}
@@ -177,15 +177,11 @@ def fresh_facts(args) -> None:
     from bertknn.pipeline import BertKNN
     from bertknn.settings import PAPER
 
-    data = Path(os.environ.get("BERTKNN_DATA", ROOT / "../shared/data"))
     fresh = ROOT / "bench" / "fresh_facts"
     docs = [json.loads(line) for line in (fresh / "documents.jsonl").read_text(encoding="utf-8").splitlines()]
     questions = [json.loads(line) for line in (fresh / "questions.jsonl").read_text(encoding="utf-8").splitlines()]
     work = Path(tempfile.mkdtemp(prefix="fresh_"))
-    corpus = work / "base.jsonl"
-    with (data / "wiki" / "lama_evidence_docs.jsonl").open(encoding="utf-8") as src, corpus.open("w") as dst:
-        for _, line in zip(range(args.fresh_base_docs), src):
-            dst.write(line)
+    corpus = first_documents(args.fresh_base_docs, work / "base.jsonl")
     knn = BertKNN.build(corpus, work / "store", args.model, lazy=True)
     tok = knn.encoder.tokenizer
     gold = [tok.convert_tokens_to_ids(q["answer"]) for q in questions]

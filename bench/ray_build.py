@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from evidence import first_documents
 
 
 def main() -> None:
@@ -37,12 +38,8 @@ def main() -> None:
     from bertknn.runtime import Runtime
     from bertknn.shards import ShardedDatastore
 
-    data = Path(os.environ.get("BERTKNN_DATA", Path(__file__).resolve().parents[1] / "../shared/data"))
     work = Path(tempfile.mkdtemp(prefix="ray_build_"))
-    corpus = work / "corpus.jsonl"
-    with (data / "wiki" / "lama_evidence_docs.jsonl").open(encoding="utf-8") as src, corpus.open("w") as dst:
-        for _, line in zip(range(args.docs), src):
-            dst.write(line)
+    corpus = first_documents(args.docs, work / "corpus.jsonl")
     Runtime(threads=os.cpu_count() or 1).apply()
     began = time.perf_counter()
     single = BertKNN.build(corpus, work / "single", args.model, runtime=Runtime(threads=os.cpu_count() or 1))

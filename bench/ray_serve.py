@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+from evidence import first_documents
 
 
 def free_port() -> int:
@@ -75,12 +76,8 @@ def main() -> None:
     from bertknn.service import create_app
     from bertknn.shards import ShardedDatastore
 
-    data = Path(os.environ.get("BERTKNN_DATA", Path(__file__).resolve().parents[1] / "../shared/data"))
     work = Path(tempfile.mkdtemp(prefix="ray_serve_"))
-    corpus = work / "corpus.jsonl"
-    with (data / "wiki" / "lama_evidence_docs.jsonl").open(encoding="utf-8") as src, corpus.open("w") as dst:
-        for _, line in zip(range(args.docs), src):
-            dst.write(line)
+    corpus = first_documents(args.docs, work / "corpus.jsonl")
     ray.init(log_to_driver=False, include_dashboard=False)
     distributed.build(corpus, work / "sharded", args.model, shard_docs=args.shard_docs)
     ShardedFaiss.build(ShardedDatastore(work / "sharded"), "Flat")

@@ -21,7 +21,7 @@ from bertknn.console import console, phase_progress, shown
 from bertknn.encoder import Encoder
 from bertknn.pipeline import BertKNN
 from bertknn.runtime import Runtime
-from bertknn.settings import PAPER
+from bertknn.settings import DOC_TEMPERATURE, PAPER
 
 HELP = "Command line: build, ask, index, add, remove, demo, data lama, eval lama, tune, train-head."
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP)
@@ -108,7 +108,7 @@ DocTemperatureOption = Annotated[
     typer.Option(
         min=0,
         help="retrieval-aware kNN: each retrieved document's neighbours vote within it, weighted by a softmax of its "
-        "retrieval score over this temperature; 0: the paper's vote [default: 0]",
+        f"retrieval score over this temperature; 0: the paper's vote [default: {DOC_TEMPERATURE}]",
     ),
 ]
 LamByOption = Annotated[
