@@ -1,4 +1,5 @@
-"""The offline default model: the exported head file reproduces the trained model; the held-out split."""
+"""The offline default model: the exported head file reproduces the trained model and resumes its training; the
+held-out split."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from bertknn.default_model import HEAD_FILE, apply_head_file, load_base
-from bertknn.train_head import LORA_TARGETS, _export, is_heldout
+from bertknn.train_head import LORA_TARGETS, _export, _resume_from, is_heldout
 
 
 def test_exported_head_reproduces_the_trained_model(tmp_path, tokenizer):
@@ -29,6 +30,20 @@ def test_exported_head_reproduces_the_trained_model(tmp_path, tokenizer):
         got = loaded(**ids).logits
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert not torch.allclose(load_base().eval()(**ids).logits, want, atol=1e-2)
+
+    resumed = peft.get_peft_model(load_base(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS))
+    _resume_from(resumed, tmp_path / "head.safetensors", tokenizer.mask_token_id)  # train-head --init
+    trainable = [n for n, p in trained.named_parameters() if "lora_" in n or ".cls." in n]
+    assert len(trainable) > 6 * 6 * 2  # LoRA A and B of six linear layers in each of six blocks, and the head
+    for name, param in resumed.named_parameters():
+        if name in trainable or name.endswith("word_embeddings.weight"):
+            torch.testing.assert_close(param, trained.get_parameter(name), rtol=0, atol=0)
+    resumed.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(resumed(**ids).logits, want, rtol=0, atol=0)
+    other_rank = peft.get_peft_model(load_base(), peft.LoraConfig(r=8, target_modules=LORA_TARGETS))
+    with pytest.raises(ValueError, match="does not fit this model"):
+        _resume_from(other_rank, tmp_path / "head.safetensors", tokenizer.mask_token_id)
 
 
 def test_heldout_split_is_deterministic_and_about_a_fifth():

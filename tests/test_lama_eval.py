@@ -85,6 +85,66 @@ def test_summary_and_report(built, facts, tmp_path):
     assert json.loads((tmp_path / "report" / "report.json").read_text())["setting"] == {"model": "tiny"}
 
 
+def test_results_names_read_back_as_what_the_run_did():
+    from bertknn.settings import Settings
+
+    class Run:  # what results_name reads of a BertKNN
+        def __init__(self, settings):
+            self.settings, self.store = settings, type("Store", (), {"layer": 11})()
+
+    paper = ev.results_name(Run(PAPER), "full")
+    assert ev.results_run(paper) == {
+        "block": "11",
+        "hyperparameters": "n3-k128-T6.0-l0.3",
+        "vote": "the paper's",
+        "lambda": "constant",
+        "vocabulary": "full",
+        "questions": "with the subject",
+    }
+    tuned = Settings(n_docs=1, k=64, temperature=34.51, lam=0.25, doc_temperature=0.2, lam_by="entropy")
+    assert ev.results_run(ev.results_name(Run(tuned), "common", with_subject=False)) == {
+        "block": "11",
+        "hyperparameters": "n1-k64-T34.51-l0.25",
+        "vote": "retrieval-aware (doc_temperature 0.2)",
+        "lambda": "adaptive (entropy)",
+        "vocabulary": "common",
+        "questions": "without the subject",
+    }
+    assert ev.results_run("results.jsonl") is None and ev.results_run("notes-L5-full.jsonl") is None
+
+
+def test_a_report_sets_the_runs_of_its_directory_side_by_side(built, facts, tmp_path):
+    out = tmp_path / "report"
+    out.mkdir()
+    with_subject = ev.evaluate_facts(built, facts, out / ev.results_name(built, "full"))
+    without = ev.evaluate_facts(built, facts, out / ev.results_name(built, "full", False), with_subject=False)
+    (out / "results-unknown.jsonl").write_text(json.dumps(with_subject[0]) + "\n")  # not a run's name: left out
+    text = write_report(out, ev.summarize(with_subject), with_subject, {"model": "tiny"}).read_text()
+    section = text.split("## Runs side by side")[1].split("## Examples")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    runs = {ev.results_name(built, "full", False): without, ev.results_name(built, "full"): with_subject}
+    names = sorted(runs)  # by file name: "-full-nosubject.jsonl" comes first
+    assert list(runs) == names and [r.split(" | ")[0] for r in rows[:3]] == ["| run", "| A", "| B"]
+    assert names[0] in rows[1] and "| without the subject |" in rows[1]
+    assert names[1] in rows[2] and "| with the subject |" in rows[2]
+
+    def p1(selected, method):
+        return f"{100 * ev.summarize(selected)['sets']['LAMA']['metrics'][method]['P@1']:.1f}"
+
+    lama = [r for r in rows if r.split(" | ")[0] in ("| A", "| B")][2:]
+    for line, name in zip(lama, names):
+        assert line.split(" | ")[1] == f"{p1(runs[name], 'knn')} / {p1(runs[name], 'bert_knn')}"
+    relation = next(r for r in rows if r.startswith("| T-REx/P19 |")).strip("| ").split(" | ")
+    expected = [
+        " / ".join(
+            f"{100 * np.mean([x['ranks'][m] == 1 for x in runs[name] if x['relation'] == 'P19']):.1f}"
+            for m in ("knn", "bert_knn")
+        )
+        for name in names
+    ]
+    assert relation[1:] == expected
+
+
 def test_uhn_string_match_drops_rome_in_romeo():
     fact = ev.Fact("T-REx", "P19", "Romeo Ferraris", "Rome", "romeo ferraris was born in [MASK] .", 0)
     assert ev.uhn_string_match(fact)

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import random
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -212,9 +213,53 @@ def _top3(ranked_list) -> list[list]:
     return [[t.token, round(t.probability, 4)] for t in ranked_list[:3]]
 
 
+RESULTS_NAME = re.compile(
+    r"results-L(?P<layer>\d+)-(?P<hparams>n\d+-k\d+-T[^-]+-l[^-]+?)(?:-dt(?P<dt>[0-9.]+))?(?:-(?P<lam_by>entropy))?"
+    r"-(?P<vocab>full|common)(?P<nosubject>-nosubject)?\.jsonl"
+)
+
+
 def results_name(knn, vocab: str, with_subject: bool = True) -> str:
     """File name of a run's per-fact results: one file per layer, settings, ranking vocabulary and subject use."""
     return f"results-L{knn.store.layer}-{knn.settings.file_tag()}-{vocab}{'' if with_subject else '-nosubject'}.jsonl"
+
+
+def results_run(name: str) -> dict[str, str] | None:
+    """What a results file holds, read back from its name (`results_name`'s inverse): block, hyperparameters, vote,
+    lambda rule, ranking vocabulary and questions; None for a name `results_name` does not make."""
+    found = RESULTS_NAME.fullmatch(name)
+    if not found:
+        return None
+    dt = found["dt"]
+    return {
+        "block": found["layer"],
+        "hyperparameters": found["hparams"],
+        "vote": f"retrieval-aware (doc_temperature {dt})" if dt else "the paper's",
+        "lambda": "adaptive (entropy)" if found["lam_by"] else "constant",
+        "vocabulary": found["vocab"],
+        "questions": "without the subject" if found["nosubject"] else "with the subject",
+    }
+
+
+def read_results(path: Path) -> dict[str, dict]:
+    """A results file's rows by fact key; a line cut by a kill is skipped (and recomputed by a resumed run)."""
+    done: dict[str, dict] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            row = json.loads(line)
+            done[row["key"]] = row
+    return done
+
+
+def summarize_runs(directory: str | Path) -> dict[str, tuple[dict[str, str], dict]]:
+    """Every run whose results file is in `directory`: its file name -> (what it holds, `summarize` of its rows), so
+    that a report can set the runs side by side."""
+    runs = {}
+    for path in sorted(Path(directory).glob("results-*.jsonl")):
+        described, rows = results_run(path.name), list(read_results(path).values())
+        if described and rows:
+            runs[path.name] = (described, summarize(rows))
+    return runs
 
 
 def evaluate_facts(
@@ -238,12 +283,7 @@ def evaluate_facts(
     results of the facts done, in the order of `facts`.
     """
     results_path = Path(results_path)
-    done: dict[str, dict] = {}
-    if results_path.exists():
-        for line in results_path.read_text(encoding="utf-8").splitlines():
-            with contextlib.suppress(json.JSONDecodeError):  # a line cut by a kill is recomputed
-                row = json.loads(line)
-                done[row["key"]] = row
+    done = read_results(results_path) if results_path.exists() else {}
     todo = [f for f in facts if fact_key(f) not in done]
     todo = random.Random(seed).sample(todo, len(todo))
     report = progress or (lambda phase, n, total: None)

@@ -19,8 +19,9 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
-def markdown(summary: dict, rows: list[dict], setting: dict, examples: int = 6) -> str:
-    """The report: setting, Table 1 (LAMA, LAMA-UHN), Table 2 (groups), ceilings and baselines, relations, examples."""
+def markdown(summary: dict, rows: list[dict], setting: dict, examples: int = 6, runs: dict | None = None) -> str:
+    """The report: setting, Table 1 (LAMA, LAMA-UHN), Table 2 (groups), ceilings and baselines, relations, the
+    directory's runs side by side (`evaluation.summarize_runs`, when it holds more than one), examples."""
     sets = summary["sets"]
     out = ["# BERT-kNN on LAMA", "", "## Setting", ""]
     out += [f"- {key}: {value}" for key, value in setting.items()]
@@ -77,6 +78,7 @@ def markdown(summary: dict, rows: list[dict], setting: dict, examples: int = 6) 
             for rel, v in sorted(summary["relations"].items())
         ],
     )
+    out += _side_by_side(runs or {})
     out += ["", "## Examples (top-3 with probabilities; Table 4 layout)", ""]
     picked = [r for r in rows if r["ranks"]["bert_knn"] == 1 and r["ranks"]["bert"] > 1][: examples // 2]
     picked += [r for r in rows if r["ranks"]["bert_knn"] > 1 and r not in picked][: examples - len(picked)]
@@ -89,6 +91,44 @@ def markdown(summary: dict, rows: list[dict], setting: dict, examples: int = 6) 
         ],
     )
     return "\n".join(out) + "\n"
+
+
+def _side_by_side(runs: dict[str, tuple[dict, dict]]) -> list[str]:
+    """Every run of the report's directory in one table per level (LAMA, then per relation): what each change does,
+    fact for fact, with and without subjects."""
+    if len(runs) < 2:
+        return []
+    ids = {name: chr(ord("A") + i) if i < 26 else str(i) for i, name in enumerate(runs)}
+    fields = ["block", "hyperparameters", "vote", "lambda", "vocabulary", "questions"]
+    out = ["", "## Runs side by side (the results files in this directory; P@1, kNN / BERT-kNN)", ""]
+    out += _table(
+        ["run", *fields, "facts", "results file"],
+        [
+            [ids[name], *(described[f] for f in fields), str(summary["sets"].get("LAMA", {}).get("facts", 0)), name]
+            for name, (described, summary) in runs.items()
+        ],
+    )
+
+    def cell(values: dict | None) -> str:
+        return "" if not values else " / ".join(_pct(values[m]["P@1"]) for m in ("knn", "bert_knn"))
+
+    out += [""]
+    out += _table(
+        ["run", "LAMA", "LAMA-UHN", "Freq. word (LAMA)"],
+        [
+            [ids[name]]
+            + [cell(summary["sets"].get(s, {}).get("metrics")) for s in ("LAMA", "LAMA-UHN")]
+            + [_pct(summary["sets"].get("LAMA", {}).get("metrics", {}).get("frequency", {}).get("P@1"))]
+            for name, (_, summary) in runs.items()
+        ],
+    )
+    relations = sorted({rel for _, summary in runs.values() for rel in summary["relations"]})
+    out += [""]
+    out += _table(
+        ["relation", *ids.values()],
+        [[rel, *(cell(summary["relations"].get(rel)) for _, summary in runs.values())] for rel in relations],
+    )
+    return out
 
 
 def bar_chart(summary: dict, path: str | Path) -> None:
@@ -116,13 +156,17 @@ def bar_chart(summary: dict, path: str | Path) -> None:
 
 
 def write_report(directory: str | Path, summary: dict, rows: list[dict], setting: dict) -> Path:
-    """Write report.md, report.json and p_at_k.png into `directory`; return the markdown path."""
+    """Write report.md, report.json and p_at_k.png into `directory`; return the markdown path. Every run whose results
+    are in `directory` is set side by side in report.md."""
+    from bertknn.evaluation import summarize_runs
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "report.json").write_text(json.dumps({"setting": setting, **summary}, indent=2), encoding="utf-8")
     bar_chart(summary, directory / "p_at_k.png")
     md = directory / "report.md"
-    md.write_text(markdown(summary, rows, setting) + "\n![P@k](p_at_k.png)\n", encoding="utf-8")
+    text = markdown(summary, rows, setting, runs=summarize_runs(directory))
+    md.write_text(text + "\n![P@k](p_at_k.png)\n", encoding="utf-8")
     return md
 
 

@@ -119,6 +119,31 @@ def _export(model, out: Path, mask_id: int, scaling: float, info: dict) -> None:
     tmp.replace(out)
 
 
+def _file_info(path: Path) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return json.loads((f.metadata() or {}).get("info", "{}"))
+
+
+@torch.no_grad()
+def _resume_from(model, path: Path, mask_id: int) -> None:
+    """Load a head file written by `_export` into the trainable parameters of a LoRA model (`_export`'s inverse);
+    ValueError when the file does not fit it (another LoRA rank or base)."""
+    from safetensors.torch import load_file
+
+    params = dict(model.named_parameters())
+    for key, value in load_file(str(path)).items():
+        if key == "mask_embedding":
+            model.base_model.model.bert.embeddings.word_embeddings.weight[mask_id] = value
+            continue
+        base, _, part = key.rpartition(".lora_")
+        name = f"base_model.model.{base}.lora_{part}.default.weight" if base else f"base_model.model.{key}"
+        if name not in params or params[name].shape != value.shape:
+            raise ValueError(f"{path}: {key} does not fit this model (another LoRA rank or base model?)")
+        params[name].copy_(value)
+
+
 def train_head(
     corpus: str | Path,
     out: str | Path,
@@ -131,9 +156,11 @@ def train_head(
     p_other: float = 0.05,
     eval_sentences: int = 2000,
     seed: int = 0,
+    init: str | Path | None = None,
     log=print,
 ) -> dict:
-    """Train the default head on the non-held-out documents of `corpus`, save it to `out`, return its metrics."""
+    """Train the default head on the non-held-out documents of `corpus`, save it to `out`, return its metrics.
+    `init`: a head file (of the same LoRA rank) to go on training from instead of a fresh head."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoTokenizer
 
@@ -158,6 +185,8 @@ def train_head(
     for name, param in model.named_parameters():
         if ".cls." in f".{name.removeprefix('base_model.model.')}":
             param.requires_grad_(True)
+    if init:
+        _resume_from(model, Path(init), mask_id)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 20)
@@ -197,6 +226,8 @@ def train_head(
         "heldout_metrics": metrics,
         "train_seconds": round(time.time() - t0),
     }
+    if init:
+        info["continued_from"] = {"file": Path(init).name, "info": _file_info(Path(init))}
     log(f"held-out ({len(held)} sentences): {metrics}")
     _export(model, Path(out), mask_id, 2.0, info)
     return info

@@ -43,14 +43,17 @@ def train_head_cmd(
     batch_size: Annotated[int, typer.Option(help="sentences per step")] = 32,
     max_length: Annotated[int, typer.Option(help="tokens per sentence")] = 48,
     rank: Annotated[int, typer.Option(help="LoRA rank")] = 16,
+    lr: Annotated[float, typer.Option(help="peak learning rate (linear warm-up and decay)")] = 1e-3,
+    init: Annotated[
+        Path | None, typer.Option(help="head file (same --rank) to go on training from [default: a fresh head]")
+    ] = None,
     threads: ThreadsOption = 0,
 ) -> None:
     """Train the offline default model's MLM head, [MASK] embedding and adapters on the MiniLM-L6 encoder."""
     from bertknn.train_head import train_head
 
-    info = train_head(
-        corpus, out, steps=steps, batch_size=batch_size, max_length=max_length, rank=rank, log=console.print
-    )
+    options = {"steps": steps, "batch_size": batch_size, "max_length": max_length, "rank": rank, "lr": lr}
+    info = train_head(corpus, out, init=init, log=console.print, **options)
     console.print(f"wrote {out}: held-out {info['heldout_metrics']}")
 
 
