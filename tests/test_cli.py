@@ -15,6 +15,7 @@ from bertknn import BertKNN, cli
 from bertknn.cli import app
 from bertknn.datastore import Datastore
 from bertknn.runtime import Runtime
+from bertknn.settings import DEFAULT, PAPER
 
 runner = CliRunner()
 
@@ -75,6 +76,26 @@ def test_ask_json_is_the_library_answer_with_the_fill_mask_format(store_dir):
     assert got["fill_mask"]["bert_knn"][0]["sequence"].startswith("quellbrook is a town in ")
 
 
+def test_ask_paper_and_mixture_choose_the_settings(store_dir):
+    question, asked = "Quellbrook is a town in [MASK] .", ["--top-k", "5", "--json", "--backend", "torch"]
+    knn = BertKNN.load(store_dir)
+
+    def answer(*options: str) -> list[list]:
+        result = runner.invoke(app, ["ask", str(store_dir), question, *asked, *options])
+        assert result.exit_code == 0, result.output
+        return [[t["token"], round(t["probability"], 6)] for t in json.loads(result.output)["bert_knn"]]
+
+    def library(settings) -> list[list]:
+        (prediction,) = knn.predict_batch([question], top_k=5, settings=settings)
+        return [[t.token, round(t.probability, 6)] for t in prediction.bert_knn]
+
+    assert answer("--paper") == library(PAPER) != library(DEFAULT) == answer()
+    assert answer("--paper", "--k", "4") == library(PAPER.replace(k=4))  # options given with --paper still apply
+    assert answer("--mixture", "linear") == library(DEFAULT.replace(mixture="linear"))
+    bad = runner.invoke(app, ["ask", str(store_dir), question, "--mixture", "cubic", "--threads", "1"])
+    assert bad.exit_code == 2 and "mixture must be one of linear, log-linear, not 'cubic'" in bad.output
+
+
 def test_ask_gives_the_same_answer_on_both_backends_and_refuses_an_unknown_one(store_dir):
     ask = ["ask", str(store_dir), "Quellbrook is a town in [MASK] .", "--subject", "quellbrook", "--threads", "1"]
     onnx = runner.invoke(app, ask)  # the default backend
@@ -126,7 +147,13 @@ def test_eval_lama_and_tune_on_a_crafted_probe(tmp_path, small_corpus, tiny_mode
     assert result.output.count("not found; ConceptNet skipped") == 1  # reported once, never a crash
     report = (tmp_path / "rep" / "report.md").read_text()
     assert "## Layer ablation" in report and "| 2 |" in report and "layer: 3 of 4" in report
-    assert "(the paper's)" in report
+    assert "(bertknn's defaults; the paper's: n_docs=3, k=128, temperature=6.0, lam=0.3)" in report
+    paper = runner.invoke(app, ["eval", "lama", *common, "--out", str(tmp_path / "rep"), "--paper"])
+    assert paper.exit_code == 0, paper.output
+    report = (tmp_path / "rep" / "report.md").read_text()
+    assert "hyperparameters: n_docs=3, k=128, temperature=6.0, lam=0.3 (the paper's)" in report
+    assert "mixture linear (the paper's)" in report and "## Runs side by side" in report
+    assert f"| B | 3 | {PAPER.file_tag()} | the paper's | linear |" in report  # by name: L2, L3 paper, L3 default
     tuned = runner.invoke(
         app,
         [

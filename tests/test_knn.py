@@ -63,6 +63,22 @@ def test_interpolation_sums_to_one_and_falls_back_to_bert():
     assert interpolate(p_bert, None, 0.3) is p_bert
 
 
+def test_the_log_linear_mixture_is_the_normalised_weighted_geometric_mean():
+    p_bert = np.array([0.5, 0.3, 0.15, 0.05])
+    p_knn = np.array([0.0, 0.2, 0.0, 0.8])
+    p = interpolate(p_bert, p_knn, 0.5, "log-linear")
+    a, b = np.sqrt(0.2 * 0.3), np.sqrt(0.8 * 0.05)  # 0.2449..., 0.2
+    np.testing.assert_allclose(p, [0.0, a / (a + b), 0.0, b / (a + b)], rtol=1e-12)
+    assert p[1] > p[3]  # the LM's 0.3 against 0.05 outweighs the kNN's 0.2 against 0.8; linear: the other way
+    linear = interpolate(p_bert, p_knn, 0.5)
+    assert linear[3] > linear[1] and np.allclose(linear, 0.5 * p_knn + 0.5 * p_bert)
+    np.testing.assert_allclose(interpolate(p_bert, p_knn, 1.0, "log-linear"), p_knn)
+    np.testing.assert_allclose(interpolate(p_bert, p_knn, 0.0, "log-linear"), [0.0, 6 / 7, 0.0, 1 / 7])
+    underflow = interpolate(np.array([1.0, 0.0, 0.0]), np.array([0.0, 0.5, 0.5]), 0.5, "log-linear")
+    np.testing.assert_allclose(underflow, [0.0, 0.5, 0.5])  # an LM probability of 0 does not make NaNs
+    assert interpolate(p_bert, None, 0.5, "log-linear") is p_bert
+
+
 def test_ranked_orders_by_probability_and_drops_zeros(tokenizer):
     p = np.zeros(tokenizer.vocab_size)
     ids = tokenizer.convert_tokens_to_ids(["paris", "rome", "berlin"])

@@ -97,15 +97,18 @@ def test_results_names_read_back_as_what_the_run_did():
         "block": "11",
         "hyperparameters": "n3-k128-T6.0-l0.3",
         "vote": "the paper's",
+        "mixture": "linear",
         "lambda": "constant",
         "vocabulary": "full",
         "questions": "with the subject",
     }
     tuned = Settings(n_docs=1, k=64, temperature=34.51, lam=0.25, doc_temperature=0.2, lam_by="entropy")
+    assert ev.results_name(Run(tuned), "full").endswith("-dt0.2-entropy-loglin-full.jsonl")
     assert ev.results_run(ev.results_name(Run(tuned), "common", with_subject=False)) == {
         "block": "11",
         "hyperparameters": "n1-k64-T34.51-l0.25",
         "vote": "retrieval-aware (doc_temperature 0.2)",
+        "mixture": "log-linear",
         "lambda": "adaptive (entropy)",
         "vocabulary": "common",
         "questions": "without the subject",
@@ -151,28 +154,36 @@ def test_uhn_string_match_drops_rome_in_romeo():
     assert not ev.uhn_string_match(ev.Fact("T-REx", "P19", "Dante", "Florence", "q", 0))
 
 
-def dense_rank(c: FactCache, n_docs: int, k: int, temperature: float, lam: float) -> int:
+def dense_rank(c: FactCache, n_docs: int, k: int, temperature: float, lam: float, mixture: str = "linear") -> int:
     """The BERT-kNN rank computed the slow way, on the full vocabulary."""
     values, dist = c.neighbours[n_docs][0][:k], c.neighbours[n_docs][1][:k]
     p = c.p_bert.copy()
     if len(values):
         w = np.exp(-(dist - dist.min()) / temperature)
         q = np.bincount(values, weights=w / w.sum(), minlength=len(p))
-        p = lam * q + (1 - lam) * c.p_bert
-    return 1 + int(np.count_nonzero(p > p[c.gold]))
+        p = lam * q + (1 - lam) * c.p_bert if mixture == "linear" else q**lam * c.p_bert ** (1 - lam)
+    return ev.UNRANKED if p[c.gold] == 0 else 1 + int(np.count_nonzero(p > p[c.gold]))
 
 
 def test_grid_ranks_equal_the_dense_computation(built, facts):
     cache = cache_facts(built, facts)
     lambdas = np.array([0.2, 0.5, 0.8])
-    for c in cache:
+    crafted = FactCache(  # gold (2) is no neighbour's word: the log-linear mixture never ranks it
+        np.array([0.1, 0.2, 0.6, 0.1]), 2, {n: (np.array([0, 3, 3]), np.array([1.0, 2.0, 3.0])) for n in range(1, 6)}
+    )
+    for c in [*cache, crafted]:
         for n_docs, k, temperature in ((1, 64, 6.0), (3, 4, 0.5), (5, 512, 30.0)):
-            got = c.ranks(n_docs, k, temperature, lambdas)
-            assert got.tolist() == [dense_rank(c, n_docs, k, temperature, lam) for lam in lambdas]
+            for mixture in ("linear", "log-linear"):
+                got = c.ranks(n_docs, k, temperature, lambdas, mixture)
+                assert got.tolist() == [dense_rank(c, n_docs, k, temperature, lam, mixture) for lam in lambdas]
+    assert crafted.ranks(1, 64, 6.0, lambdas, "log-linear").tolist() == [ev.UNRANKED] * 3
+    assert crafted.ranks(1, 64, 6.0, lambdas, "linear").tolist() == [1, 2, 3]  # the LM still ranks it
 
 
 def test_grid_search_orders_settings_and_includes_the_paper(built, facts):
     grid = grid_search(facts, cache_facts(built, facts))
     assert [r["P@1"] for _, r in grid] == sorted((r["P@1"] for _, r in grid), reverse=True)
     assert any(settings == PAPER for settings, _ in grid)
-    assert len(grid) == len({settings for settings, _ in grid}) == 5 * 3 * 7 * len({s.temperature for s, _ in grid})
+    temperatures = len({s.temperature for s, _ in grid})
+    assert len(grid) == len({settings for settings, _ in grid}) == 5 * 3 * 7 * temperatures * 2  # both mixtures
+    assert {s.mixture for s, _ in grid} == {"linear", "log-linear"} and {s.doc_temperature for s, _ in grid} == {0}

@@ -45,9 +45,7 @@ def test_evaluate_layers_reports_the_encoders_layer_and_compares_the_others(
 
 
 def test_lama_setting_says_what_was_evaluated(built, encoder, small_corpus):
-    setting = lama_setting(
-        encoder, built, 4, 3, small_corpus, 2, 5, True, "common", {"n_docs": 2, "k": None}, time.time() - 10
-    )
+    setting = lama_setting(encoder, built, 4, 3, small_corpus, 2, 5, True, "common", {"n_docs": 2}, time.time() - 10)
     assert setting == {
         "model": f"{encoder.name} (as given)",
         "layer": "3 of 4",
@@ -58,18 +56,25 @@ def test_lama_setting_says_what_was_evaluated(built, encoder, small_corpus):
         "facts": "3 evaluated of 4 (sample of 2 per relation, seed 5, subjects held out from head training only); "
         "PARTIAL: a random subset, rerun the same command to complete it",
         "ranking vocabulary": "LAMA common vocabulary",
-        "hyperparameters": "n_docs=3, k=128, temperature=6.0, lam=0.3 (as given on the command line where set)",
-        "kNN vote and lambda": "vote retrieval-aware (doc_temperature=0.2); lambda constant (the paper's)",
+        "hyperparameters": "n_docs=3, k=128, temperature=6.0, lam=0.5 (as given on the command line where set)",
+        "kNN vote, mixture and lambda": "vote retrieval-aware (doc_temperature=0.2); mixture log-linear, "
+        "p_kNN^lam p_LM^(1-lam) renormalised (mixture=log-linear); lambda constant (the paper's)",
         "questions": "with the subject: its document by title, else TF-IDF on the subject (the paper)",
         "LAMA-UHN": "string-match filter applied; person-name filter not applied (it needs a cased BERT)",
         "wall time": "10 s (this run; cached embeddings and results are reused)",
     }
-    plain = lama_setting(encoder, built, 4, 4, small_corpus, None, 0, False, "full", {"k": None}, time.time())
-    assert plain["facts"] == "4 evaluated of 4 (all)" and plain["hyperparameters"].endswith(" (the paper's)")
-    built.settings = built.settings.replace(doc_temperature=0, lam_by="entropy")
+    plain = lama_setting(encoder, built, 4, 4, small_corpus, None, 0, False, "full", {}, time.time())
+    assert plain["facts"] == "4 evaluated of 4 (all)"
+    paper = " (bertknn's defaults; the paper's: n_docs=3, k=128, temperature=6.0, lam=0.3)"
+    assert plain["hyperparameters"].endswith(paper)
+    built.settings = built.settings.replace(doc_temperature=0, lam_by="entropy", mixture="linear", lam=0.3)
+    assert lama_setting(encoder, built, 4, 4, small_corpus, None, 0, False, "full", {"mixture": "linear"}, 0)[
+        "hyperparameters"
+    ].endswith(" (the paper's)")  # a setting beyond the numbers given: the numbers are still the paper's
     asked = lama_setting(encoder, built, 4, 4, small_corpus, None, 0, False, "full", {}, time.time(), False)
-    assert asked["kNN vote and lambda"] == (
-        "vote the paper's (all neighbours vote together); lambda adaptive by the kNN's entropy (lam_by=entropy)"
+    assert asked["kNN vote, mixture and lambda"] == (
+        "vote the paper's (all neighbours vote together); mixture linear (the paper's); lambda adaptive by the kNN's "
+        "entropy (lam_by=entropy)"
     )
     assert asked["questions"].startswith("WITHOUT the subject (--no-subject)")
     assert plain["ranking vocabulary"] == f"full model vocabulary ({encoder.vocab_size:,})"

@@ -63,7 +63,7 @@ def test_options_reach_the_model(client, built):
     expected = built.predict(QUESTIONS[2]["text"], top_k=10, evidence=3, **options)
     assert body == _as_json(expected)
     assert body["bert_knn"] != _as_json(built.predict(QUESTIONS[2]["text"]))["bert_knn"]
-    vote = {"doc_temperature": 0.05, "lam_by": "entropy", "lam": 0.9}  # the options beyond the paper, per request
+    vote = {"doc_temperature": 0.05, "lam_by": "entropy", "lam": 0.9, "mixture": "linear"}  # beyond the paper
     body = client.post("/predict", json={"text": QUESTIONS[2]["text"], "options": vote}).json()
     assert body == _as_json(built.predict(QUESTIONS[2]["text"], top_k=10, evidence=3, **vote))
 
@@ -97,6 +97,7 @@ def test_batch_equals_singles(client):
         ({**ILSA, "options": {"beam": 3}}, "Extra inputs are not permitted"),
         ({**ILSA, "options": {"doc_temperature": -1}}, "doc_temperature must be a number >= 0"),
         ({**ILSA, "options": {"lam_by": "max"}}, "lam_by must be one of constant, entropy"),
+        ({**ILSA, "options": {"mixture": "cubic"}}, "mixture must be one of linear, log-linear, not 'cubic'"),
         ({"subject": "Ilsa Varnhold"}, "Field required"),
     ],
 )
@@ -171,7 +172,7 @@ def test_requests_waiting_together_share_one_model_call(built):
             batcher.submit(built.preprocess([q["text"]], [q["subject"]]), 3, 1, built.settings) for q in QUESTIONS[1:]
         ]
         other = batcher.submit(
-            built.preprocess([ILSA["text"]], [ILSA["subject"]]), 3, 1, built.settings.replace(lam=0.5)
+            built.preprocess([ILSA["text"]], [ILSA["subject"]]), 3, 1, built.settings.replace(lam=0.9)
         )
         bad = batcher.submit([Query("bad", None, [101, 10**6, 102], 1)], 3, 1, built.settings)  # no such token
         gated.release.set()

@@ -13,14 +13,27 @@ from fastapi.testclient import TestClient
 from bertknn import BertKNN, DatastoreError
 from bertknn import evaluation as ev
 from bertknn.service import create_app
-from bertknn.settings import DEFAULT, DOC_TEMPERATURE, HPARAMS, PAPER, RETRIEVALS, Settings
+from bertknn.settings import (
+    DEFAULT,
+    DOC_TEMPERATURE,
+    HPARAMS,
+    LAM,
+    MIXTURE,
+    MIXTURES,
+    PAPER,
+    RETRIEVALS,
+    TUNED,
+    Settings,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION, SUBJECT = "Ilsa Varnhold was born in [MASK] .", "Ilsa Varnhold"
 
 
-def test_the_defaults_are_the_papers():
-    assert Settings() == DEFAULT == PAPER.replace(doc_temperature=DOC_TEMPERATURE)  # bertknn's: the vote differs
+def test_the_defaults_are_the_papers_but_the_vote_and_the_mixture():
+    bertknns = {"doc_temperature": DOC_TEMPERATURE, "mixture": MIXTURE, "lam": LAM}  # each kept on the dev split
+    assert Settings() == DEFAULT == PAPER.replace(**bertknns)
+    assert (DOC_TEMPERATURE, MIXTURE, LAM) == (0.2, "log-linear", 0.5) and MIXTURES == ("linear", "log-linear")
     assert PAPER.as_dict() == {
         "n_docs": 3,
         "k": 128,
@@ -29,7 +42,9 @@ def test_the_defaults_are_the_papers():
         "retrieval": "ir",
         "doc_temperature": 0.0,  # off: the paper's vote
         "lam_by": "constant",
+        "mixture": "linear",
     }
+    assert (*HPARAMS, "mixture") == TUNED and PAPER.tuned == {**PAPER.hparams, "mixture": "linear"}
     assert HPARAMS == ("n_docs", "k", "temperature", "lam") and RETRIEVALS == ("ir", "faiss", "ir+faiss")
     assert PAPER.hparams == {name: PAPER.as_dict()[name] for name in HPARAMS}
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -65,6 +80,7 @@ def test_replace_round_trip():
         ({"doc_temperature": -1}, "doc_temperature must be a number >= 0 (0: the paper's vote), not -1"),
         ({"doc_temperature": float("nan"), "lam_by": "max"}, "doc_temperature must be a number >= 0 (0: the paper's"),
         ({"lam_by": "max"}, "lam_by must be one of constant, entropy, not 'max'"),
+        ({"mixture": "max", "k": 0}, "k must be a whole number >= 1 (got 0); mixture must be one of linear, log-"),
     ],
 )
 def test_bad_values_are_named_together(overrides, message):
@@ -87,7 +103,10 @@ def test_unknown_names_are_a_type_error():
         TypeError, match=r"unknown hyperparameter\(s\) \['alpha', 'lambda_'\]; known: \['doc_temperature', 'k', 'lam',"
     ):
         PAPER.replace(lambda_=0.5, alpha=1)
-    assert Settings.from_tuned({"k": 64, "temperature": 34.51}) == DEFAULT.replace(k=64, temperature=34.51)
+    tuned = {"k": 64, "temperature": 34.51, "mixture": "log-linear"}
+    assert Settings.from_tuned(tuned) == DEFAULT.replace(k=64, temperature=34.51)
+    # a record without a mixture was tuned before there was a choice: for the linear one
+    assert Settings.from_tuned({"lam": 0.6}) == DEFAULT.replace(lam=0.6, mixture="linear")
     assert Settings.from_tuned({}) == DEFAULT
     with pytest.raises(TypeError, match=r"unknown hyperparameter\(s\) \['retrieval'\]"):
         Settings.from_tuned({"retrieval": "faiss"})  # a datastore stores tuned numbers only
@@ -98,9 +117,9 @@ def test_unknown_names_are_a_type_error():
 
 
 def test_the_library_keeps_its_keyword_interface(built):
-    assert built.settings == DEFAULT and built.hparams == PAPER.hparams
+    assert built.settings == DEFAULT and built.hparams == PAPER.hparams | {"lam": LAM}
     chosen = PAPER.replace(n_docs=1, k=4, temperature=2.0, lam=0.5)
-    by_keywords = built.predict(QUESTION, SUBJECT, **chosen.hparams)
+    by_keywords = built.predict(QUESTION, SUBJECT, **chosen.hparams, mixture=chosen.mixture)
     by_settings = built.predict_batch([QUESTION], [SUBJECT], settings=chosen)[0]
     np.testing.assert_array_equal(by_keywords.p, by_settings.p)
     other = BertKNN(built.encoder, built.store, settings=chosen, k=8)
@@ -113,8 +132,8 @@ def test_the_library_keeps_its_keyword_interface(built):
 def test_tuned_values_stored_with_the_datastore_replace_the_papers(built):
     with built.store.writing():
         built.store.set_manifest(tuned={"hparams": {"n_docs": 1, "k": 64, "temperature": 34.51, "lam": 0.6}})
-    tuned = BertKNN(built.encoder, built.store)
-    assert tuned.settings == DEFAULT.replace(n_docs=1, k=64, temperature=34.51, lam=0.6)
+    tuned = BertKNN(built.encoder, built.store)  # stored before tune searched the mixture: tuned for the linear one
+    assert tuned.settings == DEFAULT.replace(n_docs=1, k=64, temperature=34.51, lam=0.6, mixture="linear")
     assert BertKNN(built.encoder, built.store, lam=0.3).settings.lam == 0.3  # arguments replace the tuned values
     tag = f"n1-k64-T34.51-l0.6-dt{DOC_TEMPERATURE}"
     assert ev.results_name(tuned, "full") == f"results-L{built.store.layer}-{tag}-full.jsonl"
@@ -156,7 +175,7 @@ def test_the_service_passes_one_settings_down(built, monkeypatch):
         options = {"k": 4, "lam": 0.5, "retrieval": "ir"}
         response = client.post("/predict", json={"text": QUESTION, "subject": SUBJECT, "options": options})
         assert response.status_code == 200, response.text
-        assert client.get("/health").json()["hparams"] == PAPER.hparams
+        assert client.get("/health").json()["hparams"] == DEFAULT.hparams
         schema = client.get("/openapi.json").json()["components"]["schemas"]["Options"]["properties"]["retrieval"]
     assert seen == [{"settings": DEFAULT.replace(**options)}]
     assert list(RETRIEVALS) in (schema.get("enum"), *(s.get("enum") for s in schema.get("anyOf", [])))
@@ -179,7 +198,7 @@ def test_result_file_names_are_unchanged():
 
 def test_results_name_uses_the_settings(built):
     assert ev.results_name(built, "common") == f"results-L{built.store.layer}-{DEFAULT.file_tag()}-common.jsonl"
-    assert DEFAULT.file_tag() == f"{PAPER.file_tag()}-dt{DOC_TEMPERATURE}"  # other results than the paper's: a new file
+    assert DEFAULT.file_tag() == f"n3-k128-T6.0-l{LAM}-dt{DOC_TEMPERATURE}-loglin"  # other results: another file
 
 
 NUMBER = r"(?<![\w.]){}(?![\w.])"

@@ -81,24 +81,25 @@ def test_embedded_only_keeps_the_facts_whose_documents_are_embedded(
 
 def test_write_grid_writes_the_table_and_the_json(tmp_path):
     grid = [
-        (Settings(1, 64, 5.0, 0.5), {"P@1": 0.5, "P@10": 0.75, "MRR": 0.6}),
+        (Settings(1, 64, 5.0, 0.5, mixture="log-linear"), {"P@1": 0.5, "P@10": 0.75, "MRR": 0.6}),
         (PAPER, {"P@1": 0.25, "P@10": 1.0, "MRR": 1 / 3}),
     ]
     md = write_grid(tmp_path / "tune", "4 dev facts", grid)
     assert md == tmp_path / "tune" / "grid.md"
     assert md.read_text(encoding="utf-8") == (
         "# Grid search (4 dev facts)\n\n"
-        "| n_docs | k | temperature | lambda | P@1 | P@10 | MRR |\n"
-        "|---|---|---|---|---|---|---|\n"
-        "| 1 | 64 | 5.0 | 0.5 | 50.0 | 75.0 | 60.0 |\n"
-        f"| {PAPER.n_docs} | {PAPER.k} | {PAPER.temperature} | {PAPER.lam} | 25.0 | 100.0 | 33.3 |\n"
+        "| n_docs | k | temperature | lambda | mixture | P@1 | P@10 | MRR |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+        "| 1 | 64 | 5.0 | 0.5 | log-linear | 50.0 | 75.0 | 60.0 |\n"
+        f"| {PAPER.n_docs} | {PAPER.k} | {PAPER.temperature} | {PAPER.lam} | linear | 25.0 | 100.0 | 33.3 |\n"
     )
     saved = json.loads((tmp_path / "tune" / "grid.json").read_text(encoding="utf-8"))
     assert saved == {
         "dev": "4 dev facts",
         "grid": [
-            {"n_docs": 1, "k": 64, "temperature": 5.0, "lam": 0.5, "P@1": 0.5, "P@10": 0.75, "MRR": 0.6},
-            PAPER.hparams | {"P@1": 0.25, "P@10": 1.0, "MRR": 1 / 3},
+            {"n_docs": 1, "k": 64, "temperature": 5.0, "lam": 0.5, "mixture": "log-linear"}
+            | {"P@1": 0.5, "P@10": 0.75, "MRR": 0.6},
+            PAPER.tuned | {"P@1": 0.25, "P@10": 1.0, "MRR": 1 / 3},
         ],
     }
 

@@ -1,6 +1,7 @@
 """Combine stage: interpolate the LM's and the kNN's distributions, and the result a user gets (SPEC §3).
 
-p = lambda * p_kNN + (1 - lambda) * p_BERT over the full vocabulary; with no neighbours, p = p_BERT.
+p = lambda * p_kNN + (1 - lambda) * p_BERT over the full vocabulary (the paper), or the log-linear mixture
+p ~ p_kNN^lambda * p_BERT^(1 - lambda) (bertknn's default); with no neighbours, p = p_BERT.
 """
 
 from __future__ import annotations
@@ -100,11 +101,22 @@ def confident_lam(p_knn: np.ndarray, lam: float, neighbours: int) -> float:
     return float(lam * max(0.0, 1.0 + float(np.sum(p * np.log(p))) / np.log(neighbours)))
 
 
-def interpolate(p_bert: np.ndarray, p_knn: np.ndarray | None, lam: float) -> np.ndarray:
-    """lambda * p_kNN + (1 - lambda) * p_BERT; p_BERT alone when there is no kNN distribution."""
+def interpolate(p_bert: np.ndarray, p_knn: np.ndarray | None, lam: float, mixture: str = "linear") -> np.ndarray:
+    """The two distributions combined: "linear" (the paper), lambda * p_kNN + (1 - lambda) * p_BERT; "log-linear",
+    p_kNN^lambda * p_BERT^(1 - lambda) renormalised, so an answer needs both supports: the neighbours' words ranked
+    by how well each fits the question as the LM reads it (words no neighbour holds get 0). p_BERT alone when there
+    is no kNN distribution."""
     if p_knn is None:
         return p_bert
-    return lam * p_knn + (1.0 - lam) * p_bert
+    if mixture == "linear":
+        return lam * p_knn + (1.0 - lam) * p_bert
+    held = np.flatnonzero(p_knn > 0)
+    tiny = np.finfo(np.float64).tiny  # an LM probability that underflowed to 0 still ranks below the others
+    score = lam * np.log(p_knn[held]) + (1.0 - lam) * np.log(np.maximum(p_bert[held], tiny))
+    weights = np.exp(score - score.max())
+    out = np.zeros(len(p_bert), dtype=np.float64)
+    out[held] = weights / weights.sum()
+    return out
 
 
 def ranked(p: np.ndarray | None, tokens, k: int) -> list[TokenScore]:

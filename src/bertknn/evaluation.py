@@ -215,7 +215,7 @@ def _top3(ranked_list) -> list[list]:
 
 RESULTS_NAME = re.compile(
     r"results-L(?P<layer>\d+)-(?P<hparams>n\d+-k\d+-T[^-]+-l[^-]+?)(?:-dt(?P<dt>[0-9.]+))?(?:-(?P<lam_by>entropy))?"
-    r"-(?P<vocab>full|common)(?P<nosubject>-nosubject)?\.jsonl"
+    r"(?P<loglin>-loglin)?-(?P<vocab>full|common)(?P<nosubject>-nosubject)?\.jsonl"
 )
 
 
@@ -226,7 +226,7 @@ def results_name(knn, vocab: str, with_subject: bool = True) -> str:
 
 def results_run(name: str) -> dict[str, str] | None:
     """What a results file holds, read back from its name (`results_name`'s inverse): block, hyperparameters, vote,
-    lambda rule, ranking vocabulary and questions; None for a name `results_name` does not make."""
+    mixture, lambda rule, ranking vocabulary and questions; None for a name `results_name` does not make."""
     found = RESULTS_NAME.fullmatch(name)
     if not found:
         return None
@@ -235,6 +235,7 @@ def results_run(name: str) -> dict[str, str] | None:
         "block": found["layer"],
         "hyperparameters": found["hparams"],
         "vote": f"retrieval-aware (doc_temperature {dt})" if dt else "the paper's",
+        "mixture": "log-linear" if found["loglin"] else "linear",
         "lambda": "adaptive (entropy)" if found["lam_by"] else "constant",
         "vocabulary": found["vocab"],
         "questions": "without the subject" if found["nosubject"] else "with the subject",

@@ -89,9 +89,10 @@ class Query:
 class BertKNN:
     """A masked LM plus a datastore: `predict("Dante was born in [MASK].", subject="Dante")`.
 
-    Settings (n_docs, k, temperature, lam, retrieval: `bertknn.settings.Settings`) are the paper's
-    (`settings.PAPER`) unless `bertknn tune` stored tuned values with the datastore; `settings`, when given, replaces
-    both, and keyword arguments given here (not None) replace single values. The layer is the datastore's.
+    Settings (n_docs, k, temperature, lam, retrieval, ...: `bertknn.settings.Settings`) are bertknn's defaults
+    (`settings.DEFAULT`; the paper's: `settings.PAPER`) unless `bertknn tune` stored tuned values with the datastore;
+    `settings`, when given, replaces both, and keyword arguments given here (not None) replace single values. The
+    layer is the datastore's.
     """
 
     def __init__(
@@ -339,7 +340,8 @@ class BertKNN:
 
     def distributions(self, p_bert: np.ndarray, found: Neighbours, s: Settings) -> tuple[np.ndarray | None, np.ndarray]:
         """p_kNN (None without neighbours) and the interpolated p of one question, as the settings say: the paper's
-        vote or the retrieval-aware one (`doc_temperature`), a constant or an adaptive lambda (`lam_by`)."""
+        vote or the retrieval-aware one (`doc_temperature`), a constant or an adaptive lambda (`lam_by`), the linear or
+        the log-linear mixture (`mixture`)."""
         if not len(found.entries):
             return None, p_bert.astype(np.float64)
         if s.doc_temperature and found.scores is not None:
@@ -351,7 +353,7 @@ class BertKNN:
         else:
             p_knn = knn_distribution(found.values, found.distances, s.temperature, len(p_bert))
         lam = confident_lam(p_knn, s.lam, len(found.entries)) if s.lam_by == "entropy" else s.lam
-        return p_knn, interpolate(p_bert.astype(np.float64), p_knn, lam)
+        return p_knn, interpolate(p_bert.astype(np.float64), p_knn, lam, s.mixture)
 
     def _check_neighbours(self, found: Neighbours, vocab: int) -> None:
         """A damaged key (NaN) or value (outside the vocabulary) must never reach an answer."""

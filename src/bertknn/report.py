@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from bertknn.settings import Settings
+from bertknn.settings import HPARAMS, PAPER, Settings
 
 NAMES = {"bert": "BERT", "knn": "kNN", "bert_knn": "BERT-kNN", "frequency": "Freq. word"}
 
@@ -99,7 +99,7 @@ def _side_by_side(runs: dict[str, tuple[dict, dict]]) -> list[str]:
     if len(runs) < 2:
         return []
     ids = {name: chr(ord("A") + i) if i < 26 else str(i) for i, name in enumerate(runs)}
-    fields = ["block", "hyperparameters", "vote", "lambda", "vocabulary", "questions"]
+    fields = ["block", "hyperparameters", "vote", "mixture", "lambda", "vocabulary", "questions"]
     out = ["", "## Runs side by side (the results files in this directory; P@1, kNN / BERT-kNN)", ""]
     out += _table(
         ["run", *fields, "facts", "results file"],
@@ -187,16 +187,22 @@ def lama_setting(
     """The report's "Setting" section: what was evaluated and how, in words, so that a reader can judge the numbers.
 
     `knn`: the main layer's BertKNN; `facts`/`rows`: the facts selected/evaluated; `vocab`: "full" or "common";
-    `given`: the hyperparameters given on the command line (None where not); `began`: when the run began.
+    `given`: the settings given on the command line (only those); `began`: when the run began.
     """
     from bertknn.default_model import DEFAULT_MODEL
 
     store = knn.store
     kind = "offline default, a weaker stand-in for bert-base-uncased" if encoder.name == DEFAULT_MODEL else "as given"
     sample = f"sample of {per_relation} per relation, seed {seed}" if per_relation else "all"
-    tuned = " (tuned, stored with the datastore)" if store.manifest.get("tuned") else " (the paper's)"
-    if any(v is not None for v in given.values()):
-        tuned = " (as given on the command line where set)"
+    paper = ", ".join(f"{k}={v}" for k, v in PAPER.hparams.items())
+    if knn.settings.hparams == PAPER.hparams:
+        origin = " (the paper's)"
+    elif any(name in given for name in HPARAMS):
+        origin = " (as given on the command line where set)"
+    elif store.manifest.get("tuned"):
+        origin = " (tuned, stored with the datastore)"
+    else:
+        origin = f" (bertknn's defaults; the paper's: {paper})"
     return {
         "model": f"{encoder.name} ({kind})",
         "layer": f"{store.layer} of {encoder.model.config.num_hidden_layers}",
@@ -215,8 +221,8 @@ def lama_setting(
         "ranking vocabulary": "LAMA common vocabulary"
         if vocab == "common"
         else f"full model vocabulary ({encoder.vocab_size:,})",
-        "hyperparameters": ", ".join(f"{k}={v}" for k, v in knn.settings.hparams.items()) + tuned,
-        "kNN vote and lambda": _options_beyond_paper(knn.settings),
+        "hyperparameters": ", ".join(f"{k}={v}" for k, v in knn.settings.hparams.items()) + origin,
+        "kNN vote, mixture and lambda": _options_beyond_paper(knn.settings),
         "questions": "with the subject: its document by title, else TF-IDF on the subject (the paper)"
         if with_subject
         else "WITHOUT the subject (--no-subject): documents retrieved by TF-IDF on the question's own text",
@@ -226,14 +232,19 @@ def lama_setting(
 
 
 def _options_beyond_paper(settings: Settings) -> str:
-    """The kNN vote and lambda rule of a run in words (the paper's unless set)."""
+    """The kNN vote, mixture and lambda rule of a run in words."""
     vote = (
         f"retrieval-aware (doc_temperature={settings.doc_temperature})"
         if settings.doc_temperature
         else "the paper's (all neighbours vote together)"
     )
     lam = "adaptive by the kNN's entropy (lam_by=entropy)" if settings.lam_by == "entropy" else "constant (the paper's)"
-    return f"vote {vote}; lambda {lam}"
+    mixture = (
+        "log-linear, p_kNN^lam p_LM^(1-lam) renormalised (mixture=log-linear)"
+        if settings.mixture == "log-linear"
+        else "linear (the paper's)"
+    )
+    return f"vote {vote}; mixture {mixture}; lambda {lam}"
 
 
 def write_grid(directory: str | Path, description: str, grid: list[tuple[Settings, dict]]) -> Path:
@@ -241,10 +252,11 @@ def write_grid(directory: str | Path, description: str, grid: list[tuple[Setting
     markdown path."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    rows = [settings.hparams | scores for settings, scores in grid]
+    rows = [settings.tuned | scores for settings, scores in grid]
     (directory / "grid.json").write_text(json.dumps({"dev": description, "grid": rows}, indent=1), encoding="utf-8")
-    header = ["n_docs", "k", "temperature", "lambda", "P@1", "P@10", "MRR"]
-    body = [[str(r[h]) for h in ("n_docs", "k", "temperature", "lam")] + [_pct(r[m]) for m in header[4:]] for r in rows]
+    header = ["n_docs", "k", "temperature", "lambda", "mixture", "P@1", "P@10", "MRR"]
+    fields = ("n_docs", "k", "temperature", "lam", "mixture")
+    body = [[str(r[h]) for h in fields] + [_pct(r[m]) for m in header[len(fields) :]] for r in rows]
     md = directory / "grid.md"
     md.write_text("\n".join([f"# Grid search ({description})", "", *_table(header, body)]) + "\n", encoding="utf-8")
     return md

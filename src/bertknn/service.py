@@ -46,7 +46,7 @@ from bertknn.datastore import BusyError, Datastore, DatastoreError, file_sha256
 from bertknn.demo import DEMO_CORPUS, demo_questions
 from bertknn.encoder import QuestionError
 from bertknn.pipeline import BertKNN, Query
-from bertknn.settings import LAM_RULES, RETRIEVALS, Settings
+from bertknn.settings import LAM_RULES, MIXTURES, RETRIEVALS, Settings
 from bertknn.shards import is_sharded, open_store
 from bertknn.text import MASK, CorpusError, unicode_error
 
@@ -100,7 +100,7 @@ EvidenceCount = Annotated[int, Field(default=3, ge=0, le=20, description="eviden
 
 
 class Options(BaseModel):
-    """Per-request hyperparameters; unset ones keep the server's (the datastore's tuned values or the paper's)."""
+    """Per-request settings; unset ones keep the server's (the datastore's tuned values or bertknn's defaults)."""
 
     model_config = ConfigDict(extra="forbid")
     n_docs: int | None = Field(default=None, ge=1, le=MAX_N_DOCS, description="documents retrieved")
@@ -118,6 +118,9 @@ class Options(BaseModel):
     )
     lam_by: Annotated[str, WithJsonSchema({"type": "string", "enum": list(LAM_RULES)})] | None = Field(
         default=None, description="lambda per question: constant (the paper) or entropy (by the kNN's confidence)"
+    )
+    mixture: Annotated[str, WithJsonSchema({"type": "string", "enum": list(MIXTURES)})] | None = Field(
+        default=None, description="p_kNN and the LM's p combined: linear (the paper) or log-linear"
     )
 
 

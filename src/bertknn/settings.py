@@ -13,10 +13,13 @@ from dataclasses import dataclass
 
 RETRIEVALS = ("ir", "faiss", "ir+faiss")  # where the neighbours come from (BertKNN.predict)
 LAM_RULES = ("constant", "entropy")  # how lambda is set per question (`combine.confident_lam` for "entropy")
-# the retrieval-aware vote's temperature, kept on the LAMA dev split (bench/README.md, `bench/accuracy.py`); 0: the
-# paper's vote
-DOC_TEMPERATURE = 0.2
-HPARAMS = ("n_docs", "k", "temperature", "lam")  # the numeric ones: what `bertknn tune` searches and stores
+MIXTURES = ("linear", "log-linear")  # how p_kNN and p_LM are combined (`combine.interpolate`); linear: the paper
+# bertknn's defaults beyond the paper, each kept on the LAMA dev split (bench/README.md, `bench/accuracy.py`):
+MIXTURE = "log-linear"  # p_kNN^lam p_LM^(1-lam), renormalised
+LAM = 0.5  # lambda of that mixture (the paper's 0.3 is for the linear one)
+DOC_TEMPERATURE = 0.2  # the retrieval-aware vote's temperature; 0: the paper's vote
+HPARAMS = ("n_docs", "k", "temperature", "lam")  # the numeric ones
+TUNED = (*HPARAMS, "mixture")  # what `bertknn tune` searches and stores
 
 
 def _check_names(names, known: tuple[str, ...]) -> None:
@@ -27,25 +30,29 @@ def _check_names(names, known: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True)
 class Settings:
-    """How a question is answered: the paper's values (`PAPER`), except the kNN vote, retrieval-aware by default.
+    """How a question is answered: the paper's values (`PAPER`), except the kNN vote (retrieval-aware) and the
+    mixture (log-linear, with its own lambda) by default.
 
     n_docs: documents retrieved by IR; k: nearest neighbours; temperature: the l of exp(-d/l), d the squared
     distance; lam: weight of p_kNN against the LM's distribution; retrieval: where the neighbours come from, one of
     RETRIEVALS ("ir", the paper: the documents IR selects; "faiss": the whole datastore's FAISS index; "ir+faiss":
     both). Beyond the paper: doc_temperature > 0 makes the kNN vote retrieval-aware (each retrieved document's
     neighbours vote within it, weighted by p(d|q), a softmax of its retrieval score over doc_temperature:
-    `knn.document_vote`), on by default since it helped on the dev split (0: the paper's vote); lam_by "entropy"
-    scales lam per question by the kNN's confidence (`combine.confident_lam`), off since it did not help.
+    `knn.document_vote`), on by default since it helped on the dev split (0: the paper's vote); mixture: "linear"
+    (the paper: lam p_kNN + (1 - lam) p_LM) or "log-linear" (p_kNN^lam p_LM^(1-lam), renormalised: an answer needs
+    both the neighbours' and the LM's support), log-linear by default since it helped on the dev split; lam_by
+    "entropy" scales lam per question by the kNN's confidence (`combine.confident_lam`), off since it did not help.
     Made with bad values, it raises ValueError naming every problem.
     """
 
     n_docs: int = 3
     k: int = 128
     temperature: float = 6.0
-    lam: float = 0.3
+    lam: float = LAM
     retrieval: str = "ir"
     doc_temperature: float = DOC_TEMPERATURE
     lam_by: str = "constant"
+    mixture: str = MIXTURE
 
     def __post_init__(self) -> None:
         wrong_retrieval = (
@@ -76,6 +83,8 @@ class Settings:
             problems.append(f"doc_temperature must be a number >= 0 (0: the paper's vote), not {doc_t!r}")
         if self.lam_by not in LAM_RULES:
             problems.append(f"lam_by must be one of {', '.join(LAM_RULES)}, not {self.lam_by!r}")
+        if self.mixture not in MIXTURES:
+            problems.append(f"mixture must be one of {', '.join(MIXTURES)}, not {self.mixture!r}")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -88,16 +97,23 @@ class Settings:
 
     @classmethod
     def from_tuned(cls, values: object) -> Settings:
-        """The paper's settings with the hyperparameters `bertknn tune` stored in a datastore's manifest (a dict
-        of HPARAMS names); raises as `replace` does."""
+        """The default settings with what `bertknn tune` stored in a datastore's manifest (a dict of TUNED names);
+        raises as `replace` does. A record without a mixture predates it: its numbers were tuned for the linear one."""
         values = values if isinstance(values, dict) else {"hparams": values}
-        _check_names(values, HPARAMS)
+        _check_names(values, TUNED)
+        if values and "mixture" not in values:
+            values = {**values, "mixture": "linear"}
         return cls().replace(**values)
 
     @property
     def hparams(self) -> dict:
-        """The numeric settings (HPARAMS) as a dict: what `bertknn tune` stores and /health shows."""
+        """The numeric settings (HPARAMS) as a dict: what /health shows."""
         return {name: getattr(self, name) for name in HPARAMS}
+
+    @property
+    def tuned(self) -> dict:
+        """What `bertknn tune` searches and stores (TUNED) as a dict."""
+        return {name: getattr(self, name) for name in TUNED}
 
     def as_dict(self) -> dict:
         """Every setting as a dict (keyword arguments of `BertKNN` and `replace`)."""
@@ -106,12 +122,14 @@ class Settings:
     def file_tag(self) -> str:
         """The numeric settings in a file name, e.g. "n3-k128-T6.0-l0.3" (evaluation's result files), and the
         options beyond the paper that are on."""
-        extra = (f"-dt{self.doc_temperature}" if self.doc_temperature else "") + (
-            f"-{self.lam_by}" if self.lam_by != "constant" else ""
+        extra = (
+            (f"-dt{self.doc_temperature}" if self.doc_temperature else "")
+            + (f"-{self.lam_by}" if self.lam_by != "constant" else "")
+            + ("-loglin" if self.mixture == "log-linear" else "")
         )
         return f"n{self.n_docs}-k{self.k}-T{self.temperature}-l{self.lam}{extra}"
 
 
 FIELDS = tuple(field.name for field in dataclasses.fields(Settings))
-PAPER = Settings(doc_temperature=0.0)  # the paper's method exactly (Kassner and Schütze, 2020)
-DEFAULT = Settings()  # bertknn's: the paper's with the retrieval-aware vote
+PAPER = Settings(lam=0.3, doc_temperature=0.0, mixture="linear")  # the paper's method exactly (Kassner and Schütze)
+DEFAULT = Settings()  # bertknn's: the paper's with the retrieval-aware vote and the log-linear mixture

@@ -3,8 +3,9 @@
 Each dev fact is run through the model once: its LM distribution and, for n_docs = 1..5, its 512 nearest neighbours
 are cached; every grid point is then scored from that cache alone (no forward pass, no search). The gold token's
 BERT-kNN rank is counted exactly and cheaply: kNN puts mass on at most k tokens, so the tokens outside that support
-are counted with a binary search in the sorted LM distribution. The grid scores the paper's vote (its settings are
-`PAPER`'s); the numbers it stores are used with the datastore's default vote.
+are counted with a binary search in the sorted LM distribution (in the log-linear mixture only the support scores).
+The grid scores the paper's vote with both mixtures (MIXTURES); the numbers and the mixture it stores are used with
+the datastore's default vote.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from bertknn import builder
 from bertknn.evaluation import (
     TUNED_GROUPS,
+    UNRANKED,
     Fact,
     fact_key,
     held_out,
@@ -27,7 +29,7 @@ from bertknn.evaluation import (
     sample_per_relation,
 )
 from bertknn.knn import neighbour_weights
-from bertknn.settings import PAPER, Settings
+from bertknn.settings import MIXTURES, PAPER, Settings
 
 if TYPE_CHECKING:
     from bertknn.pipeline import BertKNN
@@ -49,8 +51,10 @@ class FactCache:
         self.gold = gold
         self.neighbours = neighbours  # n_docs -> (values, squared distances), nearest first, at most max(KS)
 
-    def ranks(self, n_docs: int, k: int, temperature: float, lambdas: np.ndarray) -> np.ndarray:
-        """The gold token's BERT-kNN rank for each lambda (1 + tokens scored strictly higher)."""
+    def ranks(
+        self, n_docs: int, k: int, temperature: float, lambdas: np.ndarray, mixture: str = "linear"
+    ) -> np.ndarray:
+        """The gold token's BERT-kNN rank for each lambda (1 + tokens scored strictly higher) under `mixture`."""
         values, dist = self.neighbours[n_docs]
         values, dist = values[:k], dist[:k]
         if not len(values):
@@ -60,6 +64,13 @@ class FactCache:
         q = np.bincount(inverse, weights=neighbour_weights(dist, temperature))
         q_gold = q[support == self.gold].sum()
         b_support = self.p_bert[support]
+        if mixture == "log-linear":  # only the neighbours' words score: gold outside them is never a hit
+            if not q_gold:
+                return np.full(len(lambdas), UNRANKED)
+            b_log = np.log(np.maximum(b_support, np.finfo(np.float64).tiny))
+            score = lambdas[:, None] * np.log(q)[None, :] + (1 - lambdas[:, None]) * b_log[None, :]
+            gold_score = score[:, support == self.gold][:, 0]
+            return 1 + (score > gold_score[:, None]).sum(1)
         thr = lambdas * q_gold + (1 - lambdas) * self.bert_gold  # gold's score per lambda
         x = thr / (1 - lambdas)  # a token outside the support beats gold when its LM probability exceeds x
         above = len(self.sorted_bert) - np.searchsorted(self.sorted_bert, x, side="right")
@@ -108,14 +119,16 @@ def temperatures(cache: list[FactCache]) -> list[float]:
 
 
 def grid_search(facts: list[Fact], cache: list[FactCache]) -> list[tuple[Settings, dict]]:
-    """Every grid point's settings with its macro P@1, P@10 and MRR of BERT-kNN on the dev facts, best first."""
+    """Every grid point's settings (the paper's vote; both mixtures) with its macro P@1, P@10 and MRR of BERT-kNN on
+    the dev facts, best first."""
     lambdas = np.asarray(LAMBDAS)
     results = []
-    for n_docs, k, temperature in itertools.product(N_DOCS, KS, temperatures(cache)):
-        ranks = np.stack([c.ranks(n_docs, k, temperature, lambdas) for c in cache])  # facts x lambdas
+    for n_docs, k, temperature, mixture in itertools.product(N_DOCS, KS, temperatures(cache), MIXTURES):
+        ranks = np.stack([c.ranks(n_docs, k, temperature, lambdas, mixture) for c in cache])  # facts x lambdas
         for j, lam in enumerate(LAMBDAS):
             macro = macro_metrics(facts, ranks[:, j].tolist())["macro"]
-            results.append((PAPER.replace(n_docs=n_docs, k=k, temperature=temperature, lam=lam), macro))
+            chosen = PAPER.replace(n_docs=n_docs, k=k, temperature=temperature, lam=lam, mixture=mixture)
+            results.append((chosen, macro))
     results.sort(key=lambda r: (-r[1]["P@1"], -r[1]["MRR"]))
     return results
 
@@ -170,4 +183,4 @@ def store_best(knn: BertKNN, grid: list[tuple[Settings, dict]], description: str
     """Record the grid's best settings, its P@1 and the dev split with the datastore: `BertKNN.load` uses them."""
     best, scores = grid[0]
     with knn.store.writing():
-        knn.store.set_manifest(tuned={"hparams": best.hparams, "dev": description, "P@1": scores["P@1"]})
+        knn.store.set_manifest(tuned={"hparams": best.tuned, "dev": description, "P@1": scores["P@1"]})

@@ -21,7 +21,7 @@ from bertknn.console import console, phase_progress, shown
 from bertknn.encoder import Encoder
 from bertknn.pipeline import BertKNN
 from bertknn.runtime import Runtime
-from bertknn.settings import DOC_TEMPERATURE, PAPER
+from bertknn.settings import DEFAULT, DOC_TEMPERATURE, MIXTURE, MIXTURES, PAPER
 
 HELP = "Command line: build, ask, index, add, remove, demo, data lama, eval lama, tune, train-head."
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP)
@@ -97,12 +97,14 @@ def _writer_wait(datastore: Path, wait: float) -> Iterator[None]:
 
 DatastoreArg = Annotated[Path, typer.Argument(help="datastore directory made by `bertknn build`")]
 ThreadsOption = Annotated[int, typer.Option(help="CPU threads [default: all cores]")]
-NDocsOption = Annotated[int | None, typer.Option(help=f"documents retrieved [{TUNED}{PAPER.n_docs}]")]
-KOption = Annotated[int | None, typer.Option(help=f"nearest neighbours [{TUNED}{PAPER.k}]")]
+NDocsOption = Annotated[int | None, typer.Option(help=f"documents retrieved [{TUNED}{DEFAULT.n_docs}]")]
+KOption = Annotated[int | None, typer.Option(help=f"nearest neighbours [{TUNED}{DEFAULT.k}]")]
 TemperatureOption = Annotated[
-    float | None, typer.Option(help=f"kNN temperature l in exp(-d/l) [{TUNED}{PAPER.temperature}]")
+    float | None, typer.Option(help=f"kNN temperature l in exp(-d/l) [{TUNED}{DEFAULT.temperature}]")
 ]
-LamOption = Annotated[float | None, typer.Option("--lambda", help=f"weight of p_kNN [{TUNED}{PAPER.lam}]")]
+LamOption = Annotated[
+    float | None, typer.Option("--lambda", help=f"weight of p_kNN [{TUNED}{DEFAULT.lam}; the paper's: {PAPER.lam}]")
+]
 DocTemperatureOption = Annotated[
     float | None,
     typer.Option(
@@ -114,6 +116,20 @@ DocTemperatureOption = Annotated[
 LamByOption = Annotated[
     str | None,
     typer.Option(help="lambda per question: constant (the paper) or entropy (scaled by the kNN's confidence)"),
+]
+MixtureOption = Annotated[
+    str | None,
+    typer.Option(
+        help=f"how p_kNN and the LM's p combine: {' or '.join(MIXTURES)} (the paper: linear) [{TUNED}{MIXTURE}]"
+    ),
+]
+PaperOption = Annotated[
+    bool,
+    typer.Option(
+        "--paper",
+        help="the paper's method exactly: its vote, mixture, n_docs, k, temperature and lambda (options given with it "
+        "still apply)",
+    ),
 ]
 PackOption = Annotated[
     int,
@@ -147,6 +163,12 @@ BackendOption = Annotated[
         "torch, or onnx-int8 (questions in int8: faster still, approximate); speeds in bench/README.md"
     ),
 ]
+
+
+def query_options(paper: bool, **given: object) -> dict:
+    """The query settings a command passes on: those given (not None), over the paper's when `paper` (--paper)."""
+    base = {name: value for name, value in PAPER.as_dict().items() if name != "retrieval"} if paper else {}
+    return base | {name: value for name, value in given.items() if value is not None}
 
 
 def _build(corpus: Path, out: Path, model: str | Encoder, layer: int | None, **options: object) -> BertKNN:

@@ -19,13 +19,16 @@ from bertknn.cli import (
     KOption,
     LamByOption,
     LamOption,
+    MixtureOption,
     NDocsOption,
     PackOption,
+    PaperOption,
     TemperatureOption,
     ThreadsOption,
     command,
     data_app,
     eval_app,
+    query_options,
 )
 from bertknn.console import console, p_at_1_table, phase_progress
 from bertknn.default_model import DEFAULT_MODEL, HEAD_FILE
@@ -106,6 +109,8 @@ def eval_lama(
     lam: LamOption = None,
     doc_temperature: DocTemperatureOption = None,
     lam_by: LamByOption = None,
+    mixture: MixtureOption = None,
+    paper: PaperOption = False,
     backend: BackendOption = CLI_BACKEND,
     device: DeviceOption = "auto",
     dtype: DtypeOption = "float32",
@@ -123,8 +128,8 @@ def eval_lama(
     facts = ev.select_facts(
         data, encoder.tokenizer, groups, common, heldout_only, sample_per_relation, seed, console.print
     )
-    given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam}
-    options = {"doc_temperature": doc_temperature, "lam_by": lam_by}
+    given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
+    given = query_options(paper, **given, lam_by=lam_by, mixture=mixture)
     max_seconds = max_minutes * 60 if max_minutes else None
     blocks = [int(x) for x in layers.split(",")] if layers else None
     summary, rows, knn = ev.evaluate_layers(
@@ -141,7 +146,6 @@ def eval_lama(
         int8_keys,
         not no_subject,
         **given,
-        **options,
     )
     setting = lama_setting(
         encoder,
@@ -202,7 +206,7 @@ def tune(
     paper_p1 = f"{100 * paper['P@1']:.1f}" if paper else "not in the grid"
     console.print(f"{len(grid):,} settings scored on {description}")
     console.print(
-        f"best: {best.hparams} P@1 {100 * best_scores['P@1']:.1f} (the paper's "
-        f"{'/'.join(map(str, PAPER.hparams.values()))}: {paper_p1}); "
+        f"best: {best.tuned} P@1 {100 * best_scores['P@1']:.1f} (the paper's "
+        f"{'/'.join(map(str, PAPER.tuned.values()))}: {paper_p1}); "
         f"stored in {knn.store.path / 'manifest.json'}; whole grid in {grid_md}"
     )

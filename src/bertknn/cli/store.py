@@ -22,14 +22,17 @@ from bertknn.cli import (
     KOption,
     LamByOption,
     LamOption,
+    MixtureOption,
     NDocsOption,
     PackOption,
+    PaperOption,
     TemperatureOption,
     ThreadsOption,
     WaitOption,
     _build,
     _writer_wait,
     command,
+    query_options,
 )
 from bertknn.console import console, phase_progress, render
 from bertknn.default_model import DEFAULT_MODEL
@@ -115,6 +118,8 @@ def ask(
     lam: LamOption = None,
     doc_temperature: DocTemperatureOption = None,
     lam_by: LamByOption = None,
+    mixture: MixtureOption = None,
+    paper: PaperOption = False,
     retrieval: Annotated[
         str, typer.Option(help="neighbours from: ir (the paper), faiss (whole datastore; `bertknn index`), ir+faiss")
     ] = PAPER.retrieval,
@@ -128,8 +133,9 @@ def ask(
     threads: ThreadsOption = 0,
 ) -> None:
     """Answer a cloze question: BERT, kNN and BERT-kNN side by side, with the evidence sentences."""
-    hparams = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam}
-    knn = BertKNN.load(datastore, model, runtime=backend, **hparams, doc_temperature=doc_temperature, lam_by=lam_by)
+    given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
+    options = query_options(paper, **given, lam_by=lam_by, mixture=mixture)
+    knn = BertKNN.load(datastore, model, runtime=backend, **options)
     prediction = knn.predict(question, subject=subject, top_k=top_k, retrieval=retrieval)
     if as_json:
         typer.echo(json.dumps(prediction.to_dict(knn.encoder.tokenizer), indent=1))  # plain: never wrapped
