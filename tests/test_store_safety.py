@@ -33,7 +33,7 @@ def test_a_document_without_targets_does_not_brick_the_store(built):
     built.settings = PAPER
     reference = built.predict("Dante was born in [MASK] .", top_k=3)
     assert built.add_documents([STOPWORDS_ONLY]) == 0
-    for knn in (built, BertKNN.load(built.store.path, str(built.encoder.name), doc_temperature=0)):
+    for knn in (built, BertKNN.load(built.store.path, str(built.encoder.name), settings=PAPER)):
         assert knn.predict("Dante was born in [MASK] .", top_k=3).bert_knn == reference.bert_knn
         assert knn.predict("It is [MASK] .", top_k=3).bert  # a question whose IR query is all stopwords
     built.remove_document("it-1")
