@@ -24,9 +24,10 @@ from bertknn.runtime import Runtime
 from bertknn.settings import DEFAULT, DOC_TEMPERATURE, MIXTURE, MIXTURES, PAPER
 
 HELP = "Command line: build, ask, index, add, remove, demo, data lama, eval lama, tune, train-head."
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP)
-data_app = typer.Typer(no_args_is_help=True, help="Get and verify evaluation data.")
-eval_app = typer.Typer(no_args_is_help=True, help="Evaluate BERT, kNN and BERT-kNN.")
+PLAIN = {"rich_markup_mode": None}  # help texts as written: their "[default: ...]" is not rich markup
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, **PLAIN)
+data_app = typer.Typer(no_args_is_help=True, help="Get and verify evaluation data.", **PLAIN)
+eval_app = typer.Typer(no_args_is_help=True, help="Evaluate BERT, kNN and BERT-kNN.", **PLAIN)
 app.add_typer(data_app, name="data")
 app.add_typer(eval_app, name="eval")
 TUNED = "default: the datastore's tuned value, else "
@@ -96,7 +97,7 @@ def _writer_wait(datastore: Path, wait: float) -> Iterator[None]:
 
 
 DatastoreArg = Annotated[Path, typer.Argument(help="datastore directory made by `bertknn build`")]
-ThreadsOption = Annotated[int, typer.Option(help="CPU threads [default: all cores]")]
+ThreadsOption = Annotated[int, typer.Option(help="CPU threads [default: all cores]", show_default=False)]
 NDocsOption = Annotated[int | None, typer.Option(help=f"documents retrieved [{TUNED}{DEFAULT.n_docs}]")]
 KOption = Annotated[int | None, typer.Option(help=f"nearest neighbours [{TUNED}{DEFAULT.k}]")]
 TemperatureOption = Annotated[
