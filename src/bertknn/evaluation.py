@@ -390,7 +390,8 @@ def lama_knn(
     """A BertKNN over a lazy datastore of `corpus` (a path in any format `bertknn build` reads) for this model,
     layer, pack and key precision, cached.
 
-    `hparams` (n_docs, k, temperature, lam; None = the datastore's tuned value, else the paper's) are BertKNN's.
+    `hparams`: BertKNN's settings (n_docs, k, temperature, lam, ...; None = the datastore's tuned value, else
+    bertknn's default).
 
     A new one starts from the registered documents and IR index of a cached datastore of the same corpus (another
     model or layer), since those do not depend on the model.
