@@ -175,7 +175,9 @@ def test_the_service_passes_one_settings_down(built, monkeypatch):
         options = {"k": 4, "lam": 0.5, "retrieval": "ir"}
         response = client.post("/predict", json={"text": QUESTION, "subject": SUBJECT, "options": options})
         assert response.status_code == 200, response.text
-        assert client.get("/health").json()["hparams"] == DEFAULT.hparams
+        health = client.get("/health").json()
+        assert health["hparams"] == DEFAULT.hparams and health["settings"] == DEFAULT.as_dict()
+        assert health["settings"]["mixture"] == "log-linear" and health["settings"]["doc_temperature"] == 0.2
         schema = client.get("/openapi.json").json()["components"]["schemas"]["Options"]["properties"]["retrieval"]
     assert seen == [{"settings": DEFAULT.replace(**options)}]
     assert list(RETRIEVALS) in (schema.get("enum"), *(s.get("enum") for s in schema.get("anyOf", [])))

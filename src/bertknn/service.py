@@ -624,6 +624,7 @@ def create_app(
             "datastore": _public_name(knn.store.path),
             **_counts(knn, lock),
             "hparams": knn.settings.hparams,
+            "settings": knn.settings.as_dict(),  # also the vote, the mixture and the lambda rule a request gets
             "writable": writable,
             "max_batch": batcher.max_batch,
             "model_calls": batcher.calls,
