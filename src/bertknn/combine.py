@@ -101,6 +101,14 @@ def confident_lam(p_knn: np.ndarray, lam: float, neighbours: int) -> float:
     return float(lam * max(0.0, 1.0 + float(np.sum(p * np.log(p))) / np.log(neighbours)))
 
 
+def log_linear_scores(p_knn: np.ndarray, p_bert: np.ndarray, lam: float | np.ndarray) -> np.ndarray:
+    """lambda * log p_kNN + (1 - lambda) * log p_BERT of words some neighbour holds (p_knn > 0): the log-linear
+    mixture before normalising; `lam` a number (one score per word), or an array of them (a row of scores each). An
+    LM probability that underflowed to 0 is floored, so the word still ranks, below the others."""
+    lam = np.asarray(lam, np.float64)[..., None]
+    return lam * np.log(p_knn) + (1.0 - lam) * np.log(np.maximum(p_bert, np.finfo(np.float64).tiny))
+
+
 def interpolate(p_bert: np.ndarray, p_knn: np.ndarray | None, lam: float, mixture: str = "linear") -> np.ndarray:
     """The two distributions combined: "linear" (the paper), lambda * p_kNN + (1 - lambda) * p_BERT; "log-linear",
     p_kNN^lambda * p_BERT^(1 - lambda) renormalised, so an answer needs both supports: the neighbours' words ranked
@@ -111,8 +119,7 @@ def interpolate(p_bert: np.ndarray, p_knn: np.ndarray | None, lam: float, mixtur
     if mixture == "linear":
         return lam * p_knn + (1.0 - lam) * p_bert
     held = np.flatnonzero(p_knn > 0)
-    tiny = np.finfo(np.float64).tiny  # an LM probability that underflowed to 0 still ranks below the others
-    score = lam * np.log(p_knn[held]) + (1.0 - lam) * np.log(np.maximum(p_bert[held], tiny))
+    score = log_linear_scores(p_knn[held], p_bert[held], lam)
     weights = np.exp(score - score.max())
     out = np.zeros(len(p_bert), dtype=np.float64)
     out[held] = weights / weights.sum()

@@ -44,12 +44,16 @@ def load_base() -> BertForMaskedLM:
     return model
 
 
+def read_head_file(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A head file's tensors and metadata, as `bertknn train-head` writes them."""
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}  # noqa: SIM118 - safe_open is not a dict
+
+
 def apply_head_file(model: BertForMaskedLM, path: Path) -> dict:
     """Load a trained head, [MASK] embedding and merged low-rank adapters into `model`; return the file's metadata."""
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        scaling = float(meta.get("lora_scaling", "0"))
-        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open is not a dict
+    tensors, meta = read_head_file(path)
+    scaling = float(meta.get("lora_scaling", "0"))
     with torch.no_grad():
         for key, value in tensors.items():
             if key.startswith("cls."):

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from bertknn.default_model import base_model_dir, load_base
+from bertknn.default_model import base_model_dir, load_base, read_head_file
 from bertknn.text import Sentence, iter_corpus, normalize_title, split_sentences, tokenize_sentences
 
 HELDOUT_PERCENT = 20
@@ -119,21 +119,13 @@ def _export(model, out: Path, mask_id: int, scaling: float, info: dict) -> None:
     tmp.replace(out)
 
 
-def _file_info(path: Path) -> dict:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        return json.loads((f.metadata() or {}).get("info", "{}"))
-
-
 @torch.no_grad()
-def _resume_from(model, path: Path, mask_id: int) -> None:
-    """Load a head file written by `_export` into the trainable parameters of a LoRA model (`_export`'s inverse);
-    ValueError when the file does not fit it (another LoRA rank or base)."""
-    from safetensors.torch import load_file
-
+def _resume_from(model, path: Path, mask_id: int) -> dict:
+    """Load a head file written by `_export` into the trainable parameters of a LoRA model (`_export`'s inverse) and
+    return the file's training record; ValueError when the file does not fit it (another LoRA rank or base)."""
+    tensors, meta = read_head_file(path)
     params = dict(model.named_parameters())
-    for key, value in load_file(str(path)).items():
+    for key, value in tensors.items():
         if key == "mask_embedding":
             model.base_model.model.bert.embeddings.word_embeddings.weight[mask_id] = value
             continue
@@ -142,6 +134,7 @@ def _resume_from(model, path: Path, mask_id: int) -> None:
         if name not in params or params[name].shape != value.shape:
             raise ValueError(f"{path}: {key} does not fit this model (another LoRA rank or base model?)")
         params[name].copy_(value)
+    return json.loads(meta.get("info", "{}"))
 
 
 def train_head(
@@ -185,8 +178,7 @@ def train_head(
     for name, param in model.named_parameters():
         if ".cls." in f".{name.removeprefix('base_model.model.')}":
             param.requires_grad_(True)
-    if init:
-        _resume_from(model, Path(init), mask_id)
+    continued = _resume_from(model, Path(init), mask_id) if init else None
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 20)
@@ -227,7 +219,7 @@ def train_head(
         "train_seconds": round(time.time() - t0),
     }
     if init:
-        info["continued_from"] = {"file": Path(init).name, "info": _file_info(Path(init))}
+        info["continued_from"] = {"file": Path(init).name, "info": continued}
     log(f"held-out ({len(held)} sentences): {metrics}")
     _export(model, Path(out), mask_id, 2.0, info)
     return info

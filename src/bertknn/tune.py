@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bertknn import builder
+from bertknn.combine import log_linear_scores
 from bertknn.evaluation import (
     TUNED_GROUPS,
     UNRANKED,
@@ -67,8 +68,7 @@ class FactCache:
         if mixture == "log-linear":  # only the neighbours' words score: gold outside them is never a hit
             if not q_gold:
                 return np.full(len(lambdas), UNRANKED)
-            b_log = np.log(np.maximum(b_support, np.finfo(np.float64).tiny))
-            score = lambdas[:, None] * np.log(q)[None, :] + (1 - lambdas[:, None]) * b_log[None, :]
+            score = log_linear_scores(q, b_support, lambdas)  # lambdas x support
             gold_score = score[:, support == self.gold][:, 0]
             return 1 + (score > gold_score[:, None]).sum(1)
         thr = lambdas * q_gold + (1 - lambdas) * self.bert_gold  # gold's score per lambda
