@@ -1,10 +1,11 @@
 """Quality of the offline default model (LM alone): held-out masked-word accuracy and LAMA P@1.
 
-    python bench/head_quality.py [--data ../shared/data] [--per-relation 30] [--seed 0]
+    python bench/head_quality.py [--data ../shared/data] [--per-relation 30] [--seed 0] [--model M]
 
 Held-out accuracy: one [MASK] per sentence of held-out documents (never trained on), on a random wordpiece and on a
 random content word (a datastore target). LAMA: the LM alone on T-REx + Google-RE template questions, sampled per
-relation, for facts whose subject's document is held out (and, for comparison, for all subjects).
+relation, for facts whose subject's document is held out (and, for comparison, for all subjects). --model: another
+head to compare, e.g. a directory saved from `load_default_model(head_file)` with `save_pretrained`.
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sentences", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
     args = parser.parse_args()
     Runtime(threads=args.threads).apply()
     t0 = time.time()
-    encoder = Encoder.load(DEFAULT_MODEL)
+    encoder = Encoder.load(args.model)
     corpus = Path(args.data) / "wiki" / "lama_evidence_docs.jsonl"
     _, held = load_split(corpus, encoder.tokenizer, 48)
     held = random.Random(args.seed + 1).sample(held, min(args.sentences, len(held)))
