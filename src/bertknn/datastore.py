@@ -28,7 +28,6 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import sqlite3
 import sys
 import threading
@@ -39,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bertknn import atomic
+from bertknn.atomic import write_json
 from bertknn.integrity import ChecksumError, Checksums, Damage
 
 FORMAT = "bertknn-datastore"
@@ -117,6 +118,8 @@ def sqlite_errors(what: str, hint: str) -> Iterator[None]:
     except sqlite3.IntegrityError:
         raise
     except sqlite3.DatabaseError as err:
+        if getattr(err, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(err):
+            raise atomic.DiskFullError(Path(what)) from None  # SQLite rolled the transaction back: nothing damaged
         raise DatastoreError(f"{what} is damaged or unreadable ({err}); {hint}") from None
 
 
@@ -225,16 +228,6 @@ def _damage_message(path: Path, damage: list) -> str:
     )
 
 
-def write_json(path: Path, obj: dict) -> None:
-    """Write JSON atomically (temporary file, fsync, rename) so a reader never sees half a manifest."""
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        json.dump(obj, handle, indent=2)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
-
-
 class Datastore:
     """A datastore directory opened for reading (and, under `writing()`, for appending).
 
@@ -277,9 +270,17 @@ class Datastore:
             if len(damage) > len(self.faiss_damage):
                 raise DatastoreError(_damage_message(self.path, damage))
 
-    def sqlite_errors(self) -> contextlib.AbstractContextManager[None]:
-        """Turn SQLite's errors about a damaged or foreign file into a DatastoreError that names the file."""
-        return sqlite_errors(str(self.path / SQLITE), f"`bertknn verify {self.path}` locates the damage")
+    @contextlib.contextmanager
+    def sqlite_errors(self) -> Iterator[None]:
+        """Turn SQLite's errors about a damaged or foreign file into a DatastoreError that names the file, and a full
+        disk into a DiskFullError (any transaction left open is rolled back: a service's writer goes on)."""
+        try:
+            with sqlite_errors(str(self.path / SQLITE), f"`bertknn verify {self.path}` locates the damage"):
+                yield
+        except atomic.DiskFullError:
+            if self.db.in_transaction:
+                self.db.rollback()
+            raise
 
     def _check_identity(self) -> None:
         """Refuse a manifest whose model, layer or key settings disagree with the copy kept in SQLite."""
@@ -350,6 +351,7 @@ class Datastore:
                 return
             self._lock = _acquire(self.path, max(0.0, wait - (time.monotonic() - began)))
             try:
+                atomic.remove_temporary(self.path)  # what an interrupted writer left half-written
                 self.reload()
                 self._check_tails()
                 yield self
@@ -709,12 +711,7 @@ class Datastore:
             )
         start = self.size
         for name, array, width in (("keys.f16", keys, 2 * self.dim), ("values.i32", values, 4)):
-            with (self.path / name).open("r+b" if (self.path / name).exists() else "wb") as handle:
-                handle.truncate(start * width)  # drop bytes of a chunk that was never committed
-                handle.seek(0, os.SEEK_END)
-                handle.write(np.ascontiguousarray(array).tobytes())
-                handle.flush()
-                os.fsync(handle.fileno())
+            atomic.append(self.path / name, start * width, np.ascontiguousarray(array).data)  # past the committed
         entry, first = start, {}
         entry_rows = []
         for (sent_idx, doc, _), sentence_spans in zip(rows, spans):
@@ -761,9 +758,8 @@ def create(path: str | Path, manifest: dict) -> Datastore:
     leftovers = list(path.iterdir()) if path.exists() else []
     if any(not p.name.endswith(".tmp") for p in leftovers):
         raise DatastoreError(f"{path} exists and is not a datastore; choose an empty or new directory")
-    for tmp in leftovers:
-        (shutil.rmtree if tmp.is_dir() else Path.unlink)(tmp)
     path.mkdir(parents=True, exist_ok=True)
+    atomic.remove_temporary(path)
     write_json(path / "manifest.json", manifest)
     store = Datastore(path)
     store.record_identity()
@@ -775,21 +771,20 @@ def copy_registration(source: str | Path, path: str | Path, manifest: dict) -> D
     nothing embedded: registration does not depend on the model, so another model or layer can start from it."""
     source, path = Path(source), Path(path)
     src = Datastore(source)
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    with sqlite3.connect(tmp / SQLITE) as db:
+    tmp = atomic.new_folder(path)
+    with atomic.naming(tmp / SQLITE), contextlib.closing(sqlite3.connect(tmp / SQLITE)) as db, db:
         src.db.backup(db)
         db.execute("UPDATE documents SET start = NULL, end = NULL")
         db.execute("DELETE FROM entries")
         db.execute("DELETE FROM meta")
     for name in source.glob("tfidf_*"):
-        (shutil.copytree if name.is_dir() else shutil.copyfile)(name, tmp / name.name)
+        if not name.name.endswith(atomic.TMP):
+            atomic.copy(name, tmp / name.name)
     write_json(tmp / "manifest.json", manifest)
     made = Datastore(tmp, check=False)
     made.record_identity()
     made.db.close()
-    tmp.replace(path)
+    atomic.publish(tmp, path)
     return Datastore(path)
 
 

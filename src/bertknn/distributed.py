@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
+from functools import partial
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
 
-from bertknn import builder
+from bertknn import atomic, builder
+from bertknn.atomic import write_json
 from bertknn.corpus import open_corpus
-from bertknn.datastore import Datastore, DatastoreError, write_json
+from bertknn.datastore import Datastore, DatastoreError
 from bertknn.encoder import Encoder
 from bertknn.runtime import Runtime
 
@@ -52,26 +56,26 @@ def _complete(path: Path, documents: int) -> bool:
 
 
 def _write_inputs(corpus, out: Path, shards: list[tuple[int, int]], todo: set[int]) -> None:
-    """Each shard's documents as JSONL (`inputs/shard-i.jsonl`, written whole, then renamed), for the shards in
-    `todo` whose input is not there yet; the corpus is read once, streaming."""
+    """Each shard's documents as JSONL (`inputs/shard-i.jsonl`, written whole: `atomic.write_file`), for the shards
+    in `todo` whose input is not there yet; the corpus is read once, streaming."""
     inputs = out / "inputs"
     inputs.mkdir(parents=True, exist_ok=True)
     missing = {i for i in todo if not (inputs / f"{shard_name(i)}.jsonl").is_file()}
-    if not missing:
-        return
-    stops = {stop: i for i, (_, stop) in enumerate(shards)}
-    handle, i = None, 0
-    for n, doc in enumerate(corpus, 1):
-        if handle is None and i in missing:
-            handle = (inputs / f"{shard_name(i)}.jsonl.tmp").open("w", encoding="utf-8")
-        if handle is not None:
-            handle.write(json.dumps({"id": doc.id, "title": doc.title, "text": list(doc.passages)}) + "\n")
-        if n in stops:
-            if handle is not None:
-                handle.close()
-                (inputs / f"{shard_name(i)}.jsonl.tmp").replace(inputs / f"{shard_name(i)}.jsonl")
-                handle = None
-            i += 1
+    docs = iter(corpus)
+    for i, (first, stop) in enumerate(shards):
+        if not missing:
+            return
+        chunk = islice(docs, stop - first)
+        if i not in missing:
+            deque(chunk, maxlen=0)  # skipped: its input is there
+            continue
+        atomic.write_file(inputs / f"{shard_name(i)}.jsonl", partial(_write_jsonl, chunk))
+        missing.discard(i)
+
+
+def _write_jsonl(docs: Iterable, handle) -> None:
+    for doc in docs:
+        handle.write((json.dumps({"id": doc.id, "title": doc.title, "text": list(doc.passages)}) + "\n").encode())
 
 
 def _register(batch: dict, manifest: dict) -> dict:

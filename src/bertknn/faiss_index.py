@@ -22,6 +22,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from bertknn import atomic
 from bertknn.datastore import Datastore, DatastoreError, file_stat
 from bertknn.knn import nearest
 from bertknn.merging import merge_plan
@@ -118,11 +119,12 @@ class Part:
 
 
 def _save(index: faiss.Index, store: Datastore, name: str = INDEX_FILE) -> None:
-    """Write the index to a temporary file, then rename it over the old one."""
-    tmp = store.path / f"{name}.tmp"
-    faiss.write_index(index, str(tmp))
-    store.rewriting(name)
-    tmp.replace(store.path / name)
+    """Write the index whole (`atomic.write_file`: FAISS's own file writer does not report a full disk)."""
+    atomic.write_file(
+        store.path / name,
+        lambda handle: faiss.write_index(index, faiss.PyCallbackIOWriter(handle.write)),
+        before_rename=lambda: store.rewriting(name),
+    )
 
 
 def _delete(store: Datastore, name: str) -> None:
@@ -295,8 +297,9 @@ class FaissIndex:
             _save(index, store, TRAINED_FILE)
             _save(index, store)
             built = cls([Part(0, index, INDEX_FILE)], faiss.clone_index(index), store, settings)
-        store.rewriting(SETTINGS_FILE)
-        (store.path / SETTINGS_FILE).write_text(json.dumps(settings, indent=2), encoding="utf-8")
+        if settings != known:
+            store.rewriting(SETTINGS_FILE)
+            atomic.write_json(store.path / SETTINGS_FILE, settings)
         for part in built.parts:
             _set_nprobe(part.index, nprobe)
         built.update(chunk, progress)

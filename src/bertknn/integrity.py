@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertknn.atomic import write_json
+
 CHECKSUMS = "checksums.json"
 ALGORITHM = "blake2b-128"
 BLOCK = 16 << 20  # bytes per checksum block: a 1 TB store has ~65k of them
@@ -82,12 +84,7 @@ class Checksums:
     def save(self) -> None:
         """Write checksums.json atomically."""
         data = {"algorithm": ALGORITHM, "block": BLOCK, "meta": self.meta, "files": self.files}
-        tmp = self.directory / f"{CHECKSUMS}.tmp"
-        with tmp.open("w", encoding="utf-8") as handle:
-            json.dump(data, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.replace(self.directory / CHECKSUMS)
+        write_json(self.directory / CHECKSUMS, data, indent=None)
 
     def record(self, name: str, length: int | None = None) -> None:
         """Hash a file whole (or its first `length` bytes) and record it."""

@@ -391,18 +391,18 @@ class BertKNN:
             live = [i for i, state in self.store.states(ids).items() if state == "live"]
             if live and not skip_existing:
                 raise DatastoreError(f"document id(s) already in the datastore: {live[:5]}; remove them first")
-            before = self.store.size
             self.store.stage([record(d, self.store.splitter) for d in parsed])
             if not self.store.lazy:
                 builder.embed(self.store, self.store.adding(), self.encoder, progress=progress)
             self.index = ensure_index(self.store)
             if self.faiss is not None:
                 self.faiss.update()
+            ranges = self.store.document_ranges(self.store.adding())  # also those an interrupted add embedded
             self.store.publish()
             embedded = self.store.n_documents - len(self.store.pending())
             self.store.set_manifest(documents=self.store.n_documents, embedded=embedded, entries=self.store.size)
         self._version = self.store.version  # index and faiss in memory are what this add wrote
-        return self.store.size - before
+        return sum(end - start for start, end in ranges if start is not None)
 
     def _add_to_last_shard(self, docs: list[Document], skip_existing: bool, progress, wait: float | None) -> int:
         """`add_documents` on a sharded datastore: the documents go to its last shard (no other shard's numbers

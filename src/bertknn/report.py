@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
+from bertknn import atomic
 from bertknn.settings import HPARAMS, PAPER, Settings
 
 NAMES = {"bert": "BERT", "knn": "kNN", "bert_knn": "BERT-kNN", "frequency": "Freq. word"}
@@ -162,11 +162,11 @@ def write_report(directory: str | Path, summary: dict, rows: list[dict], setting
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "report.json").write_text(json.dumps({"setting": setting, **summary}, indent=2), encoding="utf-8")
+    atomic.write_json(directory / "report.json", {"setting": setting, **summary})
     bar_chart(summary, directory / "p_at_k.png")
     md = directory / "report.md"
     text = markdown(summary, rows, setting, runs=summarize_runs(directory))
-    md.write_text(text + "\n![P@k](p_at_k.png)\n", encoding="utf-8")
+    atomic.write_text(md, text + "\n![P@k](p_at_k.png)\n")
     return md
 
 
@@ -253,10 +253,10 @@ def write_grid(directory: str | Path, description: str, grid: list[tuple[Setting
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     rows = [settings.tuned | scores for settings, scores in grid]
-    (directory / "grid.json").write_text(json.dumps({"dev": description, "grid": rows}, indent=1), encoding="utf-8")
+    atomic.write_json(directory / "grid.json", {"dev": description, "grid": rows}, indent=1)
     header = ["n_docs", "k", "temperature", "lambda", "mixture", "P@1", "P@10", "MRR"]
     fields = ("n_docs", "k", "temperature", "lam", "mixture")
     body = [[str(r[h]) for h in fields] + [_pct(r[m]) for m in header[len(fields) :]] for r in rows]
     md = directory / "grid.md"
-    md.write_text("\n".join([f"# Grid search ({description})", "", *_table(header, body)]) + "\n", encoding="utf-8")
+    atomic.write_text(md, "\n".join([f"# Grid search ({description})", "", *_table(header, body)]) + "\n")
     return md

@@ -17,13 +17,14 @@ import shutil
 import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
 from sklearn.utils import murmurhash3_32
 
+from bertknn import atomic
 from bertknn.datastore import Datastore, DatastoreError
 from bertknn.merging import FACTOR, merge_plan
 from bertknn.text import MASK, STOPWORDS, normalize_title
@@ -208,16 +209,12 @@ class TfidfIndex:
         (segment,) = self.segments
         directory = Path(directory)
         target = directory if first == 0 else directory / _folder(first)
-        out = target if first == 0 else target.with_name(target.name + ".tmp")
-        out.mkdir(exist_ok=True)
+        out = target if first == 0 else atomic.new_folder(target)
         for name, array in zip(FILES, (segment.hashes, segment.indptr, segment.docs, segment.logtf)):
-            tmp = out / f"{name}.tmp"
-            with tmp.open("wb") as handle:
-                np.save(handle, array)
-            tmp.replace(out / name)
-        (out / NDOCS).write_text(str(self.n_docs))
+            atomic.write_file(out / name, partial(np.save, arr=array))
+        atomic.write_text(out / NDOCS, str(self.n_docs))  # last: a base without it is not an index yet
         if out != target:
-            out.replace(target)
+            atomic.publish(out, target)
 
     @classmethod
     def load(cls, directory: str | Path) -> TfidfIndex:
@@ -318,11 +315,10 @@ def _write_merged(segments: list[Segment], out: Path, n_docs: int, chunk_entries
     del mark
     total = sum(len(seg.docs) for seg in segments)
     out.mkdir(parents=True, exist_ok=True)
-    np.save(out / FILES[0], hashes)
-    open_memmap = np.lib.format.open_memmap
-    indptr = open_memmap(out / FILES[1], "w+", np.int64, (len(hashes) + 1,))
-    docs = open_memmap(out / FILES[2], "w+", np.int32, (total,))
-    logtf = open_memmap(out / FILES[3], "w+", np.float32, (total,))
+    atomic.write_file(out / FILES[0], partial(np.save, arr=hashes))
+    indptr = atomic.new_npy(out / FILES[1], np.int64, len(hashes) + 1)
+    docs = atomic.new_npy(out / FILES[2], np.int32, total)
+    logtf = atomic.new_npy(out / FILES[3], np.float32, total)
     indptr[0] = pos = 0
     bounds = np.linspace(0, len(hashes), max(1, -(-total // chunk_entries)) + 1).astype(np.int64)
     for a, b in pairwise(bounds):
@@ -351,7 +347,7 @@ def _write_merged(segments: list[Segment], out: Path, n_docs: int, chunk_entries
     for array in (indptr, docs, logtf):
         array.flush()
     del indptr, docs, logtf
-    (out / NDOCS).write_text(str(n_docs))
+    atomic.write_text(out / NDOCS, str(n_docs))
 
 
 def _part_files(directory: Path, part: Part) -> list[str]:
@@ -380,8 +376,7 @@ def compact(
     behind are deleted first.
     """
     directory = Path(directory)
-    for stale in directory.glob(f"{SEGMENT_PREFIX}*.tmp"):
-        shutil.rmtree(stale, ignore_errors=True)
+    atomic.remove_temporary(directory, f"{SEGMENT_PREFIX}*")
     merges = 0
     while True:
         chosen, replaced = _cover(_parts(directory))
@@ -394,9 +389,9 @@ def compact(
         picked = chosen[run[0] : run[1]]
         first, end = picked[0][0].first, picked[-1][1]
         target = directory / _folder(first, end)
-        tmp = target.with_name(target.name + ".tmp")
+        tmp = atomic.new_folder(target)
         _write_merged([_load_segment(part.path) for part, _ in picked], tmp, end, chunk_entries)
-        tmp.replace(target)
+        atomic.publish(tmp, target)
         merges += 1
 
 
