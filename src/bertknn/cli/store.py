@@ -34,11 +34,14 @@ from bertknn.cli import (
     command,
     query_options,
 )
-from bertknn.console import console, phase_progress, render
+from bertknn.console import console, phase_progress, render, shown
+from bertknn.corpus import Corpus, open_corpus
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.pipeline import BertKNN
 from bertknn.runtime import CLI_BACKEND
 from bertknn.settings import PAPER
+
+SKIPPED_SHOWN = 10  # entries of no corpus format a note names; the rest are counted
 
 
 @command(interrupted="what was committed is kept; rerun the same command to resume {out}")
@@ -81,6 +84,7 @@ def build(
     """Embed every target word of a corpus into a datastore and index its documents. Rerun to resume."""
     if engine not in ("local", "ray"):
         raise typer.BadParameter(f"--engine must be local or ray, not {engine!r}")
+    _note_skipped(open_corpus(corpus))
     if engine == "ray":
         if lazy or pack != 1 or int8_keys:
             raise typer.BadParameter("--engine ray builds exact, complete shards: drop --lazy, --pack and --int8-keys")
@@ -89,6 +93,18 @@ def build(
     with _writer_wait(out, wait):
         options = {"lazy": lazy, "pack": pack, "runtime": backend, "int8_keys": int8_keys, "n_workers": workers}
         _build(corpus, out, model, layer, **options)
+
+
+def _note_skipped(source: Corpus) -> None:
+    """Name what a corpus directory holds besides corpus files (`Corpus.skipped`): read as no documents."""
+    if source.skipped:
+        shown_names = source.skipped[:SKIPPED_SHOWN]
+        more = len(source.skipped) - len(shown_names)
+        listed = ", ".join(shown_names) + (f" and {more:,} more" if more else "")
+        console.print(
+            f"[yellow]note:[/] {shown(source.name)}: skipped {len(source.skipped):,} entries of no corpus format: "
+            f"{shown(listed)}"
+        )
 
 
 def _build_on_ray(
@@ -202,9 +218,9 @@ def add(
     wait: WaitOption = WAIT_S,
 ) -> None:
     """Add documents: embedded and indexed in place, searchable at once. Rerun after a crash to complete it."""
-    from bertknn.corpus import open_corpus
-
-    docs = list(open_corpus(corpus))  # the whole corpus is read first: a bad line changes nothing
+    source = open_corpus(corpus)
+    _note_skipped(source)
+    docs = list(source)  # the whole corpus is read first: a bad line changes nothing
     knn = BertKNN.load(datastore, runtime=backend)
     known = knn.store.states([d.id for d in docs])
     with _writer_wait(datastore, wait), phase_progress() as report:
@@ -214,6 +230,11 @@ def add(
         f"added {len(docs) - skipped:,} documents ({added:,} contexts) to {datastore}"
         + (f"; {skipped:,} were there already" if skipped else "")
     )
+    if knn.faiss_error is not None:  # IR questions find the new documents; FAISS ones do not until it is repaired
+        console.print(
+            f"[yellow]note:[/] the FAISS index was not extended ({escape(str(knn.faiss_error))}); once it is "
+            f"repaired, `bertknn index {escape(str(datastore))}` adds the new documents to it"
+        )
 
 
 @command()
@@ -243,6 +264,7 @@ def verify(
 ) -> None:
     """Check a datastore: every checksum block of every file, SQLite's integrity, keys. Exit status 1 on damage."""
     from bertknn import datastore as ds
+    from bertknn import faiss_index, retrieval
     from bertknn.shards import ShardedDatastore, is_sharded
 
     paths = [s.path for s in ShardedDatastore(datastore).shards] if is_sharded(datastore) else [datastore]
@@ -252,7 +274,11 @@ def verify(
     found = ds.Report([], [])
     with phase_progress() as report:
         for path in paths:
-            one = ds.verify(path, progress=lambda done, total: report("verifying", done, total))
+            one = ds.verify(
+                path,
+                progress=lambda done, total: report("verifying", done, total),
+                readers=(retrieval.problems, faiss_index.problems),
+            )
             found.problems += one.problems
             found.notes += one.notes
             found.blocks += one.blocks
