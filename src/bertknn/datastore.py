@@ -32,7 +32,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -797,9 +797,14 @@ class Report:
     blocks: int = 0
 
 
-def verify(path: str | Path, progress: Callable[[int, int], None] | None = None) -> Report:
+def verify(
+    path: str | Path,
+    progress: Callable[[int, int], None] | None = None,
+    readers: Iterable[Callable[[Path], list[str]]] = (),
+) -> Report:
     """Every check of a datastore that needs no model: manifest, SQLite's own integrity check, every checksum
-    block of every file, finite keys and entry ranges. `progress(done, total)` follows the checksum blocks."""
+    block of every file, finite keys and entry ranges, and what each of `readers` (the indexes' own checks:
+    `retrieval.problems`, `faiss_index.problems`) finds. `progress(done, total)` follows the checksum blocks."""
     path = Path(path)
     try:
         store = Datastore(path, check=False)
@@ -839,6 +844,8 @@ def verify(path: str | Path, progress: Callable[[int, int], None] | None = None)
         report.problems += _entry_problems(store)
     except DatastoreError as err:
         report.problems.append(str(err))
+    for reader in readers:
+        report.problems += reader(path)
     return report
 
 

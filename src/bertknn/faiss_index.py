@@ -24,6 +24,7 @@ import numpy as np
 
 from bertknn import atomic
 from bertknn.datastore import Datastore, DatastoreError, file_stat
+from bertknn.integrity import Checksums
 from bertknn.knn import nearest
 from bertknn.merging import merge_plan
 from bertknn.shards import ShardedDatastore
@@ -33,6 +34,7 @@ DELTA_PREFIX = "faiss_add_"
 RELIST = 3  # times `load` lists the parts again when a concurrent merge replaced some as they were read
 AUTO = "auto"
 FLAT_BELOW = 20_000  # keys; exact search over fewer is already fast
+READ_CHECK = 64 << 20  # bytes: `verify` reads a FAISS file this small whole
 
 
 def auto_factory(size: int, dim: int) -> str:
@@ -66,6 +68,46 @@ def _settings(path: Path) -> dict | None:
             f"{file} is damaged ({err}); delete {SETTINGS_FILE} and {INDEX_FILE}, then rerun `bertknn index`"
         ) from None
     return settings
+
+
+def problems(path: Path) -> list[str]:
+    """What would keep a reader from opening the FAISS index of a datastore directory (`bertknn verify`): damaged
+    settings, a missing index, or a FAISS file that FAISS cannot read (read whole up to `READ_CHECK` bytes; a larger
+    one is only checked for being empty: its checksums cover the rest)."""
+    try:
+        settings = _settings(path)
+    except DatastoreError as err:
+        return [str(err)]
+    if settings is None:
+        return []
+    if not (path / INDEX_FILE).is_file():
+        return [f"{path / INDEX_FILE} is missing (its settings, {SETTINGS_FILE}, are there): rerun `bertknn index`"]
+    found = []
+    for file in [path / INDEX_FILE, path / TRAINED_FILE, *(path / name for _, _, name in _deltas(path))]:
+        size = file.stat().st_size if file.is_file() else None
+        if size == 0:
+            found.append(f"{file} is empty: delete the faiss* files and rerun `bertknn index`")
+        elif size is not None and size <= READ_CHECK:
+            try:
+                faiss.read_index(str(file))
+            except RuntimeError as err:
+                found.append(
+                    f"{file} is damaged ({str(err).splitlines()[-1]}): delete the faiss* files and rerun "
+                    "`bertknn index`"
+                )
+    return found
+
+
+def _writer_settings(store: Datastore) -> dict | None:
+    """faiss.json as its writer reads it: one left unreadable by an interrupted writer (it dropped the file's
+    checksums before writing it in place, as bertknn did before writing it whole) counts as none, so a rerun of
+    `bertknn index` builds the index again; a checksummed one that is damaged stays an error."""
+    try:
+        return _settings(store.path)
+    except DatastoreError:
+        if SETTINGS_FILE in Checksums(store.path).files:
+            raise
+        return None
 
 
 def _read(store: Datastore, name: str = INDEX_FILE) -> faiss.Index:
@@ -272,7 +314,7 @@ class FaissIndex:
 
     @classmethod
     def _build(cls, store, factory, train_size, nprobe, chunk, seed, progress, trained) -> FaissIndex:
-        known = _settings(store.path)
+        known = _writer_settings(store)
         resuming = known is not None and (store.path / INDEX_FILE).is_file()
         if factory == AUTO:
             factory = known["factory"] if resuming else auto_factory(store.size, store.dim)

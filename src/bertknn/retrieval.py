@@ -395,6 +395,18 @@ def compact(
         merges += 1
 
 
+def problems(directory: Path) -> list[str]:
+    """What would keep a reader from opening the IR index of a datastore directory (`bertknn verify`): a segment's
+    unreadable array or tfidf_ndocs.txt. A missing index is none: the next writer builds it."""
+    try:
+        TfidfIndex.load(directory)
+    except FileNotFoundError:
+        return []
+    except DatastoreError as err:
+        return [str(err)]
+    return []
+
+
 def select_documents(
     store: Datastore, index: TfidfIndex, question: str, subject: str | None, n_docs: int
 ) -> tuple[list[int], list[float]]:
