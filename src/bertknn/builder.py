@@ -7,7 +7,9 @@ batch, so the same stages can run elsewhere; the store (datastore.py) knows noth
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import shutil
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from itertools import islice
@@ -260,15 +262,17 @@ def build(
     registration would cost the work so far, since the corrected corpus has another fingerprint and cannot resume
     the store. Only a duplicate id is found as documents are registered (JSONL's first read finds those too), by
     the store's unique index, so memory does not grow with the corpus: the build stops before the batch holding it
-    is committed.
+    is committed, and a store this run created is removed again (`_undone_if_refused`), leaving `out` as it was.
     A resumed build gives exactly the entries of an uninterrupted one.
     """
     source = open_corpus(corpus)
     report = progress or (lambda phase, done, total: None)
     n_docs = check_corpus(source, report)
+    made = _made_by_creating(Path(out))
     store = create(out, encoder, source.info(n_docs), pack, int8_keys)
     with store.writing():
-        _register_all(store, source, n_docs, report, n_workers)
+        with _undone_if_refused(store, made):
+            _register_all(store, source, n_docs, report, n_workers)
         if not lazy:
             todo = store.pending()
             done = n_docs - len(todo)
@@ -276,6 +280,39 @@ def build(
             embed(store, todo, encoder, chunk_entries, token_budget, lambda d: report("embedding", done + d, n_docs))
         finish(store)
     return store
+
+
+def _made_by_creating(out: Path) -> list[Path] | None:
+    """The directories creating a datastore at `out` makes (`out` and its missing parents, deepest first; none when
+    `out` exists), or None when `out` holds a datastore already (begun by an earlier run, or complete)."""
+    if (out / "manifest.json").exists():
+        return None
+    made = []
+    while not out.exists():
+        made.append(out)
+        out = out.parent
+    return made
+
+
+@contextlib.contextmanager
+def _undone_if_refused(store: Datastore, made: list[Path] | None) -> Iterator[None]:
+    """Remove the datastore this run created (`made` not None) when its corpus is refused (CorpusError) while being
+    registered, leaving its directory as it was: absent, or empty (`datastore.create` takes no other). A datastore
+    begun before is kept: an interrupted build's committed work is resumed, never deleted."""
+    try:
+        yield
+    except CorpusError:
+        if made is not None:
+            store.db.close()
+            for entry in store.path.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+            with contextlib.suppress(OSError):  # a parent another process has put something in meanwhile stays
+                for path in made:
+                    path.rmdir()
+        raise
 
 
 def finish(store: Datastore) -> None:
@@ -308,8 +345,10 @@ def register(corpus: str | Path, out: str | Path, manifest: dict) -> Datastore:
     source = open_corpus(corpus)
     n_docs = check_corpus(source, lambda phase, done, total: None)
     path = Path(out)
-    store = Datastore(path) if (path / "manifest.json").exists() else create_store(path, manifest)
+    made = _made_by_creating(path)
+    store = create_store(path, manifest) if made is not None else Datastore(path)
     with store.writing():
-        _register_all(store, source, n_docs, lambda phase, done, total: None, 1)
+        with _undone_if_refused(store, made):
+            _register_all(store, source, n_docs, lambda phase, done, total: None, 1)
         finish(store)
     return store

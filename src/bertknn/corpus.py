@@ -3,8 +3,9 @@
 A JSONL file (text.py), Parquet files in the layout of the Hugging Face dataset wikimedia/wikipedia (columns id,
 url, title, text), DrQA's docs.db (SQLite, `documents(id, text)`, the title being the id), a Wikipedia XML dump
 (`*-pages-articles*.xml.bz2` or plain .xml) or, in Python, a `datasets.Dataset`. `open_corpus` picks the reader by
-the path's suffix (a directory: its Parquet files) or the object's type. Every reader makes its Documents with
-text.parse_document, so each format gets the same checks and messages, naming the file and the line, row or page.
+the path's suffix (a directory: its Parquet files, refused if it holds another format too) or the object's type.
+Every reader makes its Documents with text.parse_document, so each format gets the same checks and messages, naming
+the file and the line, row or page.
 Memory does not grow with the corpus: Parquet is read in record batches, docs.db through a cursor, the dump as a
 stream of pages.
 """
@@ -74,6 +75,7 @@ class Corpus(ABC):
     format: ClassVar[str]  # the manifest's name for the format
     empty: ClassVar[str] = "the corpus is empty"
     name: str  # the file, directory or dataset that messages name
+    skipped: tuple[str, ...] = ()  # what a corpus directory holds besides corpus files (`ParquetCorpus`)
 
     def located(self) -> Iterator[tuple[str, Document]]:
         """Each document with where it was read (file and line, row or page); CorpusError on a bad one or none."""
@@ -135,13 +137,36 @@ class JsonlCorpus(_FileCorpus):
 
 class ParquetCorpus(_FileCorpus):
     """A Parquet file, or a directory of them read in name order, with columns id, title and text (or sentences):
-    the layout of the Hugging Face dataset wikimedia/wikipedia. Read in record batches."""
+    the layout of the Hugging Face dataset wikimedia/wikipedia. Read in record batches.
+
+    A directory that also holds files of another corpus format is refused, naming them: reading only its Parquet
+    files would drop their documents without a word. Entries of no corpus format (a README, notes, the _SUCCESS or
+    .crc files that downloads and Spark leave beside the data, subdirectories) hold no documents to lose, so they are
+    skipped, not refused, and named in `skipped` for the caller to report.
+    """
 
     format = "parquet"
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
-        self.files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+        if not path.is_dir():
+            self.files = [path]
+            return
+        found: dict[str, list[Path]] = {}
+        skipped = []
+        for entry in sorted(path.iterdir()):
+            reader = _reader(entry) if entry.is_file() else None
+            if reader is None:
+                skipped.append(entry.name + ("/" if entry.is_dir() else ""))
+            else:
+                found.setdefault(reader.format, []).append(entry)
+        if len(found) > 1:
+            listed = "; ".join(f"{kind}: {', '.join(f.name for f in files)}" for kind, files in found.items())
+            raise CorpusError(
+                f"{path} holds corpus files of several formats ({listed}): a directory is read as Parquet files "
+                "only; move the others out (a JSONL, docs.db or XML dump corpus is given as its file)"
+            )
+        self.files, self.skipped = found.get(self.format, []), tuple(skipped)
         if not self.files:
             raise CorpusError(f"{path}: a directory without .parquet files")
 
@@ -328,16 +353,24 @@ def open_corpus(source: str | os.PathLike[str] | Corpus | Dataset) -> Corpus:
     if not isinstance(source, str | os.PathLike):
         raise CorpusError(f"a corpus of type {type(source).__name__} cannot be read; supported: {FORMATS}")
     path = Path(source)
+    reader = ParquetCorpus if path.is_dir() else _reader(path)
+    if reader is None:
+        raise CorpusError(f"{path}: not a corpus format bertknn reads; supported: {FORMATS}")
+    return reader(path)
+
+
+def _reader(path: Path) -> type[_FileCorpus] | None:
+    """The reader of a corpus file chosen by its name's suffix, or None for a name of no corpus format."""
     suffix, name = path.suffix.lower(), path.name.lower()
-    if path.is_dir() or suffix == ".parquet":
-        return ParquetCorpus(path)
+    if suffix == ".parquet":
+        return ParquetCorpus
     if suffix in (".jsonl", ".ndjson"):
-        return JsonlCorpus(path)
+        return JsonlCorpus
     if suffix in (".db", ".sqlite", ".sqlite3"):
-        return DrqaCorpus(path)
+        return DrqaCorpus
     if suffix == ".xml" or name.endswith(".xml.bz2"):
-        return WikipediaDump(path)
-    raise CorpusError(f"{path}: not a corpus format bertknn reads; supported: {FORMATS}")
+        return WikipediaDump
+    return None
 
 
 def record(doc: Document, splitter: str) -> Record:
