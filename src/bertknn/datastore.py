@@ -382,7 +382,8 @@ class Datastore:
             sums.extend("values.i32", self.size * 4)
         except ChecksumError as err:
             raise DatastoreError(f"{err}: damaged before this write; its checksums are kept") from None
-        if self._meta("checksummed", "0") != "1":  # from now on a missing checksums.json is damage
+        if self._meta("checksummed", "0") != "1":  # from now on a missing checksums.json is damage: so it exists first
+            sums.save()
             with self.sqlite_errors(), self.db:
                 self.db.execute("INSERT OR REPLACE INTO meta VALUES ('checksummed', '1')")
         sums.meta["sqlite_changes"] = self._changes()

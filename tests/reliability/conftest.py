@@ -193,7 +193,36 @@ import faiss
 import bertknn.cli as cli
 import bertknn.datastore, bertknn.faiss_index, bertknn.pipeline, bertknn.retrieval
 
+def steps(req):
+    # Count the durable steps of writes (each fsync and rename): list their paths in req["trace"], and kill this
+    # process with SIGKILL just before step req["crash_at"] (1-based).
+    at, trace = req.get("crash_at"), req.get("trace")
+    if at is None and trace is None:
+        return
+    import signal
+    count = [0]
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def step(label):
+        count[0] += 1
+        if trace:
+            with open(trace, "a") as out:
+                out.write(label + "\n")
+        if count[0] == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def fsync(fd):
+        step("fsync " + os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    def replace(src, dst, **kwargs):
+        step("rename " + os.fspath(dst))
+        return real_replace(src, dst, **kwargs)
+
+    os.fsync, os.replace = fsync, replace
+
 def child(req):
+    steps(req)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     for fd, name in ((1, "out"), (2, "err")):
@@ -290,7 +319,9 @@ class Spawner:
             raise RuntimeError(f"the zygote process died (exit status {self.zygote.poll()})")
         return json.loads(line)
 
-    def start(self, args: list, exec_: bool | None = None) -> Proc:
+    def start(self, args: list, exec_: bool | None = None, **hooks: object) -> Proc:
+        """`hooks`: crash_at=N (killed just before the Nth fsync or rename) and trace=FILE (those steps listed
+        there), in a child of the zygote only."""
         args = [str(a) for a in args]
         self.count += 1
         fd, out = tempfile.mkstemp(prefix="out-", dir=self.workdir)
@@ -299,10 +330,11 @@ class Spawner:
         err.touch()  # a child killed before it opens its files has still written (nothing) to both
         out = Path(out)
         if self.exec if exec_ is None else exec_:
+            assert not hooks, "crash_at and trace need the zygote (not BERTKNN_SPAWN=exec)"
             with out.open("wb") as o, err.open("wb") as e:
                 popen = subprocess.Popen([str(EXE), *args], stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=cli_env())
             return Proc(self, args, popen.pid, out, err, popen)
-        reply = self._ask({"op": "run", "args": args, "out": str(out), "err": str(err)})
+        reply = self._ask({"op": "run", "args": args, "out": str(out), "err": str(err), **hooks})
         return Proc(self, args, reply["pid"], out, err)
 
     def reap(self, proc: Proc, timeout: float) -> tuple[int, bool]:
@@ -315,8 +347,8 @@ class Spawner:
         reply = self._ask({"op": "wait", "pid": proc.pid, "timeout": timeout})
         return reply["rc"], reply["timed_out"]
 
-    def run(self, args: list, timeout: float = 300, exec_: bool | None = None) -> Result:
-        return self.start(args, exec_).wait(timeout)
+    def run(self, args: list, timeout: float = 300, exec_: bool | None = None, **hooks: object) -> Result:
+        return self.start(args, exec_, **hooks).wait(timeout)
 
     def close(self) -> None:
         if self.zygote is not None:

@@ -6,11 +6,17 @@ and the duration of the uninterrupted run (measured once); every other kill is d
 span, where the writes of the short commands (remove, index) happen. Trials kill 1, 2 or 3 times before the final
 rerun.
 Default: 3 trials per command; `--long`: 20.
+
+Random moments rarely land inside a short write. So each command is also killed exactly at its writes: an
+uninterrupted run lists its durable steps (every fsync and rename, in order: conftest's `steps` hook), then a run is
+killed just before one of them and rerun. `--long` kills at every step; the default at the first step of each kind
+(the same path and operation, numbers aside), at most SHORT_STEPS of them, spread evenly: the same steps every run.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -22,8 +28,10 @@ from ..conftest import write_corpus
 from .conftest import TORCH, Result, connect_ro, entry_multiset, faiss_vectors, keys_values, make_docs, tables
 
 COMMANDS = ("build", "add", "remove", "index")
+SHORT_STEPS = 6  # exact kill points per command in the default mode
 REMOVED = ("doc3", "doc7")  # `remove --doc doc3 --doc doc7`: both or neither
 STATS: dict[str, dict] = {}
+EXACT: dict[str, dict] = {}
 
 
 class Setup:
@@ -115,6 +123,14 @@ def record(figures, setup):
         if problems:
             lines += ["", "Mismatches (first 10 per command):", *problems]
         figures.add("kill -9 (test_kill.py)", STATS, "\n".join(lines))
+    if EXACT:
+        lines = ["| command | durable steps | killed at | kinds of step | problems |", "|---|---|---|---|---|"]
+        for command, s in EXACT.items():
+            lines.append(f"| {command} | {s['steps']} | {s['killed']} | {s['kinds']} | {len(s['problems'])} |")
+        problems = [f"- {c}: {p}" for c, s in EXACT.items() for p in s["problems"][:10]]
+        figures.add(
+            "kill -9 at each write (test_kill.py)", EXACT, "\n".join(lines + (["", *problems] if problems else []))
+        )
 
 
 def _fingerprint(store: Path) -> tuple:
@@ -236,3 +252,78 @@ def test_kill_9_then_rerun_equals_the_uninterrupted_run(setup, command, long, rn
     print(f"{command}: {json.dumps({k: v for k, v in stats.items() if k != 'problems'})}")
     assert stats["problems"] == []
     assert stats["lost"] == stats["duplicated"] == stats["tracebacks"] == stats["failed_reruns"] == 0
+
+
+def _steps(setup: Setup, command: str, root: Path) -> list[str]:
+    """The durable steps (fsync or rename, with the path, the store's own shown as STORE) of an uninterrupted run."""
+    store, trace = root / "traced", root / "steps.txt"
+    setup.start_state(command, store)
+    setup._ok(setup.cli.run(setup.args(command, store), trace=str(trace)))
+    shutil.rmtree(store)
+    return [line.replace(str(store), "STORE") for line in trace.read_text(encoding="utf-8").splitlines()]
+
+
+def _renames_not_durable(steps: list[str]) -> list[str]:
+    """Renames into the store not preceded by an fsync of what is renamed, or not followed by one of its directory:
+    such a rename survives kill -9 but may not survive a power cut."""
+    bad = []
+    for i, step in enumerate(steps):
+        if not step.startswith("rename STORE"):
+            continue
+        target = Path(step.removeprefix("rename "))
+        source = target.with_name(target.name + ".tmp")
+        earlier = steps[:i][::-1]
+        last_rename = earlier.index(step) if step in earlier else len(earlier)
+        if f"fsync {source}" not in earlier[:last_rename]:  # since this target was last renamed to
+            bad.append(f"{step}: {source} was not fsynced before")
+        if steps[i + 1 : i + 2] != [f"fsync {target.parent}"]:
+            bad.append(f"{step}: its directory is not fsynced after it")
+    return bad
+
+
+def _kind(step: str) -> str:
+    return re.sub(r"\d+", "#", step)
+
+
+def _picked(steps: list[str], long: bool) -> list[int]:
+    """The steps (1-based) to kill at: all in long mode, else the first of each kind, at most SHORT_STEPS."""
+    if long:
+        return list(range(1, len(steps) + 1))
+    first: dict[str, int] = {}
+    for number, step in enumerate(steps, 1):
+        first.setdefault(_kind(step), number)
+    kinds = sorted(first.values())
+    return kinds[:: -(-len(kinds) // SHORT_STEPS)]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_kill_exactly_at_each_write_then_rerun_equals_the_uninterrupted_run(setup, command, long, tmp_path):
+    steps = _steps(setup, command, tmp_path)
+    assert steps, f"`bertknn {command}` made no durable write"
+    assert _renames_not_durable(steps) == []
+    picked = _picked(steps, long)
+    stats = EXACT[command] = dict(steps=len(steps), killed=len(picked), kinds=len({_kind(s) for s in steps}))
+    problems: list[str] = []
+    for number in picked:
+        store = tmp_path / f"step-{number}"
+        setup.start_state(command, store)
+        found: list[str] = []
+        killed = setup.cli.run(setup.args(command, store), crash_at=number)
+        if not killed.killed:
+            found.append(f"not killed there: {killed.describe()}")
+        if (store / "manifest.json").exists() and (check := setup.cli.run(["verify", store])).rc != 0:
+            found.append(f"verify after the kill: {check.describe()}")
+        rerun = setup.cli.run(setup.args(command, store))
+        if rerun.rc != 0 or rerun.traceback:
+            found.append(f"rerun: {rerun.describe()}")
+        else:
+            counts = {"lost": 0, "duplicated": 0}
+            _compare(setup, command, store, counts, found)
+            found += [f"{n} {what} entries" for what, n in counts.items() if n]
+            if long:
+                _answers(setup, command, store, {"tracebacks": 0}, found)
+        problems += [f"killed before step {number} ({steps[number - 1]}): {p}" for p in found]
+        shutil.rmtree(store, ignore_errors=True)
+    stats["problems"] = problems
+    print(f"{command}: killed at {len(picked)} of {len(steps)} durable steps")
+    assert problems == []
