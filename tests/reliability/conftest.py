@@ -21,6 +21,7 @@ import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -34,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from ..conftest import write_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS_FILE = ROOT / "RELIABILITY_RUNS.md"
@@ -489,3 +492,76 @@ def figures(pytestconfig, tmp_path_factory) -> Figures:
         header = "" if RUNS_FILE.exists() else HEADER
         with RUNS_FILE.open("a", encoding="utf-8") as handle:
             handle.write(header + "\n".join(lines) + "\n")
+
+
+# --- the commands' start states and uninterrupted references (test_kill.py, test_disk_full.py) ---------------------
+
+REMOVED = ("doc3", "doc7")  # `remove --doc doc3 --doc doc7`: both or neither
+
+
+class Setup:
+    """The corpora, the base stores and the uninterrupted reference of each command."""
+
+    def __init__(self, root: Path, cli, model: Path) -> None:
+        self.root, self.cli, self.model = root, cli, model
+        # 60 documents of ~45 sentences: ~200k characters, so the build commits ~8 chunks of ~4096 words
+        self.docs = make_docs(60, 45, seed=1, prefix="doc")
+        self.corpus = write_corpus(root / "corpus.jsonl", self.docs)
+        self.more_docs = make_docs(30, 40, seed=2, prefix="new")
+        self.more = write_corpus(root / "more.jsonl", self.more_docs)
+        self.refs: dict[str, Path] = {}
+        self.durations: dict[str, float] = {}
+        self.answers: dict[tuple, Result] = {}
+        self.base = root / "base"  # built, no FAISS index (what `index` starts from)
+        self._reference("build", None, self.base)
+        self.base_faiss = root / "base-faiss"  # with a Flat FAISS index (what `add` and `remove` start from)
+        shutil.copytree(self.base, self.base_faiss)
+        self._ok(cli.run(["index", self.base_faiss, "--factory", "Flat", "--threads", "1"]))
+        for command, start in (("add", self.base_faiss), ("remove", self.base_faiss), ("index", self.base)):
+            self._reference(command, start, root / f"ref-{command}")
+
+    @staticmethod
+    def _ok(result: Result) -> Result:
+        assert result.rc == 0 and not result.traceback, result.describe() + "\n" + result.text[-3000:]
+        return result
+
+    def args(self, command: str, store: Path) -> list:
+        return {
+            "build": ["build", self.corpus, "--out", store, "--model", self.model, *TORCH],
+            "add": ["add", store, self.more, *TORCH],
+            "remove": ["remove", store, *(a for d in REMOVED for a in ("--doc", d))],
+            "index": ["index", store, "--factory", "Flat", "--threads", "1"],
+        }[command]
+
+    def start_state(self, command: str, store: Path) -> None:
+        """Put the store a trial of `command` starts from at `store` (nothing for a build)."""
+        if command in ("add", "remove"):
+            shutil.copytree(self.base_faiss, store)
+        elif command == "index":
+            shutil.copytree(self.base, store)
+
+    def _reference(self, command: str, start: Path | None, store: Path) -> None:
+        if start is not None:
+            shutil.copytree(start, store)
+        began = time.monotonic()
+        self._ok(self.cli.run(self.args(command, store)))
+        self.durations[command] = time.monotonic() - began
+        self.refs[command] = store
+
+    def reference_answer(self, command: str, question: list[str]) -> Result:
+        key = (command, *question)
+        if key not in self.answers:
+            self.answers[key] = self._ok(self.cli.run(["ask", self.refs[command], *question]))
+        return self.answers[key]
+
+    def questions(self, command: str) -> list[list[str]]:
+        """The `bertknn ask` questions whose answers a trial must reproduce."""
+        doc = self.more_docs[4] if command == "add" else self.docs[3 if command == "remove" else 5]
+        ask = [f"{doc['title']} was born in [MASK] .", "--subject", doc["title"], *TORCH]
+        faiss = [[*ask, "--retrieval", "faiss"]] if command != "build" else []
+        return [ask, *faiss]
+
+
+@pytest.fixture(scope="session")
+def setup(tmp_path_factory, cli, tiny_model_dir) -> Setup:
+    return Setup(tmp_path_factory.mktemp("kill"), cli, tiny_model_dir)
