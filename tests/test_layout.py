@@ -12,14 +12,25 @@ SRC = Path(bertknn.__file__).parent
 
 def _imports(module: str) -> set[str]:
     tree = ast.parse((SRC / f"{module}.py").read_text(encoding="utf-8"))
-    found = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    found = {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module != "bertknn"
+    }
+    found |= {  # `from bertknn import atomic` imports the module bertknn.atomic
+        f"bertknn.{alias.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "bertknn"
+        for alias in node.names
+    }
     found |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     return {name for name in found if name.startswith("bertknn")}
 
 
 def test_storage_imports_neither_the_model_nor_the_tokenizer():
-    assert _imports("datastore") == {"bertknn.integrity"}
-    assert _imports("integrity") == set()
+    assert _imports("datastore") == {"bertknn.atomic", "bertknn.integrity"}
+    assert _imports("integrity") == {"bertknn.atomic"}
+    assert _imports("atomic") == set()
 
 
 def test_the_builder_sits_between_model_and_store():

@@ -126,7 +126,11 @@ def test_the_sharded_datastore_answers_adds_and_removes_like_one(built, tmp_path
 
 def test_a_rerun_after_the_build_returns_the_top_manifest_and_refuses_another_corpus(built, tiny_model_dir):
     path, top, _ = built
-    assert distributed.build(path / "towns.jsonl", path / "sharded", str(tiny_model_dir), shard_docs=15) == top
+    again = distributed.build(path / "towns.jsonl", path / "sharded", str(tiny_model_dir), shard_docs=15)
+    assert again == json.loads((path / "sharded" / "shards.json").read_text(encoding="utf-8"))
+    assert [row["path"] for row in again["shards"]] == [row["path"] for row in top["shards"]]
+    now = ShardedDatastore(path / "sharded")  # with what the tests before added and removed
+    assert (again["documents"], again["entries"]) == (now.n_documents, now.size)
     other = write_corpus(path / "other.jsonl", towns(3))
     with pytest.raises(ValueError, match="another corpus"):
         distributed.build(other, path / "sharded", str(tiny_model_dir), shard_docs=15)
@@ -301,7 +305,7 @@ def served(built):
         with urllib.request.urlopen(request, timeout=60) as response:
             return json.loads(response.read())
 
-    yield BertKNN.load(path / "sharded"), ask
+    yield BertKNN.load(path / "sharded"), ask, port
     serve.shutdown()
 
 
@@ -314,7 +318,7 @@ QUESTIONS = [
 
 @pytest.mark.parametrize("retrieval", ["ir", "faiss", "ir+faiss"])
 def test_ray_serve_answers_equal_one_process_searching_every_shard(served, retrieval):
-    local, ask = served
+    local, ask, _ = served
     for question, subject in QUESTIONS:
         remote, here = ask(question, subject, retrieval), local.predict(question, subject=subject, retrieval=retrieval)
         assert remote["documents"] == here.documents and remote["knn"]
@@ -328,7 +332,7 @@ def test_an_ir_question_is_searched_only_by_the_shards_owning_its_documents(serv
 
     from bertknn.ray_serve import APP_NAME, ServedShards, shard_deployment
 
-    local, _ = served
+    local, _, _ = served
     routed = BertKNN.load(local.store.path)
     handles = [serve.get_deployment_handle(shard_deployment(i), app_name=APP_NAME) for i in range(4)]
     routed.serve_shards_on(ServedShards(routed.store, handles))
@@ -341,6 +345,17 @@ def test_an_ir_question_is_searched_only_by_the_shards_owning_its_documents(serv
         assert a.documents == b.documents and [t.token for t in a.knn] == [t.token for t in b.knn]
         assert [n - m for n, m in zip(routed.remote_shards.asked, before)] == (owners > 0).tolist()
     assert routed.remote_shards.asked[1] == 0 < routed.remote_shards.asked[2]  # Town 40's document is in shard 2
+
+
+def test_ray_serve_health_counts_every_shard(served):
+    import urllib.request
+
+    local, _, port = served
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=60) as response:
+        health = json.loads(response.read())
+    local.refresh()
+    assert health["documents"] == local.store.live_documents() and health["contexts"] == local.store.size > 0
+    assert health["datastore"] == "sharded"
 
 
 def test_a_rerun_with_another_corpus_or_shard_size_is_refused_before_anything_is_written(tmp_path, tiny_model_dir):

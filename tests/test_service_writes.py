@@ -13,6 +13,7 @@ from bertknn import BertKNN
 from bertknn import service as svc
 from bertknn.datastore import Datastore
 from bertknn.service import create_app
+from bertknn.text import CorpusError, parse_document
 
 BASE = "http://localhost"
 FRESH = {"id": "n1", "title": "Zorblat Quenmire", "text": "Zorblat Quenmire was born in Tallinn. He sells boats."}
@@ -93,3 +94,66 @@ def test_concurrent_adds_through_the_service_all_land(writable):
         thread.join(120)
     assert sorted(codes) == [201] * 4
     assert writable.get("/health").json()["documents"] == 9
+
+
+def test_posting_the_same_document_again_is_not_a_conflict(writable):
+    first = writable.post("/documents", json=FRESH)
+    assert first.status_code == 201 and first.json()["already_there"] is False and first.json()["contexts_added"] > 0
+    again = writable.post("/documents", json=FRESH)  # a client retrying after a timeout
+    assert again.status_code == 200
+    assert again.json() == {
+        "id": "n1",
+        "contexts_added": 0,
+        "already_there": True,
+        "message": "document 'n1' was there already (same id and text): nothing was added",
+        "documents": 6,
+        "contexts": first.json()["contexts"],
+    }
+    other = writable.post("/documents", json={**FRESH, "text": "Zorblat Quenmire sells cars."})
+    assert other.status_code == 409 and "with other text" in other.json()["detail"]
+    assert writable.get("/health").json()["documents"] == 6
+
+
+@pytest.mark.parametrize("doc_id", [True, False, None, 1.5, 1.0, [], ["n1"], {"id": "n1"}, "", 2**64, "a\x1bb"])
+def test_an_id_the_corpus_reader_refuses_is_refused_alike(writable, doc_id):
+    doc = {**FRESH, "id": doc_id}
+    with pytest.raises(CorpusError) as refused:
+        parse_document(doc, "the document")
+    response = writable.post("/documents", json=doc)
+    assert response.status_code == 422
+    assert [e["msg"] for e in response.json()["detail"]] == [f"Value error, {refused.value}"]
+    assert writable.get("/health").json()["documents"] == 5
+
+
+def test_an_integer_id_is_stored_as_the_corpus_reader_stores_it(writable):
+    response = writable.post("/documents", json={**FRESH, "id": 2**63})
+    assert response.status_code == 201 and response.json()["id"] == str(2**63)
+    assert writable.delete(f"/documents/{2**63}").status_code == 200
+
+
+def test_error_details_name_no_server_path(writable, built, monkeypatch):
+    server = str(built.store.path.parent)  # the store's name may be shown, where it lies not
+    missing = writable.delete("/documents/no-such-id")
+    assert missing.status_code == 404
+    assert "no document with id 'no-such-id' in store" in missing.json()["detail"]
+    conflict = writable.post("/documents", json={**FRESH, "id": "d1"})
+    assert conflict.status_code == 409 and "are in store with other text" in conflict.json()["detail"]
+    monkeypatch.setattr(svc, "WRITE_WAIT_S", 0.2)
+    with Datastore(built.store.path).writing():
+        busy = writable.delete("/documents/d1")
+    assert busy.status_code == 503 and busy.json()["detail"].startswith("store is being written by")
+    assert not [r.text for r in (missing, conflict, busy) if server in r.text]
+
+
+@pytest.mark.parametrize("up", [0, 1, 2])
+def test_a_relative_datastore_path_is_shown_by_its_name(built, monkeypatch, up):
+    here = [built.store.path, built.store.path.parent, built.store.path.parent.parent][up]
+    given = [".", "./store", f"{built.store.path.parent.name}/store"][up]
+    monkeypatch.chdir(here)
+    knn = BertKNN(built.encoder, Datastore(given))
+    with TestClient(create_app(knn, writable=True), base_url=BASE) as client:
+        health = client.get("/health")
+        missing = client.delete("/documents/no-such-id")
+    assert health.json()["datastore"] == "store"
+    assert missing.status_code == 404 and "in store;" in missing.json()["detail"]
+    assert not [r.text for r in (health, missing) if built.store.path.parent.name in r.text]

@@ -353,6 +353,8 @@ class Datastore:
             try:
                 atomic.remove_temporary(self.path)  # what an interrupted writer left half-written
                 self.reload()
+                if self._meta("identity", "") == "":  # a create killed between its manifest and this record
+                    self.record_identity()
                 self._check_tails()
                 yield self
                 self.seal()

@@ -18,6 +18,7 @@ from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder, QuestionError
 from bertknn.faiss_index import FaissIndex, ShardedFaiss
 from bertknn.knn import document_prior, document_vote, knn_distribution, neighbour_weights
+from bertknn.merging import merge_plan
 from bertknn.retrieval import TfidfIndex, compact, feature_array
 from bertknn.runtime import Runtime
 from bertknn.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, RemoteShards, Search
@@ -29,12 +30,14 @@ if TYPE_CHECKING:
     from datasets import Dataset
 
 
-def _indexed(store: Datastore) -> int:
-    """How many documents (from the first) the datastore's IR index covers."""
+def _indexed(store: Datastore) -> tuple[int, bool]:
+    """How many documents (from the first) the datastore's IR index covers, and whether its segments are merged as
+    `merging.merge_plan` says (a writer killed between a segment and its merge leaves them unmerged)."""
     try:
-        return TfidfIndex.load(store.path).n_docs
+        index = TfidfIndex.load(store.path)
     except FileNotFoundError:
-        return 0
+        return 0, True
+    return index.n_docs, merge_plan(index.sizes) is None
 
 
 def ensure_index(store: Datastore, segment_docs: int = 5000, n_workers: int = 1) -> TfidfIndex:
@@ -45,9 +48,9 @@ def ensure_index(store: Datastore, segment_docs: int = 5000, n_workers: int = 1)
     are hashed in `n_workers` processes (`workers.count`: 0 is every core for a large store). Only a writer extends
     the index: this takes the datastore's writer lock when there is something to add.
     """
-    if _indexed(store) < store.n_documents:
+    if _indexed(store) != (store.n_documents, True):
         with store.writing(wait=builder.LAZY_WAIT):
-            first = _indexed(store)
+            first, _ = _indexed(store)
             if first > store.n_documents:
                 raise DatastoreError(f"the IR index of {store.path} covers {first} documents but the store has fewer")
             ranges = [
@@ -59,6 +62,7 @@ def ensure_index(store: Datastore, segment_docs: int = 5000, n_workers: int = 1)
                 store.rewriting(*TfidfIndex.files(start))  # parts left by an interrupted run are written anew
                 TfidfIndex.from_features(islice(hashed, stop - start), start).save(store.path, start)
                 compact(store.path, lambda files: store.rewriting(*files))
+            compact(store.path, lambda files: store.rewriting(*files))  # what an interrupted writer left unmerged
     return TfidfIndex.load(store.path)
 
 

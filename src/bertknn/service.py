@@ -8,7 +8,7 @@ under its cross-process writer lock: an add embeds while questions go on, and be
 
 Safe to expose: writes can require a bearer token, the Host header is checked (TrustedHostMiddleware), request
 bodies, documents and the time a prediction may take are limited, malformed requests get a 4xx (never a 5xx),
-/health names no paths and /docs loads nothing from outside.
+neither /health nor an error's detail names a path on the server, and /docs loads nothing from outside.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ import swagger_ui_bundle
 from fastapi import Depends, FastAPI, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 from starlette.datastructures import Headers
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -47,8 +47,8 @@ from bertknn.demo import DEMO_CORPUS, demo_questions
 from bertknn.encoder import QuestionError
 from bertknn.pipeline import BertKNN, Query
 from bertknn.settings import LAM_RULES, MIXTURES, RETRIEVALS, Settings
-from bertknn.shards import is_sharded, open_store
-from bertknn.text import MASK, CorpusError, unicode_error
+from bertknn.shards import Store, add_target, is_sharded, open_store
+from bertknn.text import MASK, Document, parse_document, unicode_error
 
 WEB_DIR = Path(str(files("bertknn") / "web"))
 SWAGGER_DIR = Path(swagger_ui_bundle.swagger_ui_path)
@@ -164,14 +164,27 @@ Passage = Annotated[str, Field(max_length=100_000)]
 
 
 class DocumentIn(BaseModel):
-    """A document to add: the corpus format's {id, title, text}."""
+    """A document to add: the corpus format's {id, title, text}, checked by the corpus reader's rules."""
 
     model_config = ConfigDict(extra="forbid")
-    id: Annotated[str | int, UTF8]
+    id: Annotated[
+        Any,  # as sent: `parse_document` decides, so that `true` or 1.5 is refused as in a corpus file
+        WithJsonSchema({"anyOf": [{"type": "string", "minLength": 1}, {"type": "integer"}]}),
+        Field(description="a string or a 64-bit integer, unique in the datastore"),
+    ]
     title: Annotated[str, Field(min_length=1, max_length=1000), UTF8]
     text: Annotated[Passage | Annotated[list[Passage], Field(min_length=1, max_length=1000)], UTF8] = Field(
         description="the text, or a list of passages"
     )
+
+    @model_validator(mode="after")
+    def _readable(self) -> DocumentIn:
+        self.document()
+        return self
+
+    def document(self) -> Document:
+        """The document as `bertknn add` reads it from a corpus file (`text.parse_document`; CorpusError)."""
+        return parse_document(self.model_dump(), "the document")
 
 
 class TokenScoreOut(BaseModel):
@@ -226,10 +239,12 @@ class BatchOut(BaseModel):
 
 
 class DocumentOut(BaseModel):
-    """A document added, and the datastore's counts after it."""
+    """A document added (201), or found there already with the same text (200), and the datastore's counts."""
 
     id: str
     contexts_added: int
+    already_there: bool = Field(description="the same document (id and text) was there: nothing was added")
+    message: str
     documents: int
     contexts: int
 
@@ -428,8 +443,20 @@ def _document_chars(doc: DocumentIn) -> int:
 
 
 def _public_name(name: str | Path) -> str:
-    """A model or datastore as /health shows it: a path's last part only, never where it lies on the server."""
-    return Path(name).name if Path(name).is_absolute() else str(name)
+    """A model or datastore as /health shows it: a path's last part only (relative or not), never where it lies on
+    the server; a model hub name that is no local path stays as it is."""
+    path = Path(name)
+    return path.resolve().name if path.is_absolute() or path.exists() else str(name)
+
+
+def _public(message: str, store: Store) -> str:
+    """An error message for a client: the datastore's directory (as given and absolute, and so its shards' and files'
+    paths too) written as its name."""
+    name = _public_name(store.path)
+    given = [str(store.path)] if len(store.path.parts) > 1 else []  # a bare name is shown as it is
+    for path in sorted({str(store.path.resolve()), *given}, key=len, reverse=True):
+        message = message.replace(path, name)
+    return message
 
 
 def _unprocessable(message: str) -> HTTPException:
@@ -463,7 +490,7 @@ async def _predict(
     try:
         predictions: list[Prediction] = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
     except (ValueError, TypeError) as err:  # QuestionError (e.g. a [MASK] past the model's input length) included
-        raise _unprocessable(str(err)) from None
+        raise _unprocessable(_public(str(err), batcher.knn.store)) from None
     except asyncio.TimeoutError:
         future.cancel()
         raise HTTPException(
@@ -548,9 +575,8 @@ def create_app(
         while questions go on; the question side takes the commit in through `refresh`."""
         with writer_lock:
             if not writers:
-                store = (
-                    open_store(knn.store.path) if is_sharded(knn.store.path) else Datastore(knn.store.path, check=False)
-                )
+                path = knn.store.path.resolve()  # its errors name it whole, so `_public` finds it
+                store = open_store(path) if is_sharded(path) else Datastore(path, check=False)
                 writers.append(BertKNN(knn.encoder, store, settings=knn.settings))
             return writers[0]
 
@@ -580,24 +606,39 @@ def create_app(
         status_code=status.HTTP_201_CREATED,
         dependencies=write_checks,
         summary="Add a document (--writable only)",
+        responses={200: {"model": DocumentOut, "description": "The same document was there already"}},
     )
-    def add_document(doc: DocumentIn) -> dict:
-        """Embed a document's words into the datastore: its facts become answerable at once."""
+    def add_document(doc: DocumentIn, response: Response) -> dict:
+        """Embed a document's words into the datastore: its facts become answerable at once. Adding the same
+        document (id and text) again changes nothing (200), as `bertknn add` does; the same id with other text is
+        a conflict (409)."""
         if (chars := _document_chars(doc)) > max_document_chars:
             raise HTTPException(
                 status.HTTP_413_CONTENT_TOO_LARGE,
                 detail=f"the document has {chars:,} characters; the limit is {max_document_chars:,} characters "
                 "(title and text together)",
             )
+        document, knn_writer = doc.document(), writer()
+        store = knn_writer.store
         try:
-            added = writer().add_documents([doc.model_dump()], wait=WRITE_WAIT_S)
-        except CorpusError as err:
-            raise _unprocessable(str(err)) from None
+            with store.writing(WRITE_WAIT_S):  # nobody adds or removes it between the look and the add
+                # a sharded store compares the text only in its last shard, where adds go: an id of an earlier
+                # shard stays a conflict
+                there = add_target(store).states([document.id]).get(document.id) == "live"
+                added = knn_writer.add_documents([document], skip_existing=there, wait=WRITE_WAIT_S)
         except BusyError as err:
-            raise _busy(err) from None
+            raise _busy(err, store) from None
         except DatastoreError as err:
-            raise HTTPException(status.HTTP_409_CONFLICT, detail=str(err)) from None
-        return {"id": str(doc.id), "contexts_added": added, **_counts(knn, lock)}
+            raise HTTPException(status.HTTP_409_CONFLICT, detail=_public(str(err), store)) from None
+        if there:
+            response.status_code = status.HTTP_200_OK
+        message = (
+            f"document {document.id!r} was there already (same id and text): nothing was added"
+            if there
+            else f"added document {document.id!r} ({added:,} contexts)"
+        )
+        counts = _counts(knn, lock)
+        return {"id": document.id, "contexts_added": added, "already_there": there, "message": message, **counts}
 
     @app.delete(
         "/documents/{doc_id:path}",
@@ -606,12 +647,14 @@ def create_app(
     )
     def remove_document(doc_id: str) -> dict:
         """Remove a document from every search."""
+        knn_writer = writer()
+        store = knn_writer.store
         try:
-            writer().remove_document(doc_id, wait=WRITE_WAIT_S)
+            knn_writer.remove_document(doc_id, wait=WRITE_WAIT_S)
         except BusyError as err:
-            raise _busy(err) from None
+            raise _busy(err, store) from None
         except DatastoreError as err:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(err)) from None
+            raise HTTPException(status.HTTP_404_NOT_FOUND, detail=_public(str(err), store)) from None
         return {"id": doc_id, "removed": True, **_counts(knn, lock)}
 
     @app.get("/health", summary="Model, datastore and counts")
@@ -663,5 +706,7 @@ def _counts(knn: BertKNN, lock: threading.Lock) -> dict:
         return {"documents": knn.store.live_documents(), "contexts": knn.store.size}
 
 
-def _busy(err: BusyError) -> HTTPException:
-    return HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail=str(err), headers={"Retry-After": "5"})
+def _busy(err: BusyError, store: Store) -> HTTPException:
+    return HTTPException(
+        status.HTTP_503_SERVICE_UNAVAILABLE, detail=_public(str(err), store), headers={"Retry-After": "5"}
+    )

@@ -3,8 +3,12 @@ interface the query path uses (storage only: nothing here knows the model).
 
 `shards.json` lists the shards in order; document and entry indices are global, shard after shard, so a shard's
 document d is global document `first_document + d`. Offsets are taken from the shards themselves when they are
-opened (documents added to the last shard move no other shard's offsets). Reads (keys, values, document ranges,
-titles, evidence, hidden documents) go to the shards that hold what is asked, grouped so each shard is asked once.
+opened (documents added to the last shard move no other shard's offsets); the counts and offsets that shards.json
+shows are rewritten by every write (`writing`), so they stay true after adds and removes. Reads (keys, values,
+document ranges, titles, evidence, hidden documents) go to the shards that hold what is asked, grouped so each shard
+is asked once.
+
+`Store` is what the query path and the service use of a datastore: both `Datastore` and `ShardedDatastore` have it.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ import contextlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
+from bertknn.atomic import write_json
 from bertknn.datastore import Datastore, DatastoreError, Evidence, sqlite_errors
 
 SHARDS_FILE = "shards.json"
@@ -26,9 +32,100 @@ def is_sharded(path: str | Path) -> bool:
     return (Path(path) / SHARDS_FILE).is_file()
 
 
-def open_store(path: str | Path) -> Datastore | ShardedDatastore:
+class Rows(Protocol):
+    """Rows of an array read by number (keys or values): a memory map, or `_Rows` over shards."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, rows: Any) -> Any: ...
+
+
+class Store(Protocol):
+    """What the query path (search, pipeline, FAISS) and the service use of a datastore: `Datastore` and
+    `ShardedDatastore` both have it, with the same parameter names (tests/test_store_protocol.py holds them to it)."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def manifest(self) -> dict: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def n_documents(self) -> int: ...
+
+    @property
+    def keys(self) -> Rows: ...
+
+    @property
+    def values(self) -> Rows: ...
+
+    @property
+    def version(self) -> tuple: ...
+
+    @property
+    def complete(self) -> bool: ...
+
+    @property
+    def lazy(self) -> bool: ...
+
+    @property
+    def layer(self) -> int: ...
+
+    @property
+    def splitter(self) -> str: ...
+
+    @property
+    def key_dtype(self) -> str: ...
+
+    @property
+    def faiss_damage(self) -> list: ...
+
+    def check_model(self, name: str, weights_hash: str, dim: int, layer: int) -> None: ...
+
+    def reload(self) -> None: ...
+
+    def writing(self, wait: float | None = None) -> contextlib.AbstractContextManager[Any]: ...
+
+    def sqlite_errors(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def pending(self, docs: list[int] | None = None) -> list[int]: ...
+
+    def document_ranges(self, docs: list[int]) -> list[tuple[int, int]]: ...
+
+    def documents_of(self, entries: np.ndarray) -> np.ndarray: ...
+
+    def titles(self, docs: list[int]) -> list[str]: ...
+
+    def find_title(self, norm_title: str) -> int | None: ...
+
+    def evidence(self, entries: list[int]) -> list[Evidence]: ...
+
+    def hidden_documents(self) -> np.ndarray: ...
+
+    def live_documents(self) -> int: ...
+
+    def states(self, ids: list[str]) -> dict[str, str]: ...
+
+    def remove(self, ids: list[str]) -> tuple[list[str], list[str]]: ...
+
+
+def open_store(path: str | Path) -> Store:
     """The datastore at `path`, sharded or not."""
     return ShardedDatastore(path) if is_sharded(path) else Datastore(path)
+
+
+def add_target(store: Store) -> Store:
+    """Where `BertKNN.add_documents` puts new documents: a sharded store's last shard, else the store itself."""
+    return store.shards[-1] if isinstance(store, ShardedDatastore) else store
 
 
 class _Rows:
@@ -57,15 +154,21 @@ class ShardedDatastore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        top = self._read_top()
+        self.manifest = {**top, "status": "complete"}
+        self.shards = [Datastore(self.path / row["path"]) for row in top["shards"]]
+        self._depth = 0  # `writing` contexts entered by the thread that holds the shards' locks
+        self._offsets()
+
+    def _read_top(self) -> dict:
+        """shards.json as written last."""
         try:
             top = json.loads((self.path / SHARDS_FILE).read_text(encoding="utf-8"))
-            rows = top["shards"]
+            if not [row["path"] for row in top["shards"]]:
+                raise ValueError("it lists no shards")
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise DatastoreError(f"{self.path / SHARDS_FILE} is damaged ({err}); rerun the sharded build") from None
-        self.manifest = {**top, "status": "complete"}
-        self.shards = [Datastore(self.path / row["path"]) for row in rows]
-        self.faiss_damage: list = []
-        self._offsets()
+        return top
 
     def _offsets(self) -> None:
         self.doc_starts = np.cumsum([0] + [s.n_documents for s in self.shards])
@@ -113,17 +216,55 @@ class ShardedDatastore:
             shard.reload()
         self._offsets()
 
+    @property
+    def faiss_damage(self) -> list:
+        """Damage confined to the shards' FAISS files (IR questions still work)."""
+        return [damage for shard in self.shards for damage in shard.faiss_damage]
+
+    def live_documents(self) -> int:
+        """How many documents searches can return, over all shards."""
+        return sum(shard.live_documents() for shard in self.shards)
+
     def pending(self, docs: list[int] | None = None) -> list[int]:
+        """No document is pending: the shards of a sharded build are complete."""
         return []
 
     @contextlib.contextmanager
     def writing(self, wait: float | None = None) -> Iterator[ShardedDatastore]:
-        """Hold every shard's writer lock (in shard order, so two writers cannot hold one each), then re-read."""
+        """Hold every shard's writer lock (in shard order, so two writers cannot hold one each), then re-read; on
+        success, the outermost writer records the counts in shards.json (`_record_counts`). Re-entrant within a
+        thread. Should shards.json fail to be written, its error is raised once the shards have sealed their write."""
+        unrecorded: Exception | None = None
         with contextlib.ExitStack() as held:
             for shard in self.shards:
                 held.enter_context(shard.writing(wait))
             self._offsets()
-            yield self
+            self._depth += 1
+            try:
+                yield self
+            finally:
+                self._depth -= 1
+            self._offsets()
+            if not self._depth:
+                try:
+                    self._record_counts()
+                except (OSError, DatastoreError) as err:
+                    unrecorded = err
+        if unrecorded is not None:
+            raise unrecorded
+
+    def _record_counts(self) -> None:
+        """Rewrite shards.json's counts and offsets as the shards hold them now, when a write changed them (under
+        every shard's writer lock, so no other writer rewrites it meanwhile)."""
+        top = self._read_top()
+        rows = [
+            {**row, "first_document": int(doc), "first_entry": int(at), "documents": s.n_documents, "entries": s.size}
+            for row, s, doc, at in zip(top["shards"], self.shards, self.doc_starts, self.entry_starts)
+        ]
+        now = {**top, "documents": self.n_documents, "entries": self.size, "live_documents": self.live_documents()}
+        if {**now, "shards": rows} != top:
+            write_json(self.path / SHARDS_FILE, {**now, "shards": rows})
+            self.manifest = {**now, "shards": rows, "status": "complete"}
 
     def sqlite_errors(self) -> contextlib.AbstractContextManager[None]:
         """SQLite's errors about a damaged shard as a DatastoreError naming the shards' directory."""
@@ -214,7 +355,7 @@ class ShardedDatastore:
                 f"no document with id {', '.join(map(repr, unknown[:5]))} in {self.path}; nothing was removed"
             )
         removed = []
-        for shard in dict.fromkeys(owners.values()):
-            with shard.writing():  # re-entrant under `writing`
+        with self.writing():  # re-entrant under the caller's `writing`; records the counts
+            for shard in dict.fromkeys(owners.values()):
                 removed += shard.remove([i for i in ids if owners.get(i) is shard])[0]
         return removed, [i for i in ids if i in before]

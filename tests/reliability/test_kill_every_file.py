@@ -274,11 +274,6 @@ def test_kill_9_then_rerun_leaves_every_file_of_the_uninterrupted_run(
     assert stats["problems"] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a build killed after `datastore.create` published manifest.json but before `record_identity` committed "
-    "is resumed by `builder.create` without recording the identity: meta lacks its 'identity' row",
-)
 def test_kill_between_the_manifest_and_the_identity_then_rerun_leaves_every_file(every_setup, tmp_path):
     """A build killed at one exact point, just after its new manifest.json was renamed into place (before the
     directory's fsync, so before SQLite holds anything): random kills land there rarely."""
