@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -144,3 +145,36 @@ def lama_dir(tmp_path):
 def pytest_addoption(parser):
     """`--long`: the reliability suite (tests/reliability) runs its long trials; BERTKNN_LONG=1 does the same."""
     parser.addoption("--long", action="store_true", default=False, help="run tests/reliability in long mode")
+
+
+class _Full:
+    """A file whose writes fail with ENOSPC once `room` bytes are written."""
+
+    def __init__(self, handle, room: int) -> None:
+        self.handle, self.room = handle, room
+
+    def write(self, data):
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.handle.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.handle, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.close()
+
+
+def full_after(monkeypatch, room: int, which=lambda path: True) -> None:
+    """Files opened with Path.open whose path `which` accepts fail with ENOSPC once `room` bytes are written to each."""
+    real_open = Path.open
+
+    def opened(path, *args, **kwargs):
+        handle = real_open(path, *args, **kwargs)
+        return _Full(handle, room) if which(path) else handle
+
+    monkeypatch.setattr(Path, "open", opened)

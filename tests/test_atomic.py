@@ -13,6 +13,8 @@ import pytest
 
 from bertknn import atomic
 
+from .conftest import full_after
+
 SRC = Path(atomic.__file__).parent
 
 # Calls that write a file: these methods on anything, these functions of these modules, `open` in a writing mode,
@@ -141,39 +143,10 @@ def test_a_folder_is_published_with_every_file_fsynced_first(tmp_path, monkeypat
     assert calls[-2:] == [("rename", f"{folder} -> {tmp_path / 'seg'}"), ("fsync", str(tmp_path))]
 
 
-class _Full:
-    """A file whose writes fail with ENOSPC after `room` bytes."""
-
-    def __init__(self, handle, room: int) -> None:
-        self.handle, self.room = handle, room
-
-    def write(self, data):
-        if len(data) > self.room:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self.room -= len(data)
-        return self.handle.write(data)
-
-    def __getattr__(self, name):
-        return getattr(self.handle, name)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.handle.close()
-
-
 def test_a_full_disk_names_the_file_and_the_bytes_needed_and_keeps_the_old_file(tmp_path, monkeypatch):
     target = tmp_path / "faiss.index"
     target.write_bytes(b"the good index")
-    real_open = Path.open
-    monkeypatch.setattr(
-        Path,
-        "open",
-        lambda self, *a, **k: (
-            _Full(real_open(self, *a, **k), 1000) if self.suffix == ".tmp" else real_open(self, *a, **k)
-        ),
-    )
+    full_after(monkeypatch, 1000, lambda path: path.suffix == ".tmp")
     with pytest.raises(atomic.DiskFullError) as caught:
         atomic.write_file(target, lambda h: [h.write(b"x" * 600) for _ in range(5)])
     assert str(caught.value).startswith(f"no space left for {target}: the write needs 3,000 bytes, ")
@@ -187,8 +160,7 @@ def test_an_append_that_does_not_fit_is_cut_back(tmp_path, monkeypatch):
     atomic.append(path, 10, b"b" * 10)
     atomic.append(path, 15, b"c" * 5)  # bytes past the committed length (15) are dropped first
     assert path.read_bytes() == b"a" * 10 + b"b" * 5 + b"c" * 5
-    real_open = Path.open
-    monkeypatch.setattr(Path, "open", lambda self, *a, **k: _Full(real_open(self, *a, **k), 3))
+    full_after(monkeypatch, 3)
     with pytest.raises(atomic.DiskFullError, match=r"keys.f16: the write needs 8 bytes"):
         atomic.append(path, 20, b"d" * 8)
     assert path.read_bytes() == b"a" * 10 + b"b" * 5 + b"c" * 5

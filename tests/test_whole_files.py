@@ -3,8 +3,6 @@ faiss.json or tfidf_ndocs.txt, a 0-byte faiss.index) is named by `verify`, repai
 
 from __future__ import annotations
 
-import errno
-import os
 from pathlib import Path
 
 import faiss
@@ -16,6 +14,8 @@ from bertknn.cli import app
 from bertknn.datastore import Datastore
 from bertknn.faiss_index import FaissIndex, _save
 from bertknn.integrity import Checksums
+
+from .conftest import full_after
 
 runner = CliRunner()
 
@@ -73,32 +73,7 @@ def test_checksummed_settings_that_are_damaged_stay_an_error(indexed):
 
 def _full_after(monkeypatch, suffix: str, room: int) -> None:
     """Writes to temporary files ending in `suffix` fail with ENOSPC once `room` bytes are written."""
-    real_open = Path.open
-
-    class Full:
-        def __init__(self, handle) -> None:
-            self.handle, self.room = handle, room
-
-        def write(self, data):
-            if len(data) > self.room:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            self.room -= len(data)
-            return self.handle.write(data)
-
-        def __getattr__(self, name):
-            return getattr(self.handle, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.handle.close()
-
-    def opened(path, *args, **kwargs):
-        handle = real_open(path, *args, **kwargs)
-        return Full(handle) if path.name.endswith(suffix + atomic.TMP) else handle
-
-    monkeypatch.setattr(Path, "open", opened)
+    full_after(monkeypatch, room, lambda path: path.name.endswith(suffix + atomic.TMP))
 
 
 def test_a_full_disk_while_writing_a_faiss_file_keeps_the_good_index_and_says_so(indexed, monkeypatch):

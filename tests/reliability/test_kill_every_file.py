@@ -29,8 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import write_corpus
-from .conftest import Result, Setup, committed, dim, make_docs
+from .conftest import Setup, committed, dim
 
 COMMANDS = ("build", "add")
 LOCK = "write.lock"
@@ -38,32 +37,6 @@ SQLITE = "store.sqlite"
 BY_CONTENT = ("store.sqlite", "checksums.json", "keys.f16", "values.i32", "manifest.json")
 PAGE = 4096  # SQLite's default page size: where two store.sqlite files first differ is reported in pages
 STATS: dict[str, dict] = {}
-
-
-class EveryFileSetup(Setup):
-    """conftest.Setup's corpora and commands, with only the references these trials need: build, and add (from the
-    built store indexed with FAISS)."""
-
-    def __init__(self, root: Path, cli, model: Path) -> None:
-        self.root, self.cli, self.model = root, cli, model
-        self.docs = make_docs(60, 45, seed=1, prefix="doc")
-        self.corpus = write_corpus(root / "corpus.jsonl", self.docs)
-        self.more_docs = make_docs(30, 40, seed=2, prefix="new")
-        self.more = write_corpus(root / "more.jsonl", self.more_docs)
-        self.refs: dict[str, Path] = {}
-        self.durations: dict[str, float] = {}
-        self.answers: dict[tuple, Result] = {}
-        self._reference("build", None, root / "ref-build")
-        self.base = self.refs["build"]
-        self.base_faiss = root / "base-faiss"
-        shutil.copytree(self.base, self.base_faiss)
-        self._ok(cli.run(self.args("index", self.base_faiss)))
-        self._reference("add", self.base_faiss, root / "ref-add")
-
-
-@pytest.fixture(scope="module")
-def every_setup(tmp_path_factory, cli, tiny_model_dir) -> EveryFileSetup:
-    return EveryFileSetup(tmp_path_factory.mktemp("kill-every-file"), cli, tiny_model_dir)
 
 
 @pytest.fixture()
@@ -81,7 +54,7 @@ def cpu_load(long):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def record(figures, every_setup):
+def record(figures, setup):
     yield
     if STATS:
         lines = [
@@ -206,7 +179,7 @@ def differences(ref: Path, store: Path) -> tuple[list[str], list[str]]:
     return problems, notes
 
 
-def _answers_differ(setup: EveryFileSetup, command: str, store: Path) -> list[str]:
+def _answers_differ(setup: Setup, command: str, store: Path) -> list[str]:
     """The `bertknn ask` answers of test_kill.py's questions, against the reference's."""
     problems = []
     for question in setup.questions(command):
@@ -217,10 +190,7 @@ def _answers_differ(setup: EveryFileSetup, command: str, store: Path) -> list[st
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_kill_9_then_rerun_leaves_every_file_of_the_uninterrupted_run(
-    every_setup, command, long, rng, tmp_path, cpu_load
-):
-    setup = every_setup
+def test_kill_9_then_rerun_leaves_every_file_of_the_uninterrupted_run(setup, command, long, rng, tmp_path, cpu_load):
     cli, duration = setup.cli, setup.durations[command]
     trials = int(os.environ.get("BERTKNN_TRIALS") or (20 if long else 3))
     stats = STATS[command] = dict(
@@ -274,10 +244,10 @@ def test_kill_9_then_rerun_leaves_every_file_of_the_uninterrupted_run(
     assert stats["problems"] == []
 
 
-def test_kill_between_the_manifest_and_the_identity_then_rerun_leaves_every_file(every_setup, tmp_path):
+def test_kill_between_the_manifest_and_the_identity_then_rerun_leaves_every_file(setup, tmp_path):
     """A build killed at one exact point, just after its new manifest.json was renamed into place (before the
     directory's fsync, so before SQLite holds anything): random kills land there rarely."""
-    setup, store = every_setup, tmp_path / "store"
+    store = tmp_path / "store"
     trace = tmp_path / "steps.txt"
     setup._ok(setup.cli.run(setup.args("build", tmp_path / "traced"), trace=str(trace)))
     steps = trace.read_text(encoding="utf-8").splitlines()
