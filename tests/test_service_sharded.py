@@ -72,6 +72,8 @@ def test_every_endpoint_answers_on_a_sharded_store(client, sharded):
     assert again.status_code == 200 and again.json()["already_there"] is True and again.json()["documents"] == 6
     assert call("POST", "/documents", json={**FRESH, "text": "Zorblat Quenmire sells cars."}).status_code == 409
     assert call("POST", "/documents", json={**SMALL_DOCS[0], "text": "Ilsa sings."}).status_code == 409
+    first_shard = call("POST", "/documents", json=SMALL_DOCS[0])  # unchanged, in the shard before the last
+    assert first_shard.status_code == 200 and first_shard.json()["already_there"] is True
     new = call(
         "POST", "/predict", json={"text": "Zorblat Quenmire was born in [MASK] .", "subject": "Zorblat Quenmire"}
     )
@@ -128,3 +130,13 @@ def test_a_failed_write_of_shards_json_leaves_the_shards_sealed(sharded, monkeyp
     monkeypatch.undo()
     sharded.remove_documents(["d5"])
     assert _counts(json.loads((path / SHARDS_FILE).read_text(encoding="utf-8"))) == _truth(ShardedDatastore(path))
+
+
+def test_adding_other_text_under_an_id_of_an_earlier_shard_is_refused(sharded):
+    """As one datastore refuses a live id given other text, so does a sharded one whose id lies in an earlier shard
+    (adds go to the last): `skip_existing` (what `bertknn add` uses) skips only the same document."""
+    size = sharded.store.size
+    assert sharded.add_documents([SMALL_DOCS[0]], skip_existing=True) == 0
+    with pytest.raises(datastore.DatastoreError, match=r"\['d1'\] are in .* with other text; remove them first"):
+        sharded.add_documents([{**SMALL_DOCS[0], "text": "Ilsa Varnhold sings."}], skip_existing=True)
+    assert sharded.store.size == size and sharded.store.states(["d1"]) == {"d1": "live"}

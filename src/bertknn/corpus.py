@@ -373,12 +373,15 @@ def _reader(path: Path) -> type[_FileCorpus] | None:
     return None
 
 
+def digest(doc: Document) -> str:
+    """sha256 of a document's title and text: what tells a second add of the same document from other text."""
+    return hashlib.sha256(json.dumps([doc.title, list(doc.passages)]).encode()).hexdigest()
+
+
 def record(doc: Document, splitter: str) -> Record:
-    """A document as the store keeps it: its sentences (split by `splitter`), normalised title and a digest of its
-    text."""
-    digest = hashlib.sha256(json.dumps([doc.title, list(doc.passages)]).encode()).hexdigest()
+    """A document as the store keeps it: its sentences (split by `splitter`), normalised title and `digest`."""
     sentences = tuple(s for p in doc.passages for s in split_sentences(p, splitter))
-    return Record(doc.id, doc.title, normalize_title(doc.title), sentences, digest)
+    return Record(doc.id, doc.title, normalize_title(doc.title), sentences, digest(doc))
 
 
 def record_located(located: tuple[str, Document], splitter: str) -> tuple[str, Record]:

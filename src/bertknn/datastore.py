@@ -582,6 +582,12 @@ class Datastore:
             found += self.db.execute(query, part).fetchall()
         return found
 
+    def live_digests(self, ids: list[str]) -> dict[str, str | None]:
+        """The text digest (`corpus.digest`) of each of the given ids that is live; None for a document stored
+        before digests were kept."""
+        with self.sqlite_errors():
+            return {doc_id: digest for doc_id, _, state, digest in self._rows("id", ids) if state == "live"}
+
     def states(self, ids: list[str]) -> dict[str, str]:
         """The state of each of the given document ids that the datastore holds (removed ones are not held)."""
         with self.sqlite_errors():

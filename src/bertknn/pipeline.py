@@ -12,7 +12,7 @@ import numpy as np
 
 from bertknn import builder, workers
 from bertknn.combine import Neighbour, Prediction, TokenScore, confident_lam, interpolate, ranked
-from bertknn.corpus import Corpus, record
+from bertknn.corpus import Corpus, digest, record
 from bertknn.datastore import Datastore, DatastoreError
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder, QuestionError
@@ -415,6 +415,13 @@ class BertKNN:
         with self.store.writing(wait):
             ids = [d.id for d in docs]
             elsewhere = set(self.store.states(ids)) - set(last.states(ids))
+            held = self.store.live_digests(sorted(elsewhere))
+            changed = sorted(d.id for d in docs if d.id in elsewhere and held.get(d.id) not in (None, digest(d)))
+            if changed:  # as one store refuses a live id given other text (`Datastore.stage`)
+                raise DatastoreError(
+                    f"document id(s) {changed[:5]} are in {self.store.path} with other text; remove them first "
+                    "(`bertknn remove --doc ID`), then add the new text"
+                )
             if elsewhere and not skip_existing:
                 raise DatastoreError(
                     f"document id(s) already in the datastore: {sorted(elsewhere)[:5]}; remove them first"

@@ -47,7 +47,7 @@ from bertknn.demo import DEMO_CORPUS, demo_questions
 from bertknn.encoder import QuestionError
 from bertknn.pipeline import BertKNN, Query
 from bertknn.settings import LAM_RULES, MIXTURES, RETRIEVALS, Settings
-from bertknn.shards import Store, add_target, is_sharded, open_store
+from bertknn.shards import Store, is_sharded, open_store
 from bertknn.text import MASK, Document, parse_document, unicode_error
 
 WEB_DIR = Path(str(files("bertknn") / "web"))
@@ -622,9 +622,7 @@ def create_app(
         store = knn_writer.store
         try:
             with store.writing(WRITE_WAIT_S):  # nobody adds or removes it between the look and the add
-                # a sharded store compares the text only in its last shard, where adds go: an id of an earlier
-                # shard stays a conflict
-                there = add_target(store).states([document.id]).get(document.id) == "live"
+                there = store.states([document.id]).get(document.id) == "live"  # other text: a conflict below
                 added = knn_writer.add_documents([document], skip_existing=there, wait=WRITE_WAIT_S)
         except BusyError as err:
             raise _busy(err, store) from None

@@ -115,17 +115,14 @@ class Store(Protocol):
 
     def states(self, ids: list[str]) -> dict[str, str]: ...
 
+    def live_digests(self, ids: list[str]) -> dict[str, str | None]: ...
+
     def remove(self, ids: list[str]) -> tuple[list[str], list[str]]: ...
 
 
 def open_store(path: str | Path) -> Store:
     """The datastore at `path`, sharded or not."""
     return ShardedDatastore(path) if is_sharded(path) else Datastore(path)
-
-
-def add_target(store: Store) -> Store:
-    """Where `BertKNN.add_documents` puts new documents: a sharded store's last shard, else the store itself."""
-    return store.shards[-1] if isinstance(store, ShardedDatastore) else store
 
 
 class _Rows:
@@ -340,6 +337,12 @@ class ShardedDatastore:
         found: dict[str, str] = {}
         for shard in self.shards:
             found |= shard.states(ids)
+        return found
+
+    def live_digests(self, ids: list[str]) -> dict[str, str | None]:
+        found: dict[str, str | None] = {}
+        for shard in self.shards:
+            found |= shard.live_digests(ids)
         return found
 
     def remove(self, ids: list[str]) -> tuple[list[str], list[str]]:
