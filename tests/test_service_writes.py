@@ -15,6 +15,8 @@ from bertknn.datastore import Datastore
 from bertknn.service import create_app
 from bertknn.text import CorpusError, parse_document
 
+from .conftest import full_after
+
 BASE = "http://localhost"
 FRESH = {"id": "n1", "title": "Zorblat Quenmire", "text": "Zorblat Quenmire was born in Tallinn. He sells boats."}
 ASK = {"text": "Zorblat Quenmire was born in [MASK] .", "subject": "Zorblat Quenmire", "top_k": 1}
@@ -157,3 +159,16 @@ def test_a_relative_datastore_path_is_shown_by_its_name(built, monkeypatch, up):
     assert health.json()["datastore"] == "store"
     assert missing.status_code == 404 and "in store;" in missing.json()["detail"]
     assert not [r.text for r in (health, missing) if built.store.path.parent.name in r.text]
+
+
+def test_a_full_disk_answers_507_naming_the_file_and_a_retry_adds(writable, built, monkeypatch):
+    monkeypatch.setattr(svc, "WRITE_WAIT_S", 1.0)
+    full_after(monkeypatch, 100, lambda path: path.name.endswith(".tmp"))  # no file written whole fits
+    full = writable.post("/documents", json=FRESH)
+    detail = full.json()["detail"]
+    assert full.status_code == 507 and detail.startswith("no space left for store/"), detail
+    assert "the write needs" in detail and str(built.store.path.parent) not in full.text
+    monkeypatch.undo()
+    again = writable.post("/documents", json=FRESH)
+    assert again.status_code == 201 and again.json()["contexts_added"] > 0
+    assert _knn_top(writable.post("/predict", json=ASK)) == "tallinn"

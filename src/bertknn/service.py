@@ -41,6 +41,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import bertknn
+from bertknn.atomic import DiskFullError
 from bertknn.combine import Prediction
 from bertknn.datastore import BusyError, Datastore, DatastoreError, file_sha256
 from bertknn.demo import DEMO_CORPUS, demo_questions
@@ -459,6 +460,12 @@ def _public(message: str, store: Store) -> str:
     return message
 
 
+def _full(err: DiskFullError, store: Store) -> HTTPException:
+    """507 for a write the datastore's disk had no room for: nothing was changed, and a retry after space was freed
+    finishes it."""
+    return HTTPException(status.HTTP_507_INSUFFICIENT_STORAGE, detail=_public(str(err), store))
+
+
 def _unprocessable(message: str) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=message)
 
@@ -626,6 +633,8 @@ def create_app(
                 added = knn_writer.add_documents([document], skip_existing=there, wait=WRITE_WAIT_S)
         except BusyError as err:
             raise _busy(err, store) from None
+        except DiskFullError as err:
+            raise _full(err, store) from None
         except DatastoreError as err:
             raise HTTPException(status.HTTP_409_CONFLICT, detail=_public(str(err), store)) from None
         if there:
@@ -651,6 +660,8 @@ def create_app(
             knn_writer.remove_document(doc_id, wait=WRITE_WAIT_S)
         except BusyError as err:
             raise _busy(err, store) from None
+        except DiskFullError as err:
+            raise _full(err, store) from None
         except DatastoreError as err:
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail=_public(str(err), store)) from None
         return {"id": doc_id, "removed": True, **_counts(knn, lock)}
