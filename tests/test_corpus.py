@@ -267,9 +267,9 @@ def test_a_build_from_parquet_equals_one_from_jsonl(tmp_path, sources, encoder):
 def test_a_build_reports_checking_and_stops_at_a_duplicate_id(tmp_path, encoder):
     path = write_parquet(tmp_path / "dup.parquet", [*ROWS, {**ROWS[0], "text": "Ilsa Varnhold lives in Vienna."}])
     reports = []
-    with pytest.raises(CorpusError, match=f"^{path}: row 4: duplicate document id 'Ilsa Varnhold'$"):
+    with pytest.raises(CorpusError, match=f"^{path}: row 4: duplicate document id 'Ilsa Varnhold' \\(given first at "):
         builder.build(path, tmp_path / "s", encoder, progress=lambda *r: reports.append(r))
-    assert reports[0] == ("checking", 4, 4) and not (tmp_path / "s").exists()  # the store it began is removed
+    assert reports[0] == ("checking", 4, 4) and not (tmp_path / "s").exists()  # refused before anything is written
 
 
 def test_eval_lama_reads_a_parquet_directory_and_reuses_its_registration(sources, encoder, tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
-"""A refused corpus leaves --out as it was: a duplicate id in any format, a directory of several formats; a store
-begun by an earlier run keeps its work; files of no corpus format in a directory are named, not read."""
+"""A refused corpus leaves --out as it was: a duplicate id in any format (found by the build's first read, before
+anything is written, also across the files a distributed build gives to different shards), a directory of several
+formats; files of no corpus format in a directory are named, not read."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def test_a_duplicate_id_in_any_format_leaves_out_as_it_was(tmp_path, tiny_model_
         out.mkdir()
     result = run_build(corpus, out, tiny_model_dir)
     doc_id = "12" if kind == "xml-dump" else "Ilsa Varnhold"  # a dump's ids are its page ids
-    assert result.exit_code == 2 and f"duplicate document id '{doc_id}'\n" in result.output, result.output
+    assert result.exit_code == 2 and f"duplicate document id '{doc_id}'" in result.output, result.output
     if before == "empty":
         assert list(out.iterdir()) == []
     else:
@@ -85,31 +86,28 @@ def test_a_duplicate_id_in_any_format_leaves_out_as_it_was(tmp_path, tiny_model_
 
 def test_a_duplicate_id_in_a_dataset_leaves_out_as_it_was(tmp_path, encoder):
     dataset = Dataset.from_list([*ROWS, AGAIN])
-    with pytest.raises(CorpusError, match=r"row 4: duplicate document id 'Ilsa Varnhold'$"):
+    with pytest.raises(CorpusError, match=r"row 4: duplicate document id 'Ilsa Varnhold' \(given first at .*row 1\)$"):
         builder.build(dataset, tmp_path / "store", encoder)
     assert not (tmp_path / "store").exists()
 
 
-def test_a_refused_corpus_keeps_the_work_of_an_interrupted_run(tmp_path, encoder, monkeypatch):
-    """A build killed after its first batch is resumed by the next run: the duplicate that run finds later leaves
-    the committed batch in place."""
-    corpus = write_parquet(tmp_path / "dup.parquet", [*ROWS, AGAIN])
-    monkeypatch.setattr(builder, "REGISTER_DOCS", 2)
-    register, calls = builder._register, []
+def test_the_first_read_names_both_places_of_an_id_given_twice(tmp_path):
+    corpus = open_corpus(duplicated(tmp_path, "parquet-dir"))
+    with pytest.raises(
+        CorpusError,
+        match=r"1\.parquet: row 2: duplicate document id 'Ilsa Varnhold' \(given first at "
+        r".*0\.parquet: row 1\)$",
+    ):
+        builder.check_corpus(corpus, lambda phase, done, total: None)
 
-    def interrupted(store, chunk):
-        calls.append(chunk)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        register(store, chunk)
 
-    monkeypatch.setattr(builder, "_register", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        builder.build(corpus, tmp_path / "store", encoder)
-    monkeypatch.setattr(builder, "_register", register)
-    with pytest.raises(CorpusError, match=r"row 4: duplicate document id 'Ilsa Varnhold'$"):
-        builder.build(corpus, tmp_path / "store", encoder)
-    assert Datastore(tmp_path / "store").n_documents == 2
+def test_ids_that_only_share_a_hash_are_not_duplicates(tmp_path, monkeypatch):
+    """Ids are kept as 8-byte hashes: distinct ids with one hash are compared whole and pass."""
+    monkeypatch.setattr(builder, "_id_hash", lambda doc_id: 7)
+    corpus = open_corpus(write_parquet(tmp_path / "c.parquet", ROWS))
+    assert builder.check_corpus(corpus, lambda phase, done, total: None) == len(ROWS)
+    with pytest.raises(CorpusError, match=r"row 4: duplicate document id 'Ilsa Varnhold'"):
+        builder.check_corpus(open_corpus(write_parquet(tmp_path / "d.parquet", [*ROWS, AGAIN])), print)
 
 
 def test_a_directory_of_several_formats_is_refused_naming_them(tmp_path, tiny_model_dir):
@@ -135,3 +133,12 @@ def test_files_of_no_corpus_format_in_a_directory_are_named_and_skipped(tmp_path
     assert result.exit_code == 0, result.output
     assert f"note: {tmp_path / 'parts'}: skipped 2 entries of no corpus format: notes.txt, old/" in result.output
     assert Datastore(tmp_path / "store").n_documents == len(ROWS)
+
+
+def test_a_distributed_build_refuses_an_id_its_shards_would_each_hold_once(tmp_path, tiny_model_dir):
+    """Shards of two documents each: the id given twice lands in two shards, whose own checks could not see it."""
+    from bertknn import distributed
+
+    with pytest.raises(CorpusError, match=r"duplicate document id 'Ilsa Varnhold' \(given first at "):
+        distributed.build(duplicated(tmp_path, "parquet-dir"), tmp_path / "sharded", str(tiny_model_dir), shard_docs=2)
+    assert not (tmp_path / "sharded").exists()

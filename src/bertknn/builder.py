@@ -7,9 +7,9 @@ batch, so the same stages can run elsewhere; the store (datastore.py) knows noth
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-from collections.abc import Callable, Iterator
+import hashlib
+from array import array
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from itertools import islice
@@ -209,16 +209,39 @@ def _embed_chunk(
 
 
 def check_corpus(corpus: Corpus, progress: Callable[[str, int, int], None]) -> int:
-    """Read every document of `corpus` once, so a bad one fails before anything is written; return their number.
+    """Read every document of `corpus` once, so a bad one, or an id given twice, fails before anything is written
+    (a distributed build's shards could not see an id of another shard); return their number.
 
-    Where the format counts its documents cheaply (`Corpus.count`), this reports phase "checking" to `progress`.
+    Ids are kept as 8-byte hashes, not as strings, so memory stays small at any corpus size; a hash seen twice is
+    looked up in a second read (`_refuse_duplicates`). Where the format counts its documents cheaply
+    (`Corpus.count`), this reports phase "checking" to `progress`.
     """
     total = corpus.count()
+    hashes = array("Q")
     done = 0
-    for done, _ in enumerate(corpus, 1):
+    for done, doc in enumerate(corpus, 1):
+        hashes.append(_id_hash(doc.id))
         if total and (done % REGISTER_DOCS == 0 or done == total):
             progress("checking", done, total)
+    values, counts = np.unique(np.frombuffer(hashes, np.uint64), return_counts=True)
+    if (counts > 1).any():
+        _refuse_duplicates(corpus, set(values[counts > 1].tolist()))
     return done
+
+
+def _id_hash(doc_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
+def _refuse_duplicates(corpus: Corpus, suspects: set[int]) -> None:
+    """CorpusError naming where an id of `corpus` is given the second time, and the first, when one is: ids whose
+    hash is among `suspects` are compared whole (distinct ids may share a hash)."""
+    first: dict[str, str] = {}
+    for where, doc in corpus.located():
+        if _id_hash(doc.id) in suspects:
+            if doc.id in first:
+                raise CorpusError(f"{where}: duplicate document id {doc.id!r} (given first at {first[doc.id]})")
+            first[doc.id] = where
 
 
 def _register(store: Datastore, chunk: list[tuple[str, Record]]) -> None:
@@ -260,19 +283,16 @@ def build(
     Every format is read in full once first (`check_corpus`), so a malformed document fails before anything is
     written: that read costs little beside registering (sentence splitting), while a bad row found halfway through
     registration would cost the work so far, since the corrected corpus has another fingerprint and cannot resume
-    the store. Only a duplicate id is found as documents are registered (JSONL's first read finds those too), by
-    the store's unique index, so memory does not grow with the corpus: the build stops before the batch holding it
-    is committed, and a store this run created is removed again (`_undone_if_refused`), leaving `out` as it was.
+    the store. That read refuses a duplicate id too, so a refused corpus leaves `out` as it was; the store's unique
+    index still guards every registration.
     A resumed build gives exactly the entries of an uninterrupted one.
     """
     source = open_corpus(corpus)
     report = progress or (lambda phase, done, total: None)
     n_docs = check_corpus(source, report)
-    made = _made_by_creating(Path(out))
     store = create(out, encoder, source.info(n_docs), pack, int8_keys)
     with store.writing():
-        with _undone_if_refused(store, made):
-            _register_all(store, source, n_docs, report, n_workers)
+        _register_all(store, source, n_docs, report, n_workers)
         if not lazy:
             todo = store.pending()
             done = n_docs - len(todo)
@@ -280,39 +300,6 @@ def build(
             embed(store, todo, encoder, chunk_entries, token_budget, lambda d: report("embedding", done + d, n_docs))
         finish(store)
     return store
-
-
-def _made_by_creating(out: Path) -> list[Path] | None:
-    """The directories creating a datastore at `out` makes (`out` and its missing parents, deepest first; none when
-    `out` exists), or None when `out` holds a datastore already (begun by an earlier run, or complete)."""
-    if (out / "manifest.json").exists():
-        return None
-    made = []
-    while not out.exists():
-        made.append(out)
-        out = out.parent
-    return made
-
-
-@contextlib.contextmanager
-def _undone_if_refused(store: Datastore, made: list[Path] | None) -> Iterator[None]:
-    """Remove the datastore this run created (`made` not None) when its corpus is refused (CorpusError) while being
-    registered, leaving its directory as it was: absent, or empty (`datastore.create` takes no other). A datastore
-    begun before is kept: an interrupted build's committed work is resumed, never deleted."""
-    try:
-        yield
-    except CorpusError:
-        if made is not None:
-            store.db.close()
-            for entry in store.path.iterdir():
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
-            with contextlib.suppress(OSError):  # a parent another process has put something in meanwhile stays
-                for path in made:
-                    path.rmdir()
-        raise
 
 
 def finish(store: Datastore) -> None:
@@ -345,10 +332,8 @@ def register(corpus: str | Path, out: str | Path, manifest: dict) -> Datastore:
     source = open_corpus(corpus)
     n_docs = check_corpus(source, lambda phase, done, total: None)
     path = Path(out)
-    made = _made_by_creating(path)
-    store = create_store(path, manifest) if made is not None else Datastore(path)
+    store = Datastore(path) if (path / "manifest.json").exists() else create_store(path, manifest)
     with store.writing():
-        with _undone_if_refused(store, made):
-            _register_all(store, source, n_docs, lambda phase, done, total: None, 1)
+        _register_all(store, source, n_docs, lambda phase, done, total: None, 1)
         finish(store)
     return store

@@ -415,16 +415,16 @@ class BertKNN:
         with self.store.writing(wait):
             ids = [d.id for d in docs]
             elsewhere = set(self.store.states(ids)) - set(last.states(ids))
+            if elsewhere and not skip_existing:
+                raise DatastoreError(
+                    f"document id(s) already in the datastore: {sorted(elsewhere)[:5]}; remove them first"
+                )
             held = self.store.live_digests(sorted(elsewhere))
             changed = sorted(d.id for d in docs if d.id in elsewhere and held.get(d.id) not in (None, digest(d)))
             if changed:  # as one store refuses a live id given other text (`Datastore.stage`)
                 raise DatastoreError(
                     f"document id(s) {changed[:5]} are in {self.store.path} with other text; remove them first "
                     "(`bertknn remove --doc ID`), then add the new text"
-                )
-            if elsewhere and not skip_existing:
-                raise DatastoreError(
-                    f"document id(s) already in the datastore: {sorted(elsewhere)[:5]}; remove them first"
                 )
             docs = [d for d in docs if d.id not in elsewhere]
             if self._last_shard is None or self._last_shard.store is not last:  # opened once, not per add
