@@ -3,6 +3,7 @@ faiss.json or tfidf_ndocs.txt, a 0-byte faiss.index) is named by `verify`, repai
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import faiss
@@ -105,3 +106,13 @@ def test_a_full_disk_while_adding_names_the_file_and_a_rerun_counts_what_it_stor
     ((start, end),) = store.document_ranges([store.n_documents - 1])
     assert end - start > 0 and f"added 1 documents ({end - start:,} contexts)" in " ".join(rerun.output.split())
     assert _cli("verify", indexed).exit_code == 0
+
+
+def test_a_full_disk_in_sqlite_is_named_as_such_not_as_damage_and_rolled_back(built):
+    store = built.store
+    before = store.live_documents()
+    full = pytest.raises(atomic.DiskFullError, match=r"^no space left for .*store\.sqlite: the write does not fit")
+    with full, store.sqlite_errors(), store.db:
+        store.db.execute("UPDATE documents SET state = 'removed'")
+        raise sqlite3.OperationalError("database or disk is full")  # what SQLite raises on a full disk
+    assert not store.db.in_transaction and store.live_documents() == before
