@@ -88,6 +88,14 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _write_all(handle: BinaryIO, data: bytes | memoryview) -> None:
+    """Write all of `data` to an unbuffered file (which may take it in parts). Unbuffered: a buffer that a full disk
+    left unwritten would fail again when the file is truncated or closed, outside any handler."""
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[handle.write(view) :]
+
+
 class _Counting:
     """A file's writer that counts what it is given: once the disk is full it keeps counting without writing, so
     the error can say how much the whole write needed."""
@@ -100,16 +108,12 @@ class _Counting:
         self.written += size
         if not self.full:
             try:
-                self.handle.write(data)
+                _write_all(self.handle, data)
             except OSError as err:
                 if not is_full(err):
                     raise
                 self.full = True
         return size
-
-    def flush(self) -> None:
-        if not self.full:
-            self.handle.flush()
 
 
 def write_file(
@@ -121,12 +125,11 @@ def write_file(
     path = Path(path)
     tmp = tmp_path(path)
     try:
-        with naming(path), tmp.open("wb") as raw:
+        with naming(path), tmp.open("wb", buffering=0) as raw:
             handle = _Counting(raw)
             write(handle)
             if not handle.full:
                 try:
-                    raw.flush()
                     os.fsync(raw.fileno())
                 except OSError as err:
                     if not is_full(err):
@@ -165,13 +168,12 @@ def append(path: str | Path, offset: int, data: bytes | memoryview) -> None:
     was never committed), then fsync. Out of space: DiskFullError, and the file is cut back to `offset`."""
     path = Path(path)
     size = memoryview(data).nbytes
-    with path.open("r+b" if path.exists() else "wb") as handle:
+    with path.open("r+b" if path.exists() else "wb", buffering=0) as handle:
         handle.truncate(offset)
         try:
             with naming(path, size):
                 handle.seek(offset)
-                handle.write(data)
-                handle.flush()
+                _write_all(handle, data)
                 os.fsync(handle.fileno())
         except DiskFullError:
             handle.truncate(offset)
