@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import errno
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -172,3 +173,31 @@ def test_a_new_npy_is_a_loadable_array(tmp_path):
     array.flush()
     del array
     assert np.load(tmp_path / "x.npy").tolist() == [0, 1, 2, 3, 4]
+
+
+@pytest.fixture()
+def small_fs(tmp_path):
+    """A 64 KiB tmpfs (skipped where the machine forbids mounting one)."""
+    point = tmp_path / "fs"
+    point.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(point)], capture_output=True)
+    if made.returncode:
+        pytest.skip(f"this machine forbids mounting a tmpfs: {made.stderr!r}")
+    yield point
+    subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
+
+
+def test_on_a_real_full_disk_an_append_is_named_and_cut_back(small_fs):
+    path = small_fs / "keys.f16"
+    atomic.append(path, 0, b"a" * 1000)
+    with pytest.raises(atomic.DiskFullError, match=r"keys\.f16: the write needs 65,000 bytes, "):
+        atomic.append(path, 1000, b"b" * 65_000)  # a little more than is free: a buffered write kept the rest
+    assert path.read_bytes() == b"a" * 1000
+
+
+def test_on_a_real_full_disk_a_file_is_named_with_what_it_needed_and_the_old_one_kept(small_fs):
+    path = small_fs / "faiss.index"
+    atomic.write_bytes(path, b"good")
+    with pytest.raises(atomic.DiskFullError, match=r"faiss\.index: the write needs 100,000 bytes, "):
+        atomic.write_file(path, lambda handle: [handle.write(b"x" * 1000) for _ in range(100)])
+    assert path.read_bytes() == b"good" and [p.name for p in small_fs.iterdir()] == ["faiss.index"]
