@@ -167,6 +167,14 @@ def test_an_append_that_does_not_fit_is_cut_back(tmp_path, monkeypatch):
     assert path.read_bytes() == b"a" * 10 + b"b" * 5 + b"c" * 5
 
 
+def test_arrays_append_whole_rows_and_an_empty_one_writes_nothing(tmp_path):
+    path = tmp_path / "keys.f16"
+    rows = np.arange(6, dtype=np.float16).reshape(2, 3)
+    atomic.append(path, 0, np.ascontiguousarray(rows).data)
+    atomic.append(path, rows.nbytes, np.zeros((0, 3), np.float16).data)  # a document without targets
+    assert np.fromfile(path, np.float16).reshape(-1, 3).tolist() == rows.tolist()
+
+
 def test_a_new_npy_is_a_loadable_array(tmp_path):
     array = atomic.new_npy(tmp_path / "x.npy", np.int64, 5)
     array[:] = np.arange(5)

@@ -91,8 +91,9 @@ def fsync_dir(path: Path) -> None:
 def _write_all(handle: BinaryIO, data: bytes | memoryview) -> None:
     """Write all of `data` to an unbuffered file (which may take it in parts). Unbuffered: a buffer that a full disk
     left unwritten would fail again when the file is truncated or closed, outside any handler."""
-    view = memoryview(data).cast("B")
-    while view:
+    view = memoryview(data)
+    view = view.cast("B") if view.nbytes else view[:0]  # a view of no bytes cannot be cast, nor needs writing
+    while view.nbytes:
         view = view[handle.write(view) :]
 
 
