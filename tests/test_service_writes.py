@@ -116,6 +116,15 @@ def test_posting_the_same_document_again_is_not_a_conflict(writable):
     assert writable.get("/health").json()["documents"] == 6
 
 
+def test_a_document_without_target_words_is_added_with_no_contexts(writable):
+    """Found by fuzzing: text whose words are all symbols or several wordpieces appended an empty array (a 500)."""
+    before = writable.get("/health").json()["contexts"]
+    added = writable.post("/documents", json={"id": "s1", "title": "6\U000647e7", "text": "1\U0006e59e \"#"})
+    assert added.status_code == 201, added.text
+    assert added.json()["contexts_added"] == 0 and added.json()["contexts"] == before
+    assert writable.delete("/documents/s1").status_code == 200
+
+
 @pytest.mark.parametrize("doc_id", [True, False, None, 1.5, 1.0, [], ["n1"], {"id": "n1"}, "", 2**64, "a\x1bb"])
 def test_an_id_the_corpus_reader_refuses_is_refused_alike(writable, doc_id):
     doc = {**FRESH, "id": doc_id}
