@@ -119,7 +119,7 @@ def test_posting_the_same_document_again_is_not_a_conflict(writable):
 def test_a_document_without_target_words_is_added_with_no_contexts(writable):
     """Found by fuzzing: text whose words are all symbols or several wordpieces appended an empty array (a 500)."""
     before = writable.get("/health").json()["contexts"]
-    added = writable.post("/documents", json={"id": "s1", "title": "6\U000647e7", "text": "1\U0006e59e \"#"})
+    added = writable.post("/documents", json={"id": "s1", "title": "6\U000647e7", "text": '1\U0006e59e "#'})
     assert added.status_code == 201, added.text
     assert added.json()["contexts_added"] == 0 and added.json()["contexts"] == before
     assert writable.delete("/documents/s1").status_code == 200
