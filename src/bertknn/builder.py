@@ -44,9 +44,24 @@ CHARS_PER_WORD = 6  # a chunk's size is estimated from its characters: about one
 LAZY_WAIT = 600.0  # seconds a lazy store's reader waits for another writer before it embeds on demand
 
 
-def contexts(encoder: Encoder, texts: list[str]) -> list[Sentence]:
-    """Sentences tokenized once, with their targets (the masked contexts are made from these)."""
-    return tokenize_sentences(encoder.tokenizer, texts, min(KEY_WINDOW, encoder.max_length))
+def contexts(encoder: Encoder, texts: list[str], whole_words: bool = True) -> list[Sentence]:
+    """Sentences tokenized once, with their targets (the masked contexts are made from these): whole words, or
+    words of one token for a datastore of format 1."""
+    return tokenize_sentences(encoder.tokenizer, texts, min(KEY_WINDOW, encoder.max_length), whole_words)
+
+
+def values(store: Datastore, encoder: Encoder, sentences: list[Sentence]) -> tuple[np.ndarray, list]:
+    """The values of the targets of `sentences` (a word of one token: its vocabulary id; of several: its number in
+    the store's lexicon) and the lexicon's new words, to be committed with them (`Datastore.word_values`)."""
+    pieces = [p for s in sentences for p in s.target_pieces()]
+    out = np.asarray([p[0] if len(p) == 1 else -1 for p in pieces], np.int32)
+    longer = np.flatnonzero(out < 0)
+    if not len(longer):
+        return out, []
+    decode = encoder.tokenizer.decode
+    found, new = store.word_values([(" ".join(map(str, pieces[i])), decode(pieces[i]).strip()) for i in longer])
+    out[longer] = found
+    return out, new
 
 
 def keys(encoder: Encoder, sentences: list[Sentence], pack: int, int8_keys: bool, token_budget: int) -> np.ndarray:
@@ -72,6 +87,7 @@ def manifest(encoder: Encoder, corpus: dict | None, pack: int, int8_keys: bool, 
         "value_dtype": "int32",
         "status": "building",
         "corpus": corpus,
+        "words_from": encoder.vocab_size,  # values of words of several tokens start here (datastore.py)
     }
 
 
@@ -194,8 +210,8 @@ def _prepare(
     rows = store.sentences(docs)
     texts = [text for _, _, text in rows]
     if pool is None:
-        return lambda: (rows, contexts(encoder, texts))
-    future = pool.submit(contexts, encoder, texts)
+        return lambda: (rows, contexts(encoder, texts, store.whole_words))
+    future = pool.submit(contexts, encoder, texts, store.whole_words)
     return lambda: (rows, future.result())
 
 
@@ -204,8 +220,8 @@ def _embed_chunk(
 ) -> int:
     """The stages for whole documents: their sentences -> masked contexts -> keys -> appended to the store."""
     found = keys(encoder, sentences, store.pack, store.int8_keys, token_budget)
-    values = np.concatenate([s.target_ids for s in sentences]) if sentences else np.zeros(0, np.int32)
-    return store.append(docs, rows, found, values, [s.spans for s in sentences])
+    held, words = values(store, encoder, sentences)
+    return store.append(docs, rows, found, held, [s.spans for s in sentences], words)
 
 
 def check_corpus(corpus: Corpus, progress: Callable[[str, int, int], None]) -> int:

@@ -1,7 +1,9 @@
 """Combine stage: interpolate the LM's and the kNN's distributions, and the result a user gets (SPEC §3).
 
 p = lambda * p_kNN + (1 - lambda) * p_BERT over the full vocabulary (the paper), or the log-linear mixture
-p ~ p_kNN^lambda * p_BERT^(1 - lambda) (bertknn's default); with no neighbours, p = p_BERT.
+p ~ p_kNN^lambda * p_BERT^(1 - lambda) (bertknn's default); with no neighbours, p = p_BERT. Answers are words
+(`Words`): the vocabulary's, then the words of several tokens the neighbours hold, whose LM score is
+`encoder.Encoder.word_scores`.
 """
 
 from __future__ import annotations
@@ -16,11 +18,49 @@ from bertknn.search import Neighbours
 
 @dataclass(frozen=True)
 class TokenScore:
-    """A vocabulary token, its probability and its id."""
+    """An answer word, its probability, its id (a vocabulary id for a word of one token, else its number in the
+    datastore's lexicon) and its tokens."""
 
     token: str
     probability: float
     id: int
+    pieces: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Words:
+    """What one question's answers are ranked over: the model's vocabulary (indices 0..vocab-1), then the words of
+    several tokens its neighbours hold (index vocab + i: lexicon number `values[i]`, sorted, with its tokens and
+    text). Distributions over words are arrays of `size`."""
+
+    vocab: int
+    values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pieces: tuple[tuple[int, ...], ...] = ()
+    texts: tuple[str, ...] = ()
+
+    @property
+    def size(self) -> int:
+        """The number of words answers are ranked over."""
+        return self.vocab + len(self.values)
+
+    def index(self, values: np.ndarray) -> np.ndarray:
+        """The indices of stored values (vocabulary ids or lexicon numbers) among these words."""
+        out = np.asarray(values, np.int64).copy()
+        longer = out >= self.vocab
+        out[longer] = self.vocab + np.searchsorted(self.values, out[longer])
+        return out
+
+    def describe(self, indices: list[int], tokenizer) -> list[tuple[str, int, tuple[int, ...]]]:
+        """(text, id, tokens) of words by index: a vocabulary token as the tokenizer decodes it."""
+        out = []
+        for i in indices:
+            if i < self.vocab:
+                text = tokenizer.decode([i]).strip() or tokenizer.convert_ids_to_tokens(i)
+                out.append((text, i, (i,)))
+            else:
+                j = i - self.vocab
+                out.append((self.texts[j], int(self.values[j]), self.pieces[j]))
+        return out
 
 
 @dataclass(frozen=True)
@@ -76,14 +116,15 @@ class Prediction:
 
     def fill_mask(self, tokenizer, method: str = "bert_knn") -> list[dict]:
         """A ranking ("bert", "knn" or "bert_knn") as transformers' `pipeline("fill-mask")` gives one: {score,
-        token (id), token_str, sequence (the question with its mask filled, special tokens dropped)} each."""
+        token (the vocabulary id; for a word of several tokens, the list of their ids), token_str, sequence (the
+        question with its mask filled by the word's tokens, special tokens dropped)} each."""
         out = []
         for t in getattr(self, method):
-            ids = list(self.input_ids)
-            ids[self.mask_index] = t.id
+            ids = [*self.input_ids[: self.mask_index], *t.pieces, *self.input_ids[self.mask_index + 1 :]]
             sequence = tokenizer.decode(ids, skip_special_tokens=True)
+            token = t.id if len(t.pieces) == 1 else list(t.pieces)
             out.append(
-                {"score": t.probability, "token": t.id, "token_str": tokenizer.decode([t.id]), "sequence": sequence}
+                {"score": t.probability, "token": token, "token_str": tokenizer.decode(t.pieces), "sequence": sequence}
             )
         return out
 
@@ -126,12 +167,14 @@ def interpolate(p_bert: np.ndarray, p_knn: np.ndarray | None, lam: float, mixtur
     return out
 
 
-def ranked(p: np.ndarray | None, tokens, k: int) -> list[TokenScore]:
-    """The k most probable tokens with non-zero probability, best first (ties by vocabulary id)."""
+def ranked(p: np.ndarray | None, tokenizer, k: int, words: Words | None = None) -> list[TokenScore]:
+    """The k most probable words (`words`; default: the vocabulary of `p`) with non-zero probability, best first
+    (ties by index)."""
     if p is None:
         return []
+    words = words or Words(len(p))
     top = torch.topk(torch.from_numpy(p), min(k, len(p))).indices.numpy()  # torch.topk: faster than np.argpartition
     top = top[np.lexsort((top, -p[top]))]
     top = top[p[top] > 0]
-    ids = top.tolist()
-    return [TokenScore(t, float(p[i]), i) for t, i in zip(tokens.convert_ids_to_tokens(ids), ids)]
+    found = words.describe(top.tolist(), tokenizer)
+    return [TokenScore(text, float(p[i]), word_id, pieces) for i, (text, word_id, pieces) in zip(top, found)]

@@ -4,8 +4,13 @@ the model or the tokenizer (builder.py turns a corpus into what is stored here).
 Layout of a datastore directory:
 - manifest.json: format version, model name and weights hash, layer, dimension, dtype, counts, build status;
 - keys.f16: float16 keys, one row of `dim` values per entry, append-only (read through a numpy memmap);
-- values.i32: int32 token ids, one per entry;
-- store.sqlite: documents (each with one contiguous entry range and a state), sentences and each entry's provenance.
+- values.i32: int32 word ids, one per entry: a word of one token is its vocabulary id; a word of several tokens
+  (format 2) a number from the manifest's `words_from` on, which the `words` table of store.sqlite maps to its tokens;
+- store.sqlite: documents (each with one contiguous entry range and a state), sentences, each entry's provenance and
+  the words of several tokens.
+
+Format 1 (older datastores) stored only words of one token: it opens and answers as it did, and documents added to it
+keep that rule. It cannot be upgraded in place (its words of several tokens have no keys): build it anew.
 
 A document's state is 'live' (searched), 'adding' (registered by `bertknn add` but not yet searchable: it becomes
 live in one transaction once its keys and index entries are all written) or 'removed' (hidden from every path; its
@@ -32,7 +37,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +48,10 @@ from bertknn.atomic import write_json
 from bertknn.integrity import ChecksumError, Checksums, Damage
 
 FORMAT = "bertknn-datastore"
-VERSION = 1
+VERSION = 2  # new datastores' format: whole words (1: words of exactly one token)
+VERSIONS = (1, 2)  # the formats this code opens
+WORDS = """CREATE TABLE IF NOT EXISTS words (value INTEGER PRIMARY KEY, pieces TEXT NOT NULL UNIQUE, word TEXT NOT NULL)
+"""  # made by the first writer that stores a word of several tokens (a read-only format 1 store has none)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS documents (
@@ -65,7 +73,15 @@ RECHECK_S = 0.2  # pause before damage found on opening is looked at again
 SAMPLE_BLOCKS = 16  # checksum blocks checked at random when a store is opened (besides each file's last block)
 IDENTITY = ("model_hash", "layer", "dim", "pack", "int8")  # manifest fields SQLite keeps a copy of
 REQUIRED = {"model": str, "model_hash": str, "layer": int, "dim": int, "status": str}
-OPTIONAL = {"pack": int, "int8": bool, "corpus": (dict, type(None)), "tuned": dict, "entries": int, "embedded": int}
+OPTIONAL = {
+    "pack": int,
+    "int8": bool,
+    "corpus": (dict, type(None)),
+    "tuned": dict,
+    "entries": int,
+    "embedded": int,
+    "words_from": int,
+}
 APPEND_ONLY = ("keys.f16", "values.i32")  # files that only grow; bytes past the committed entries are not data
 NOT_DATA = {"manifest.json", "checksums.json", LOCK_FILE}  # files of a datastore that checksums do not cover
 
@@ -152,8 +168,9 @@ def _read_manifest(path: Path) -> dict:
         manifest = json.loads(file.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise DatastoreError(f"{file} is damaged ({err}); restore it from a copy or rebuild the datastore") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise DatastoreError(f"{file} is not a {FORMAT} version {VERSION} manifest")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") not in VERSIONS:
+        versions = " or ".join(map(str, VERSIONS))
+        raise DatastoreError(f"{file} is not a {FORMAT} manifest of version {versions}")
     for field, kind in REQUIRED.items():
         if not isinstance(manifest.get(field), kind) or isinstance(manifest.get(field), bool):
             raise DatastoreError(
@@ -708,10 +725,12 @@ class Datastore:
         keys: np.ndarray,
         values: np.ndarray,
         spans: list[np.ndarray],
+        words: Sequence[tuple[int, str, str]] = (),
     ) -> int:
         """Store the entries of whole documents: keys (float16) and values appended and fsynced, then in one
-        transaction each sentence's entry rows (`spans[i]`: the character spans of `rows[i]`'s targets), each
-        document's [start, end) range and the new entry count. Returns the entries added."""
+        transaction each sentence's entry rows (`spans[i]`: the character spans of `rows[i]`'s targets), the new
+        `words` their values use (`word_values`), each document's [start, end) range and the new entry count.
+        Returns the entries added."""
         keys = np.asarray(keys, np.float16)
         if not np.isfinite(keys).all():  # float16 overflows past 65,504: such keys would poison every distance
             raise DatastoreError(
@@ -727,13 +746,19 @@ class Datastore:
             first.setdefault(doc, entry)
             entry_rows += [(entry + j, sent_idx, int(a), int(b)) for j, (a, b) in enumerate(sentence_spans)]
             entry += len(sentence_spans)
-        self._commit_entries(docs, first, entry_rows, start, entry)
+        self._commit_entries(docs, first, entry_rows, start, entry, words)
         self._map()
         return entry - start
 
-    def _commit_entries(self, docs: list[int], first: dict[int, int], rows: list, start: int, end: int) -> None:
-        """One transaction: the chunk's entry rows, each document's [start, end) range and the new entry count."""
+    def _commit_entries(
+        self, docs: list[int], first: dict[int, int], rows: list, start: int, end: int, words: Sequence
+    ) -> None:
+        """One transaction: the chunk's entry rows, its new words, each document's [start, end) range and the new
+        entry count."""
         with self.sqlite_errors(), self.db:
+            if words:
+                self.db.execute(WORDS)
+                self.db.executemany("INSERT INTO words VALUES (?, ?, ?)", words)
             self.db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?)", rows)
             bounds = [first.get(d, start) for d in docs]  # every document of a chunk has >= 1 sentence
             ends = [*bounds[1:], end]
@@ -742,6 +767,55 @@ class Datastore:
                 [(a, b, d) for d, a, b in zip(docs, bounds, ends)],
             )
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('entries', ?)", (str(end),))
+
+    @property
+    def whole_words(self) -> bool:
+        """Whether this store's targets are whole words (format 2) rather than words of one token (format 1)."""
+        return self.manifest["version"] >= 2
+
+    def word_values(self, words: list[tuple[str, str]]) -> tuple[list[int], list[tuple[int, str, str]]]:
+        """The values of words of several tokens, each given as (its tokens' ids as text, the word): those the store
+        holds, and new ones numbered on from the manifest's `words_from`, returned also as rows for `append` to
+        commit with the entries that use them. Only a writer asks (numbers are given out under the writer lock)."""
+        known = {pieces: value for value, (pieces, _) in self._word_rows().items()}
+        new: list[tuple[int, str, str]] = []
+        after = max([self.manifest["words_from"] - 1, *known.values()])
+        values = []
+        for pieces, word in words:
+            if pieces not in known:
+                after += 1
+                known[pieces] = after
+                new.append((after, pieces, word))
+            values.append(known[pieces])
+        return values, new
+
+    def words(self, values: Iterable[int] | None) -> dict[int, tuple[str, str]]:
+        """(tokens' ids as text, word) of the given lexicon numbers (values of words of several tokens; None: all)."""
+        if values is None:
+            return self._word_rows()
+        wanted = sorted({int(v) for v in values})
+        if not wanted:
+            return {}
+        rows = self._word_rows(wanted)
+        missing = [v for v in wanted if v not in rows]
+        if missing:
+            raise DatastoreError(
+                f"{self.path / SQLITE} holds no word for values {missing[:5]}: it is damaged; `bertknn verify`"
+            )
+        return rows
+
+    def _word_rows(self, values: list[int] | None = None) -> dict[int, tuple[str, str]]:
+        """value -> (pieces, word) of the `words` table (those of `values`, or all); none in a store without it."""
+        query, args = "SELECT value, pieces, word FROM words", ()
+        if values is not None:
+            query, args = query + " WHERE value IN (SELECT value FROM json_each(?))", (json.dumps(values),)
+        with self.sqlite_errors():
+            try:
+                return {value: (pieces, word) for value, pieces, word in self.db.execute(query, args)}
+            except sqlite3.OperationalError as err:
+                if "no such table" in str(err):
+                    return {}
+                raise
 
     def record_identity(self) -> None:
         """Keep a copy of the manifest's model and key settings in SQLite, which opening the store compares."""
@@ -786,6 +860,8 @@ def copy_registration(source: str | Path, path: str | Path, manifest: dict) -> D
         db.execute("UPDATE documents SET start = NULL, end = NULL")
         db.execute("DELETE FROM entries")
         db.execute("DELETE FROM meta")
+        db.execute(WORDS)
+        db.execute("DELETE FROM words")
     for name in source.glob("tfidf_*"):
         if not name.name.endswith(atomic.TMP):
             atomic.copy(name, tmp / name.name)

@@ -24,7 +24,7 @@ from transformers import __version__ as transformers_version
 from bertknn.default_model import DEFAULT_MODEL, load_default_model
 from bertknn.onnx_backend import OnnxRunner
 from bertknn.runtime import Runtime
-from bertknn.text import MASK, Sentence, question_error
+from bertknn.text import MASK, Sentence, masked, question_error
 
 BLOCK_PATHS = ("encoder.layer", "transformer.layer", "encoder.layers", "layers")
 TOKEN_BUDGET = 1024  # padded tokens per model batch: faster than 8,192 for keys, 4,096 for questions (bench/README.md)
@@ -280,23 +280,63 @@ class Encoder:
         return probs, states
 
     @torch.inference_mode()
+    def word_scores(
+        self,
+        encoded: Sequence[tuple[list[int], int]],
+        words: Sequence[Sequence[tuple[int, ...]]],
+        token_budget: int = TOKEN_BUDGET,
+    ) -> list[np.ndarray]:
+        """The LM's score of words as the answer of questions (token ids, mask position each): for a word of n
+        tokens, the geometric mean over its tokens of p(token j at mask j | the question with n masks in place of
+        its one). One pass per question and word length, batched by length; for n = 1 it is the LM's probability.
+
+        The n masks are read independently (one pass, as Jiang et al., X-FACTR, EMNLP 2020, decode independently);
+        the geometric mean keeps a word's score on the scale of one token's whatever its length, so the LM neither
+        favours nor buries a word for its number of tokens, and the kNN's vote decides between them.
+        """
+        variants: list[tuple[list[int], int, int]] = []  # (ids with n masks, first mask, question)
+        for i, ((ids, mask), mine) in enumerate(zip(encoded, words)):
+            for n in sorted({len(w) for w in mine}):
+                variants.append(([*ids[:mask], *[self.mask_id] * n, *ids[mask + 1 :]], mask, i))
+        out = [np.zeros(len(w), np.float64) for w in words]
+        for batch in length_batches([len(ids) for ids, _, _ in variants], token_budget):
+            ids, attention = self._pad([np.asarray(variants[v][0]) for v in batch])
+            n_masks = [len(variants[v][0]) - len(encoded[variants[v][2]][0]) + 1 for v in batch]
+            rows = torch.tensor(np.repeat(np.arange(len(batch)), n_masks))
+            cols = torch.tensor(np.concatenate([np.arange(n) + variants[v][1] for v, n in zip(batch, n_masks)]))
+            int8 = self.runtime.int8_questions
+            logits, _ = self._run(self._mask_outputs, ("logits", "states"), ids, attention, rows, cols, int8=int8)
+            logp = torch.log_softmax(torch.from_numpy(logits).double(), dim=-1).numpy()
+            first = np.cumsum([0, *n_masks])
+            for v, n, row in zip(batch, n_masks, first):
+                question = variants[v][2]
+                for j, word in enumerate(words[question]):
+                    if len(word) == n:
+                        out[question][j] = np.exp(logp[row + np.arange(n), list(word)].mean())
+        return out
+
+    @torch.inference_mode()
     def embed(
         self, sentences: list[Sentence], token_budget: int = TOKEN_BUDGET, pack: int = 1, int8_keys: bool = False
     ) -> np.ndarray:
         """Layer-L keys of every target of `sentences` (sentence order, then target order) as float32 [n, d].
 
         A context is the token ids of the target's window (its whole sentence unless that is long: Sentence) with the
-        target replaced by the mask id. With `pack` > 1, up to `pack` non-adjacent targets of a window are masked
-        together and read from one pass (as in BERT's pre-training,
-        which masks 15% of tokens): fewer passes, keys close to but not equal to single-mask keys. With `int8_keys`, the
-        passes run in ONNX Runtime quantised to int8 (whatever the runtime): faster, keys close to float32's. Passes
-        are sorted by length and batched under `token_budget` padded tokens.
+        target's tokens replaced by one mask id (`text.masked`), as a question asks for a word; a word of one token
+        is read with every other position kept. With `pack` > 1, up to `pack` non-adjacent targets of a window are
+        masked together and read from one pass (as in BERT's pre-training, which masks 15% of tokens): fewer passes,
+        keys close to but not equal to single-mask keys. With `int8_keys`, the passes run in ONNX Runtime quantised
+        to int8 (whatever the runtime): faster, keys close to float32's. Passes are sorted by length and batched
+        under `token_budget` padded tokens.
         """
         if int8_keys and (self.runtime.device, self.runtime.dtype) != ("cpu", "float32"):
             raise ValueError("int8 keys are computed by ONNX Runtime on CPU: drop --int8-keys, or use --device cpu")
         first = np.cumsum([0] + [len(s.positions) for s in sentences])
-        passes = [  # (window token ids, positions masked in it, their rows in `keys`)
-            (ids, s.positions[targets[group]], first[i] + targets[group])
+        passes = [  # (window token ids with the group's targets masked, the masks' positions, their rows in `keys`)
+            (
+                *masked(ids, s.positions[targets[group]], s.lengths[targets[group]], self.mask_id),
+                first[i] + targets[group],
+            )
             for i, s in enumerate(sentences)
             for ids, targets in s.window_targets()
             for group in mask_groups(len(targets), pack)
@@ -308,7 +348,6 @@ class Encoder:
             ids, attention = self._pad([window for window, _, _ in batch])
             rows = torch.tensor(np.concatenate([np.full(len(p), r) for r, (_, p, _) in enumerate(batch)]))
             cols = torch.tensor(np.concatenate([p for _, p, _ in batch]).astype(np.int64))
-            ids[rows, cols] = self.mask_id
             (states,) = self._launch(self._key_states, ("states",), ids, attention, rows, cols, int8=int8_keys)
             if pending:
                 keys[pending[0]] = pending[1]()

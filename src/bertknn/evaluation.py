@@ -153,11 +153,12 @@ def sample_per_relation(facts: list[Fact], n: int, seed: int = 0) -> list[Fact]:
 UNRANKED = 10**9  # the rank of a gold token with probability 0, or with no distribution: never a hit
 
 
-def rank_of(p: np.ndarray | None, gold: int, vocab: np.ndarray | None = None) -> int:
-    """1 + the number of tokens (of `vocab`, default all) scored strictly higher than the gold token."""
+def rank_of(p: np.ndarray | None, gold: int, vocab: np.ndarray | None = None, size: int | None = None) -> int:
+    """1 + the number of tokens (of `vocab`, default the first `size`: the model's vocabulary, not the words of
+    several tokens a prediction also ranks) scored strictly higher than the gold token."""
     if p is None or p[gold] <= 0:
         return UNRANKED
-    return 1 + int(np.count_nonzero((p if vocab is None else p[vocab]) > p[gold]))
+    return 1 + int(np.count_nonzero((p[:size] if vocab is None else p[vocab]) > p[gold]))
 
 
 def fact_metrics(rank: int) -> dict[str, float]:
@@ -297,9 +298,11 @@ def evaluate_facts(
             batch = todo[start : start + batch_size]
             subjects = [ir_subject(f) if with_subject else None for f in batch]
             preds = knn.predict_batch([f.question for f in batch], subjects, top_k=3, evidence=0)
+            size = knn.encoder.vocab_size  # LAMA's protocol: answers of one token, ranked over the vocabulary
             for fact, pred in zip(batch, preds):
                 values = np.asarray(knn.store.values[pred.neighbours.searched])  # the frequency baseline's words
-                counts = np.bincount(values, minlength=len(pred.p_bert)).astype(np.float64) if len(values) else None
+                values = values[values < size]
+                counts = np.bincount(values, minlength=size).astype(np.float64) if len(values) else None
                 row = {
                     "key": fact_key(fact),
                     "group": fact.group,
@@ -309,10 +312,10 @@ def evaluate_facts(
                     "question": fact.question,
                     "documents": pred.documents,
                     "ranks": {
-                        "bert": rank_of(pred.p_bert, fact.answer_id, vocab),
-                        "knn": rank_of(pred.p_knn, fact.answer_id, vocab),
-                        "bert_knn": rank_of(pred.p, fact.answer_id, vocab),
-                        "frequency": rank_of(counts, fact.answer_id, vocab),
+                        "bert": rank_of(pred.p_bert, fact.answer_id, vocab, size),
+                        "knn": rank_of(pred.p_knn, fact.answer_id, vocab, size),
+                        "bert_knn": rank_of(pred.p, fact.answer_id, vocab, size),
+                        "frequency": rank_of(counts, fact.answer_id, vocab, size),
                     },
                     "top3": {"bert": _top3(pred.bert), "knn": _top3(pred.knn), "bert_knn": _top3(pred.bert_knn)},
                     "ceiling": bool(len(values)) and bool(np.any(values == fact.answer_id)),

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bertknn import builder, workers
-from bertknn.combine import Neighbour, Prediction, TokenScore, confident_lam, interpolate, ranked
+from bertknn.combine import Neighbour, Prediction, TokenScore, Words, confident_lam, interpolate, ranked
 from bertknn.corpus import Corpus, digest, record
 from bertknn.datastore import Datastore, DatastoreError
 from bertknn.default_model import DEFAULT_MODEL
@@ -271,8 +271,25 @@ class BertKNN:
             probs, states = self.encoder.query_ids([(q.ids, q.mask) for q in batch])
             with self.store.sqlite_errors():  # a damaged page met by a question: an error naming the file
                 found = search.batch_search([q.text for q in batch], [q.subject for q in batch], states, s)
-                out += [self.postprocess(*parts, top_k, evidence, s) for parts in zip(batch, probs, found)]
+                words = [self.words(f) for f in found]
+            scores = self.encoder.word_scores([(q.ids, q.mask) for q in batch], [w.pieces for w in words])
+            with self.store.sqlite_errors():
+                out += [
+                    self.postprocess(q, p, f, top_k, evidence, s, w, lm)
+                    for q, p, f, w, lm in zip(batch, probs, found, words, scores)
+                ]
         return out
+
+    def words(self, found: Neighbours) -> Words:
+        """The words a question's answers are ranked over: the vocabulary and the words of several tokens that
+        `found` holds (read from the datastore's lexicon)."""
+        vocab = self.encoder.vocab_size
+        values = np.unique(found.values[found.values >= vocab]).astype(np.int64)
+        if not len(values):
+            return Words(vocab)
+        rows = self.store.words(values.tolist())
+        pieces = tuple(tuple(int(t) for t in rows[v][0].split()) for v in values.tolist())
+        return Words(vocab, values, pieces, tuple(rows[v][1] for v in values.tolist()))
 
     def _options(
         self, top_k: int, evidence: int, retrieval: str | None, settings: Settings | None, hparams
@@ -318,13 +335,25 @@ class BertKNN:
         return faiss if retrieval == "faiss" else MergedSearch(documents, faiss, self.store)
 
     def postprocess(
-        self, query: Query, p_bert: np.ndarray, found: Neighbours, top_k: int, n_evidence: int, s: Settings
+        self,
+        query: Query,
+        p_bert: np.ndarray,
+        found: Neighbours,
+        top_k: int,
+        n_evidence: int,
+        s: Settings,
+        words: Words | None = None,
+        lm: np.ndarray | None = None,
     ) -> Prediction:
-        """The answer to one question: the LM's and the kNN's distributions, interpolated and ranked, with evidence."""
+        """The answer to one question: the LM's and the kNN's distributions over `words` (default: the vocabulary;
+        `lm`: the LM's scores of its words of several tokens, `Encoder.word_scores`), interpolated and ranked, with
+        evidence."""
         self._check_neighbours(found, len(p_bert))
-        p_knn, p = self.distributions(p_bert, found, s)
+        words = words or Words(len(p_bert))
+        p_lm = np.concatenate([p_bert, lm]) if lm is not None and len(words.values) else p_bert
+        p_knn, p = self.distributions(p_lm, found, s, words)
         tok = self.encoder.tokenizer
-        knn_top = ranked(p_knn, tok, top_k)
+        knn_top = ranked(p_knn, tok, top_k, words)
         return Prediction(
             question=query.text,
             subject=query.subject,
@@ -332,9 +361,9 @@ class BertKNN:
             retrieval=s.retrieval,
             bert=ranked(p_bert, tok, top_k),
             knn=knn_top,
-            bert_knn=ranked(p, tok, top_k),
+            bert_knn=ranked(p, tok, top_k, words),
             evidence=self._evidence(knn_top, found, n_evidence, s.temperature),
-            p_bert=p_bert,
+            p_bert=p_lm,
             p_knn=p_knn,
             p=p,
             neighbours=found,
@@ -342,27 +371,34 @@ class BertKNN:
             mask_index=query.mask,
         )
 
-    def distributions(self, p_bert: np.ndarray, found: Neighbours, s: Settings) -> tuple[np.ndarray | None, np.ndarray]:
-        """p_kNN (None without neighbours) and the interpolated p of one question, as the settings say: the paper's
-        vote or the retrieval-aware one (`doc_temperature`), a constant or an adaptive lambda (`lam_by`), the linear or
-        the log-linear mixture (`mixture`)."""
+    def distributions(
+        self, p_bert: np.ndarray, found: Neighbours, s: Settings, words: Words | None = None
+    ) -> tuple[np.ndarray | None, np.ndarray]:
+        """p_kNN (None without neighbours) and the interpolated p of one question over `words` (default: the
+        vocabulary; `p_bert` then holds the LM's score of each of them), as the settings say: the paper's vote or the
+        retrieval-aware one (`doc_temperature`), a constant or an adaptive lambda (`lam_by`), the linear or the
+        log-linear mixture (`mixture`). With words of several tokens, the linear mixture is renormalised over them."""
         if not len(found.entries):
             return None, p_bert.astype(np.float64)
+        words = words or Words(len(p_bert))
+        values = words.index(found.values)
         if s.doc_temperature and found.scores is not None:
             position = {doc: i for i, doc in enumerate(found.documents)}
             extra = len(found.documents)  # a neighbour from a document IR did not retrieve (ir+faiss): score 0
             groups = np.array([position.get(int(d), extra) for d in self.store.documents_of(found.entries)])
             prior = document_prior(np.append(found.scores, 0.0), s.doc_temperature)
-            p_knn = document_vote(found.values, found.distances, groups, prior, s.temperature, len(p_bert))
+            p_knn = document_vote(values, found.distances, groups, prior, s.temperature, len(p_bert))
         else:
-            p_knn = knn_distribution(found.values, found.distances, s.temperature, len(p_bert))
+            p_knn = knn_distribution(values, found.distances, s.temperature, len(p_bert))
         lam = confident_lam(p_knn, s.lam, len(found.entries)) if s.lam_by == "entropy" else s.lam
-        return p_knn, interpolate(p_bert.astype(np.float64), p_knn, lam, s.mixture)
+        p = interpolate(p_bert.astype(np.float64), p_knn, lam, s.mixture)
+        return p_knn, p / p.sum() if len(words.values) and s.mixture == "linear" else p
 
     def _check_neighbours(self, found: Neighbours, vocab: int) -> None:
-        """A damaged key (NaN) or value (outside the vocabulary) must never reach an answer."""
+        """A damaged key (NaN) or value (outside the vocabulary, in a store of words of one token) must never reach
+        an answer (a value outside the lexicon is found when its word is read)."""
         values = found.values
-        bad = ~np.isfinite(found.distances) | (values < 0) | (values >= vocab)
+        bad = ~np.isfinite(found.distances) | (values < 0) | ((values >= vocab) & (not self.store.whole_words))
         if bad.any():
             raise DatastoreError(
                 f"{self.store.path} is damaged: entries {found.entries[bad][:5].tolist()} hold a non-finite key or a "

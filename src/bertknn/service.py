@@ -189,11 +189,15 @@ class DocumentIn(BaseModel):
 
 
 class TokenScoreOut(BaseModel):
-    """A token, its probability and its id."""
+    """An answer word, its probability, its id and its tokens."""
 
-    token: str
+    token: str = Field(description="the word")
     probability: float
-    id: int = Field(description="the token's id in the model's vocabulary")
+    id: int = Field(
+        description="the word's id: its id in the model's vocabulary for a word of one token, else its number in the "
+        "datastore's lexicon (from the vocabulary's size on)"
+    )
+    pieces: list[int] = Field(description="the ids of the word's tokens in the model's vocabulary")
 
 
 class NeighbourOut(BaseModel):
@@ -212,7 +216,7 @@ class FillMaskOut(BaseModel):
     """An answer in the format of transformers' fill-mask pipeline."""
 
     score: float
-    token: int = Field(description="the token's id")
+    token: int | list[int] = Field(description="the token's id; for a word of several tokens, the list of their ids")
     token_str: str
     sequence: str = Field(description="the question with its mask filled")
 

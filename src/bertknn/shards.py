@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -117,7 +117,27 @@ class Store(Protocol):
 
     def live_digests(self, ids: list[str]) -> dict[str, str | None]: ...
 
+    @property
+    def whole_words(self) -> bool: ...
+
+    def words(self, values: Iterable[int] | None) -> dict[int, tuple[str, str]]: ...
+
     def remove(self, ids: list[str]) -> tuple[list[str], list[str]]: ...
+
+
+def _renumbering(table: dict[int, int]) -> Callable[[np.ndarray], np.ndarray]:
+    """A function mapping a shard's values to the sharded store's: lexicon numbers through `table`, vocabulary ids
+    (below every lexicon number) unchanged."""
+    if all(a == b for a, b in table.items()):
+        return lambda values: values
+    local = np.asarray(sorted(table), np.int64)
+    mapped = np.asarray([table[v] for v in local.tolist()], np.int32)
+
+    def renumber(values: np.ndarray) -> np.ndarray:
+        at = np.clip(np.searchsorted(local, values), 0, len(local) - 1)
+        return np.where(local[at] == values, mapped[at], values).astype(values.dtype)
+
+    return renumber
 
 
 def open_store(path: str | Path) -> Store:
@@ -126,10 +146,16 @@ def open_store(path: str | Path) -> Store:
 
 
 class _Rows:
-    """Rows of one array kept in several shards (keys or values), indexed by global entry numbers."""
+    """Rows of one array kept in several shards (keys or values), indexed by global entry numbers; `renumber`
+    (values only) maps each shard's lexicon numbers to the sharded store's."""
 
-    def __init__(self, parts: list[np.ndarray], starts: np.ndarray) -> None:
-        self.parts, self.starts = parts, starts
+    def __init__(
+        self,
+        parts: list[np.ndarray],
+        starts: np.ndarray,
+        renumber: list[Callable[[np.ndarray], np.ndarray]] | None = None,
+    ) -> None:
+        self.parts, self.starts, self.renumber = parts, starts, renumber
         self.shape = (int(starts[-1]), *parts[0].shape[1:])
         self.dtype = parts[0].dtype
 
@@ -142,7 +168,8 @@ class _Rows:
         shard = np.searchsorted(self.starts, rows, side="right") - 1
         for s in np.unique(shard):
             mine = shard == s
-            out[mine] = self.parts[s][rows[mine] - self.starts[s]]
+            part = self.parts[s][rows[mine] - self.starts[s]]
+            out[mine] = self.renumber[s](part) if self.renumber else part
         return out
 
 
@@ -171,7 +198,39 @@ class ShardedDatastore:
         self.doc_starts = np.cumsum([0] + [s.n_documents for s in self.shards])
         self.entry_starts = np.cumsum([0] + [s.size for s in self.shards])
         self.keys = _Rows([s.keys for s in self.shards], self.entry_starts)
-        self.values = _Rows([s.values for s in self.shards], self.entry_starts)
+        self.values = _Rows([s.values for s in self.shards], self.entry_starts, self._lexicon())
+
+    def _lexicon(self) -> list[Callable[[np.ndarray], np.ndarray]]:
+        """The shards' lexicons as one (a word held by several shards is one word: it keeps the number of the first
+        shard that holds it, and the words new in a later shard are numbered on), and for each shard the map of its
+        numbers to these."""
+        self._words: dict[int, tuple[str, str]] = {}
+        number: dict[str, int] = {}
+        maps = []
+        for shard in self.shards:
+            rows = shard.words(None)
+            table = {}
+            for value, (pieces, word) in sorted(rows.items()):
+                if pieces not in number:
+                    number[pieces] = value if value not in self._words else max(self._words) + 1
+                    self._words[number[pieces]] = (pieces, word)
+                table[value] = number[pieces]
+            maps.append(_renumbering(table))
+        return maps
+
+    @property
+    def whole_words(self) -> bool:
+        return self.shards[0].whole_words
+
+    def words(self, values: Iterable[int] | None) -> dict[int, tuple[str, str]]:
+        """(tokens' ids as text, word) of the given lexicon numbers (None: all), across shards."""
+        if values is None:
+            return dict(self._words)
+        wanted = {int(v) for v in values}
+        missing = sorted(wanted - set(self._words))
+        if missing:
+            raise DatastoreError(f"{self.path} holds no word for values {missing[:5]}: it is damaged; `bertknn verify`")
+        return {v: self._words[v] for v in wanted}
 
     # -- what the manifest says --
     complete, lazy = True, False

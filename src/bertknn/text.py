@@ -1,8 +1,10 @@
 """Text stage: read a corpus, split it into sentences and pick the words the datastore stores (SPEC §1).
 
-A target is a word that the model's tokenizer turns into exactly one token, that is not a stopword (scikit-learn's
-English list) and not punctuation. Each sentence is tokenized once; a masked context is that token sequence with
-the target's id replaced by the mask id, never a sentence rebuilt from wordpieces.
+A target is a whole word (as the tokenizer's pre-tokenizer splits words) that is not a stopword (scikit-learn's
+English list) and not punctuation, whatever the number of tokens the model's tokenizer turns it into (a datastore of
+format 1 took only words of exactly one token). Each sentence is tokenized once; a masked context is that token
+sequence with the target's tokens replaced by one mask id (`masked`), the form of a question, never a sentence
+rebuilt from wordpieces.
 """
 
 from __future__ import annotations
@@ -48,14 +50,15 @@ class Sentence:
     text: str
     windows: tuple[np.ndarray, ...]  # int64 token ids of each window, [CLS] ... [SEP]
     window: np.ndarray  # int32 window of each target
-    positions: np.ndarray  # int32 token position of each target in its window
+    positions: np.ndarray  # int32 token position of each target's first token in its window
     spans: np.ndarray  # int32 (n, 2) character spans of the targets in `text`
+    lengths: np.ndarray  # int32 tokens of each target
 
-    @property
-    def target_ids(self) -> np.ndarray:
-        """The vocabulary ids of the targets: the datastore's values."""
-        first = np.cumsum([0, *map(len, self.windows)])[:-1]  # where each window starts in their concatenation
-        return np.concatenate(self.windows)[first[self.window] + self.positions].astype(np.int32)
+    def target_pieces(self) -> list[tuple[int, ...]]:
+        """The token ids of each target (one for a word of one wordpiece): what the datastore's values stand for."""
+        return [
+            tuple(self.windows[w][p : p + n].tolist()) for w, p, n in zip(self.window, self.positions, self.lengths)
+        ]
 
     def window_targets(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Each window's token ids with the indices of the targets read in it (in position order)."""
@@ -65,9 +68,21 @@ class Sentence:
     def split(self) -> list[Sentence]:
         """One single-window Sentence per window, with the targets read in that window."""
         return [
-            Sentence(self.text, (ids,), np.zeros(len(t), np.int32), self.positions[t], self.spans[t])
+            Sentence(self.text, (ids,), np.zeros(len(t), np.int32), self.positions[t], self.spans[t], self.lengths[t])
             for ids, t in self.window_targets()
         ]
+
+
+def masked(ids: np.ndarray, positions: np.ndarray, lengths: np.ndarray, mask_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """`ids` with each target (its first token at `positions`, `lengths` tokens) replaced by one `mask_id`, and the
+    masks' positions there: a word of several wordpieces is read as a question asks for it, with one mask."""
+    keep = np.ones(len(ids), bool)
+    for p, n in zip(positions, lengths):
+        keep[p + 1 : p + n] = False
+    out = np.asarray(ids)[keep]
+    where = (np.cumsum(keep) - 1)[positions]
+    out[where] = mask_id
+    return out, where
 
 
 def printable(text: str) -> str:
@@ -199,28 +214,35 @@ def is_content_word(word: str) -> bool:
 
 
 def _windows(
-    ids: list[int], body: list[int], positions: np.ndarray, max_length: int
+    ids: list[int], body: list[int], positions: np.ndarray, lengths: np.ndarray, max_length: int
 ) -> tuple[tuple[np.ndarray, ...], np.ndarray, np.ndarray]:
     """(windows, window of each target, position in it) for a sentence's token ids; `body` lists the positions of
-    the sentence's own tokens (contiguous), `positions` those of its targets.
+    the sentence's own tokens (contiguous), `positions` and `lengths` its targets' first tokens and token counts.
 
     One window when the sentence fits in `max_length` tokens; else windows of `max_length` tokens whose slices of
-    the body start half a slice apart, the last one ending with the body.
+    the body start half a slice apart, the last one ending with the body. A target is read whole in the window
+    where it has the most context on its nearer side.
     """
     if len(ids) <= max_length:
         return (np.asarray(ids, np.int64),), np.zeros(len(positions), np.int32), positions.astype(np.int32)
     first, n = body[0], len(body)
     head, tail = ids[:first], ids[first + n :]
     width = max_length - len(head) - len(tail)
-    starts = np.asarray([*range(0, n - width, max(1, width // 2)), n - width])
+    step = max(1, min(width // 2, width - int(lengths.max(initial=1)) + 1))  # every word lies whole in some window
+    starts = np.asarray([*range(0, n - width, step), n - width])
     windows = tuple(np.asarray(head + ids[first + a : first + a + width] + tail, np.int64) for a in starts)
-    offset = positions[:, None] - first - starts  # each target's offset in each window's slice
-    window = np.argmax(np.minimum(offset, width - 1 - offset), axis=1)  # most context on its nearer side
+    before = positions[:, None] - first - starts  # context before each target in each window's slice
+    after = width - before - lengths[:, None]  # and after it
+    room = np.where((before >= 0) & (after >= 0), np.minimum(before, after), -width)
+    window = np.argmax(room, axis=1)
     return windows, window.astype(np.int32), (positions - starts[window]).astype(np.int32)
 
 
-def tokenize_sentences(tokenizer, sentences: list[str], max_length: int = 128) -> list[Sentence]:
-    """Tokenize sentences once each and find their targets: one-token, non-stopword, non-punctuation words.
+def tokenize_sentences(
+    tokenizer, sentences: list[str], max_length: int = 128, whole_words: bool = True
+) -> list[Sentence]:
+    """Tokenize sentences once each and find their targets: non-stopword, non-punctuation words, of any number of
+    tokens (`whole_words`) or of exactly one (a datastore of format 1).
 
     A sentence of more than `max_length` tokens is read in overlapping windows (Sentence): no word is dropped.
     """
@@ -232,20 +254,24 @@ def tokenize_sentences(tokenizer, sentences: list[str], max_length: int = 128) -
     special = set(tokenizer.all_special_ids)
     out = []
     for i, text in enumerate(sentences):
-        ids = enc["input_ids"][i]
-        word_ids = enc.word_ids(i)
-        counts: dict[int, int] = {}
-        for w in word_ids:
+        ids, offsets = enc["input_ids"][i], enc["offset_mapping"][i]
+        words: dict[int, list[int]] = {}  # each word's token positions
+        for pos, w in enumerate(enc.word_ids(i)):
             if w is not None:
-                counts[w] = counts.get(w, 0) + 1
-        positions, spans = [], []
-        for pos, (w, (start, end)) in enumerate(zip(word_ids, enc["offset_mapping"][i])):
-            if w is not None and counts[w] == 1 and ids[pos] not in special and is_content_word(text[start:end]):
-                positions.append(pos)
+                words.setdefault(w, []).append(pos)
+        positions, lengths, spans = [], [], []
+        for tokens in words.values():
+            start, end = offsets[tokens[0]][0], offsets[tokens[-1]][1]
+            allowed = (whole_words or len(tokens) == 1) and tokens[-1] - tokens[0] + 1 == len(tokens)  # contiguous
+            if allowed and is_content_word(text[start:end]) and not special.intersection(ids[p] for p in tokens):
+                positions.append(tokens[0])
+                lengths.append(len(tokens))
                 spans.append((start, end))
         body = [pos for pos, seq in enumerate(enc.sequence_ids(i)) if seq is not None]
-        windows, window, in_window = _windows(ids, body, np.asarray(positions, np.int64), max_length)
-        out.append(Sentence(text, windows, window, in_window, np.asarray(spans, dtype=np.int32).reshape(-1, 2)))
+        lengths_ = np.asarray(lengths, np.int32)
+        windows, window, in_window = _windows(ids, body, np.asarray(positions, np.int64), lengths_, max_length)
+        spans_ = np.asarray(spans, dtype=np.int32).reshape(-1, 2)
+        out.append(Sentence(text, windows, window, in_window, spans_, lengths_))
     return out
 
 

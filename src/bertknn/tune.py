@@ -63,6 +63,8 @@ class FactCache:
             return np.full(len(lambdas), base)
         support, inverse = np.unique(values, return_inverse=True)
         q = np.bincount(inverse, weights=neighbour_weights(dist, temperature))
+        one_token = support < len(self.p_bert)  # LAMA ranks the vocabulary: words of several tokens only take votes
+        support, q = support[one_token], q[one_token]
         q_gold = q[support == self.gold].sum()
         b_support = self.p_bert[support]
         if mixture == "log-linear":  # only the neighbours' words score: gold outside them is never a hit

@@ -1,0 +1,153 @@
+"""Whole words as answers: a word of several wordpieces is keyed by its one-mask context, scored by the LM at n
+masks, added and removed through the CLI and the service, and found right by other tokenizer families; a datastore
+of format 1 (words of one wordpiece) opens and answers as it did."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from bertknn import BertKNN
+from bertknn.cli import app
+from bertknn.encoder import Encoder
+from bertknn.service import create_app
+from bertknn.text import tokenize_sentences
+
+from .conftest import write_corpus
+
+DATA = Path(__file__).parent / "data"
+EDDA = {"id": "x1", "title": "Edda Kallaste", "text": "Edda Kallaste was born in Rakvere. She plays the theorbo."}
+ASK = "Edda Kallaste was born in [MASK] ."
+runner = CliRunner()
+
+
+@torch.inference_mode()
+def _state(encoder: Encoder, ids: list[int], position: int) -> np.ndarray:
+    """The layer-L state at `position` of one unpadded input, straight from the HF model."""
+    out = encoder.base(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    return out.hidden_states[encoder.layer][0, position].numpy()
+
+
+def _entry_of(knn: BertKNN, word: str) -> int:
+    """The entry whose evidence span is `word`."""
+    spans = knn.store.evidence(list(range(knn.store.size)))
+    return next(e.entry for e in spans if e.sentence[e.span[0] : e.span[1]] == word)
+
+
+def test_a_word_of_several_wordpieces_is_keyed_by_its_one_mask_context(tmp_path, encoder, tokenizer):
+    knn = BertKNN.build(write_corpus(tmp_path / "c.jsonl", [EDDA]), tmp_path / "s", encoder)
+    ids = tokenizer("Edda Kallaste was born in Rakvere.")["input_ids"]
+    pieces = tokenizer("Rakvere", add_special_tokens=False)["input_ids"]
+    assert len(pieces) == 3
+    at = next(i for i in range(len(ids)) if ids[i : i + 3] == pieces)
+    hand = _state(encoder, [*ids[:at], tokenizer.mask_token_id, *ids[at + 3 :]], at)  # one mask for the word
+    entry = _entry_of(knn, "Rakvere")
+    np.testing.assert_allclose(np.asarray(knn.store.keys[entry], np.float32), hand, rtol=2e-3, atol=2e-3)
+    value = int(knn.store.values[entry])
+    assert value >= encoder.vocab_size
+    assert knn.store.words([value]) == {value: (" ".join(map(str, pieces)), "rakvere")}
+    born = _entry_of(knn, "born")  # a word of one wordpiece: today's key, its vocabulary id as value
+    where = ids.index(tokenizer.convert_tokens_to_ids("born"))
+    hand = _state(encoder, [*ids[:where], tokenizer.mask_token_id, *ids[where + 1 :]], where)
+    np.testing.assert_allclose(np.asarray(knn.store.keys[born], np.float32), hand, rtol=2e-3, atol=2e-3)
+    assert int(knn.store.values[born]) == tokenizer.convert_tokens_to_ids("born")
+
+
+def test_words_of_one_wordpiece_keep_their_keys_and_long_sentences_hold_whole_words(encoder, tokenizer):
+    text = "Edda Kallaste was born in Rakvere and plays the theorbo in Tallinn."
+    whole, single = (tokenize_sentences(tokenizer, [text], whole_words=w)[0] for w in (True, False))
+    assert set(single.target_pieces()) < set(whole.target_pieces())
+    keys_whole, keys_single = encoder.embed([whole]), encoder.embed([single])
+    for j, pieces in enumerate(single.target_pieces()):
+        np.testing.assert_array_equal(keys_single[j], keys_whole[whole.target_pieces().index(pieces)])
+    words = [text[a:b] for a, b in whole.spans]
+    assert words == ["Edda", "Kallaste", "born", "Rakvere", "plays", "theorbo", "Tallinn"]
+    long = tokenize_sentences(tokenizer, [text * 6], max_length=24)[0]  # overlapping windows: no word is cut
+    assert [(text * 6)[a:b] for a, b in long.spans] == words * 6
+    for w, p, n in zip(long.window, long.positions, long.lengths):
+        assert p + n < len(long.windows[w])  # the whole word lies in its window, before [SEP]
+
+
+@torch.inference_mode()
+def test_the_lm_score_of_a_word_is_the_geometric_mean_of_its_pieces_at_n_masks(encoder, tokenizer):
+    ids, mask = encoder.question_ids(ASK)
+    words = [tuple(tokenizer(w, add_special_tokens=False)["input_ids"]) for w in ("Rakvere", "Viljandi", "Tartu")]
+    words.append((tokenizer.convert_tokens_to_ids("paris"),))
+    got = encoder.word_scores([(ids, mask), (ids, mask)], [words, words[:1]])
+    expected = []
+    for word in words:
+        n = len(word)
+        logits = encoder.model(input_ids=torch.tensor([[*ids[:mask], *[encoder.mask_id] * n, *ids[mask + 1 :]]])).logits
+        p = torch.softmax(logits[0].double(), -1)
+        expected.append(float(np.prod([p[mask + j, t] for j, t in enumerate(word)]) ** (1 / n)))
+    np.testing.assert_allclose(got[0], expected, rtol=1e-5)
+    np.testing.assert_allclose(got[1], expected[:1], rtol=1e-5)
+    probs, _ = encoder.query([ASK])
+    assert got[0][3] == pytest.approx(probs[0, words[3][0]], rel=1e-4)  # one wordpiece: the LM's probability
+
+
+def _top(prediction: dict) -> tuple[str, str]:
+    """The best BERT-kNN word and the sentence of its first evidence."""
+    word = prediction["bert_knn"][0]["token"]
+    return word, prediction["evidence"][word][0]["sentence"]
+
+
+def test_an_invented_town_added_through_the_cli_is_the_answer_and_gone_after_remove(tmp_path, built):
+    store = str(built.store.path)
+    more = write_corpus(tmp_path / "more.jsonl", [EDDA])
+    ask = ["ask", store, ASK, "--subject", "Edda Kallaste", "--json", "--backend", "torch", "--threads", "1"]
+    before = runner.invoke(app, ask)
+    assert before.exit_code == 0, before.output
+    assert "rakvere" not in before.output
+    added = runner.invoke(app, ["add", store, str(more), "--threads", "1"])
+    assert added.exit_code == 0, added.output
+    answer = json.loads(runner.invoke(app, ask).output)
+    assert _top(answer) == ("rakvere", "Edda Kallaste was born in Rakvere.")
+    fill = answer["fill_mask"]["bert_knn"][0]
+    assert fill["token_str"] == "rakvere" and len(fill["token"]) == 3
+    assert fill["sequence"] == "edda kallaste was born in rakvere."
+    evidence = answer["evidence"]["rakvere"][0]
+    assert evidence["sentence"][slice(*evidence["span"])] == "Rakvere"
+    assert runner.invoke(app, ["remove", store, "--doc", "x1"]).exit_code == 0
+    assert "rakvere" not in runner.invoke(app, ask).output
+
+
+def test_an_invented_town_added_through_the_service_is_the_answer_and_gone_after_remove(built):
+    question = {"text": ASK, "subject": "Edda Kallaste", "top_k": 3}
+    with TestClient(create_app(built, writable=True), base_url="http://localhost") as client:
+        assert client.post("/documents", json=EDDA).status_code == 201
+        answer = client.post("/predict", json=question).json()
+        assert _top(answer) == ("rakvere", "Edda Kallaste was born in Rakvere.")
+        top = answer["bert_knn"][0]
+        assert top["id"] >= built.encoder.vocab_size and len(top["pieces"]) == 3
+        assert client.delete("/documents/x1").status_code == 200
+        answer = client.post("/predict", json=question).json()
+        assert "rakvere" not in json.dumps(answer)
+
+
+def test_a_datastore_of_format_1_opens_and_answers_as_it_did(tmp_path, tiny_model_dir):
+    """tests/data/format1 was built by bertknn before whole words (format 1) with the tiny BERT of conftest, and
+    format1_answers.json holds what it answered then."""
+    store = shutil.copytree(DATA / "format1", tmp_path / "format1")
+    recorded = json.loads((DATA / "format1_answers.json").read_text(encoding="utf-8"))
+    knn = BertKNN.load(store, str(tiny_model_dir))
+    assert knn.store.manifest["version"] == 1 and not knn.store.whole_words
+    for (question, subject), expected in zip(recorded["questions"], recorded["answers"]):
+        got = knn.predict(question, subject=subject, top_k=5).to_dict()
+        for method in ("bert", "knn", "bert_knn"):
+            assert [t["token"] for t in got[method]] == [t["token"] for t in expected[method]]
+            assert [t["id"] for t in got[method]] == [t["id"] for t in expected[method]]
+            np.testing.assert_allclose(
+                [t["probability"] for t in got[method]], [t["probability"] for t in expected[method]], rtol=1e-6
+            )
+        assert json.loads(json.dumps(got["evidence"])) == expected["evidence"]
+    knn.add_documents([EDDA])  # documents added to a format 1 store keep its rule: words of one wordpiece
+    values = np.asarray(knn.store.values[: knn.store.size])
+    assert values.max() < knn.encoder.vocab_size and knn.store.words(None) == {}
