@@ -131,6 +131,7 @@ def test_demo_runs_and_caches(tmp_path, tiny_model_dir, monkeypatch):
     assert "Ilsa Varnhold was born in [MASK] ." in first.output and "questions answered right" in first.output
     fresh = [line.split(": BERT-kNN ")[1].split()[0] for line in first.output.splitlines() if ": BERT-kNN " in line]
     assert fresh[1] == "tallinn" and fresh[0] != "tallinn" and fresh[2] != "tallinn"  # before add, after, after remove
+    assert fresh[4] == "kuressaare" and "kuressaare" not in (fresh[3], fresh[5])  # a word of four wordpieces
     (cached,) = (tmp_path / "cache").glob("demo-*")  # the fresh-facts step ran on a copy
     assert len(list((tmp_path / "cache" / "onnx").glob("*.onnx"))) == 2  # the default backend exported its graphs
     assert Datastore(cached).n_documents == 43

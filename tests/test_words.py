@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from bertknn import BertKNN
 from bertknn.cli import app
+from bertknn.datastore import DatastoreError
 from bertknn.encoder import Encoder
 from bertknn.service import create_app
 from bertknn.text import tokenize_sentences
@@ -151,3 +152,110 @@ def test_a_datastore_of_format_1_opens_and_answers_as_it_did(tmp_path, tiny_mode
     knn.add_documents([EDDA])  # documents added to a format 1 store keep its rule: words of one wordpiece
     values = np.asarray(knn.store.values[: knn.store.size])
     assert values.max() < knn.encoder.vocab_size and knn.store.words(None) == {}
+
+
+def _tokenizer(texts: list[str], special: list[str], mask: str, single: str):
+    """A byte-level BPE tokenizer trained on `texts` with a small vocabulary (most words are several tokens), its
+    special tokens, a mask token that takes the space before it (as RoBERTa's and ModernBERT's do) and `single`, the
+    template of one sequence."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=special, initial_alphabet=alphabet)
+    bpe.train_from_iterator(texts, trainer)
+    bpe.add_special_tokens([AddedToken(mask, lstrip=True, special=True)])
+    cls, sep = single.split()[0], single.split()[-1]
+    bpe.post_processor = processors.TemplateProcessing(
+        single=single, special_tokens=[(t, bpe.token_to_id(t)) for t in (cls, sep)]
+    )
+    names = dict(zip(("unk_token", "cls_token", "sep_token", "pad_token"), special))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, mask_token=mask, model_max_length=128, **names)
+
+
+def _roberta(path: Path, texts: list[str]) -> Path:
+    """A tiny random RoBERTa-style masked LM: byte-level BPE, <s> ... </s>, `<mask>`."""
+    from transformers import RobertaConfig, RobertaForMaskedLM
+
+    tok = _tokenizer(texts, ["<unk>", "<s>", "</s>", "<pad>"], "<mask>", "<s> $A </s>")
+    config = RobertaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=130,
+        type_vocab_size=1,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id,
+    )
+    torch.manual_seed(0)
+    RobertaForMaskedLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _modernbert(path: Path, texts: list[str]) -> Path:
+    """A tiny random ModernBERT-style masked LM: byte-level BPE, [CLS] ... [SEP], [MASK]."""
+    from transformers import ModernBertConfig, ModernBertForMaskedLM
+
+    tok = _tokenizer(texts, ["[UNK]", "[CLS]", "[SEP]", "[PAD]"], "[MASK]", "[CLS] $A [SEP]")
+    config = ModernBertConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        pad_token_id=tok.pad_token_id,
+        cls_token_id=tok.cls_token_id,
+        sep_token_id=tok.sep_token_id,
+        bos_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id,
+        initializer_range=0.5,  # ModernBERT's default (0.02) leaves a random model's states alike whatever the input
+    )
+    torch.manual_seed(0)
+    ModernBertForMaskedLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("family", [_roberta, _modernbert], ids=["roberta", "modernbert"])
+def test_other_tokenizer_families_answer_whole_words_end_to_end(tmp_path, small_corpus, family):
+    from .conftest import SMALL_DOCS
+
+    texts = [d["text"] if isinstance(d["text"], str) else " ".join(d["text"]) for d in [*SMALL_DOCS, EDDA]]
+    model = family(tmp_path / "model", texts)
+    knn = BertKNN.build(small_corpus, tmp_path / "store", str(model))
+    pieces = knn.encoder.tokenizer(" Rakvere", add_special_tokens=False)["input_ids"]
+    assert len(pieces) > 1  # the town is a word of several tokens for this tokenizer
+    sentence = tokenize_sentences(knn.encoder.tokenizer, ["Ilsa Varnhold was born in Lisbon."])[0]
+    assert [sentence.text[a:b] for a, b in sentence.spans] == ["Ilsa", "Varnhold", "born", "Lisbon"]
+    knn.add_documents([EDDA])
+    found = knn.predict(ASK, subject="Edda Kallaste", top_k=3)
+    top = found.bert_knn[0]
+    assert top.token == "Rakvere" and top.pieces == tuple(pieces)
+    evidence = found.evidence["Rakvere"][0]
+    assert evidence.sentence[slice(*evidence.span)] == "Rakvere"
+    assert found.fill_mask(knn.encoder.tokenizer)[0]["sequence"].endswith("was born in Rakvere .")
+    knn.remove_document("x1")
+    assert "Rakvere" not in [t.token for t in knn.predict(ASK, subject="Edda Kallaste").knn]
+
+
+def test_verify_names_a_value_that_is_no_word_of_the_store(tmp_path, encoder):
+    from bertknn.datastore import verify
+
+    knn = BertKNN.build(write_corpus(tmp_path / "c.jsonl", [EDDA]), tmp_path / "s", encoder)
+    assert verify(knn.store.path).problems == []
+    entry = _entry_of(knn, "Rakvere")
+    values = np.memmap(knn.store.path / "values.i32", np.int32, "r+")
+    values[entry] = max(knn.store.words(None)) + 7  # past the lexicon: a word the store never held
+    values.flush()
+    problems = verify(knn.store.path).problems
+    assert f"values.i32: entries [{entry}] hold values that are no word of the store" in "\n".join(problems)
+    with pytest.raises(DatastoreError, match=r"holds no word for values \[\d+\]: it is damaged"):
+        knn.store.words([int(values[entry])])

@@ -69,12 +69,21 @@ def keys(encoder: Encoder, sentences: list[Sentence], pack: int, int8_keys: bool
     return encoder.embed(sentences, token_budget, pack, int8_keys)
 
 
-def manifest(encoder: Encoder, corpus: dict | None, pack: int, int8_keys: bool, splitter: str = SPLITTER) -> dict:
+def manifest(
+    encoder: Encoder,
+    corpus: dict | None,
+    pack: int,
+    int8_keys: bool,
+    splitter: str = SPLITTER,
+    whole_words: bool = True,
+) -> dict:
     """The manifest of a new datastore for `encoder` (model, weights hash, layer, width, key options, the sentence
-    splitter its documents are split with)."""
+    splitter its documents are split with); without `whole_words`, of format 1 (the paper's targets: words of one
+    token)."""
+    words = {"words_from": encoder.vocab_size} if whole_words else {}  # values of longer words start there
     return {
         "format": FORMAT,
-        "version": VERSION,
+        "version": VERSION if whole_words else 1,
         "model": encoder.name,
         "model_hash": encoder.weights_hash,
         "layer": encoder.layer,
@@ -87,7 +96,7 @@ def manifest(encoder: Encoder, corpus: dict | None, pack: int, int8_keys: bool, 
         "value_dtype": "int32",
         "status": "building",
         "corpus": corpus,
-        "words_from": encoder.vocab_size,  # values of words of several tokens start here (datastore.py)
+        **words,
     }
 
 
@@ -106,12 +115,17 @@ def check_key_dtype(store: Datastore, encoder: Encoder) -> None:
 
 
 def create(
-    path: str | Path, encoder: Encoder, corpus: dict | None = None, pack: int = 1, int8_keys: bool = False
+    path: str | Path,
+    encoder: Encoder,
+    corpus: dict | None = None,
+    pack: int = 1,
+    int8_keys: bool = False,
+    whole_words: bool = True,
 ) -> Datastore:
     """Create an empty datastore directory for `encoder` (or reopen it when it was made for the same model)."""
     path = Path(path)
     if not (path / "manifest.json").exists():
-        return create_store(path, manifest(encoder, corpus, pack, int8_keys))
+        return create_store(path, manifest(encoder, corpus, pack, int8_keys, whole_words=whole_words))
     store = Datastore(path)
     check_encoder(store, encoder)
     known = store.manifest.get("corpus") or {}
@@ -130,6 +144,9 @@ def create(
     if store.int8_keys != int8_keys:
         have, flag = ("int8", "with --int8-keys") if store.int8_keys else ("float32", "without --int8-keys")
         raise DatastoreError(f"{path} holds {have} keys; resume it {flag}, or choose another --out directory")
+    if store.whole_words != whole_words:
+        have = "whole words" if store.whole_words else "words of one token (format 1)"
+        raise DatastoreError(f"{path} holds {have}: resume it with the same targets, or choose another --out directory")
     return store
 
 
@@ -283,14 +300,16 @@ def build(
     token_budget: int = TOKEN_BUDGET,
     progress: Callable[[str, int, int], None] | None = None,
     n_workers: int = 0,
+    whole_words: bool = True,
 ) -> Datastore:
     """Build (or resume building) the datastore of a corpus: JSONL, Parquet, DrQA's docs.db, a Wikipedia XML dump or
     a datasets.Dataset (`corpus.open_corpus`).
 
     Documents are first registered (text and sentences, REGISTER_DOCS per transaction), then embedded in chunks
     (`embed`); with `lazy`, embedding is left for later and done per document on demand. `pack` > 1 masks that many
-    targets per pass and `int8_keys` runs the encoder quantised (`Encoder.embed`); the manifest records both: a resume
-    with others is refused, and later embedding (lazy, `add`) follows them. `progress(phase, done, total)` reports
+    targets per pass and `int8_keys` runs the encoder quantised (`Encoder.embed`); without `whole_words` only words of
+    one token are stored (format 1, the paper's targets); the manifest records all three: a resume with others is
+    refused, and later embedding (lazy, `add`) follows them. `progress(phase, done, total)` reports
     the phases ("checking" where the format counts its documents from metadata, "reading", "embedding").
     Sentences are split in `n_workers` processes (0: every core for a corpus of `workers.PARALLEL_FROM`+ documents)
     when the store's splitter is slow (pysbd: `text.SLOW_SPLITTERS`); sentencex splits faster in this process than a
@@ -306,7 +325,7 @@ def build(
     source = open_corpus(corpus)
     report = progress or (lambda phase, done, total: None)
     n_docs = check_corpus(source, report)
-    store = create(out, encoder, source.info(n_docs), pack, int8_keys)
+    store = create(out, encoder, source.info(n_docs), pack, int8_keys, whole_words)
     with store.writing():
         _register_all(store, source, n_docs, report, n_workers)
         if not lazy:

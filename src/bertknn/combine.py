@@ -30,13 +30,19 @@ class TokenScore:
 @dataclass(frozen=True)
 class Words:
     """What one question's answers are ranked over: the model's vocabulary (indices 0..vocab-1), then the words of
-    several tokens its neighbours hold (index vocab + i: lexicon number `values[i]`, sorted, with its tokens and
-    text). Distributions over words are arrays of `size`."""
+    several tokens its neighbours hold (index vocab + i: lexicon number `values[i]`, sorted, with its tokens, text
+    and the LM's score as the question's answer, `Encoder.word_scores`: 0 until scored). Distributions over words
+    are arrays of `size`."""
 
     vocab: int
     values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     pieces: tuple[tuple[int, ...], ...] = ()
     texts: tuple[str, ...] = ()
+    scores: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+
+    def lm(self, p_vocab: np.ndarray) -> np.ndarray:
+        """The LM's distribution over the vocabulary extended by its scores of these words."""
+        return np.concatenate([p_vocab, self.scores]) if len(self.values) else p_vocab
 
     @property
     def size(self) -> int:

@@ -935,13 +935,21 @@ def verify(
 
 
 def _entry_problems(store: Datastore, rows: int = 1 << 16) -> list[str]:
-    """Non-finite keys, and document ranges that point past the committed entries."""
+    """Non-finite keys, values that are no word (negative, or a lexicon number the lexicon lacks), and document
+    ranges that point past the committed entries."""
     problems = []
+    lexicon = np.asarray(list(store.words(None)), np.int64)
+    first = store.manifest.get("words_from", np.iinfo(np.int32).max)  # format 1: no lexicon
     for start in range(0, store.size, rows):
         finite = np.isfinite(store.keys[start : start + rows]).all(axis=1)
         if not finite.all():
             bad = (start + np.flatnonzero(~finite))[:5].tolist()
             problems.append(f"{store.path / 'keys.f16'}: entries {bad} hold non-finite values")
+        values = np.asarray(store.values[start : start + rows], np.int64)
+        unknown = (values < 0) | ((values >= first) & ~np.isin(values, lexicon))
+        bad = (start + np.flatnonzero(unknown))[:5].tolist()
+        if bad:
+            problems.append(f"{store.path / 'values.i32'}: entries {bad} hold values that are no word of the store")
     with store.sqlite_errors():
         outside = store.db.execute(
             "SELECT count(*) FROM documents WHERE start < 0 OR end > ? OR end < start", (store.size,)

@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from bertknn.combine import Prediction
 from bertknn.console import prob, render
-from bertknn.datastore import Datastore
+from bertknn.datastore import VERSION, Datastore
 from bertknn.default_model import DEFAULT_MODEL
 from bertknn.encoder import Encoder, cache_dir
 from bertknn.pipeline import BertKNN
@@ -25,9 +25,12 @@ DEMO_QUESTIONS = Path(str(files("bertknn") / "data" / "demo_questions.json"))
 FRESH_DOCUMENT = {
     "id": "fresh-1",
     "title": "Tamsin Orwhey",
-    "text": "Tamsin Orwhey was born in Tallinn. She repairs old clocks in a shop by the harbour.",
+    "text": "Tamsin Orwhey was born in Tallinn. She repairs old clocks in a shop by the harbour of Kuressaare.",
 }
-FRESH_QUESTION = {"question": "Tamsin Orwhey was born in [MASK] .", "subject": "Tamsin Orwhey", "answer": "tallinn"}
+FRESH_QUESTIONS = [  # the second answer is a word of four wordpieces: no masked LM can give it alone
+    {"question": "Tamsin Orwhey was born in [MASK] .", "subject": "Tamsin Orwhey", "answer": "tallinn"},
+    {"question": "Tamsin Orwhey repairs clocks in [MASK] .", "subject": "Tamsin Orwhey", "answer": "kuressaare"},
+]
 
 
 def demo_questions() -> list[dict]:
@@ -42,7 +45,7 @@ def fixed_by_knn(prediction: Prediction, answer: str) -> bool:
 
 def demo_path(encoder: Encoder) -> Path:
     """Where the demo corpus's datastore for this model and layer is cached."""
-    return cache_dir() / f"demo-{encoder.cache_tag}"
+    return cache_dir() / f"demo-{encoder.cache_tag}-v{VERSION}"  # a new datastore format: a new demo datastore
 
 
 def build_demo(
@@ -55,21 +58,26 @@ def build_demo(
     return BertKNN.build(DEMO_CORPUS, demo_path(encoder), encoder, progress=progress)
 
 
-def fresh_facts(knn: BertKNN) -> list[tuple[str, Prediction]]:
-    """A fact the datastore lacks, asked before adding its document, after adding it and after removing it.
+def fresh_facts(knn: BertKNN) -> list[tuple[str, list[Prediction]]]:
+    """Facts the datastore lacks (FRESH_QUESTIONS), asked before adding their document, after adding it and after
+    removing it: (stage, a prediction per question) each.
 
     Runs on a temporary copy of the datastore, so the cached demo datastore is left as it was.
     """
-    q = FRESH_QUESTION
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(knn.store.path, Path(tmp) / "store")
         store = Datastore(Path(tmp) / "store")
         fresh = BertKNN(knn.encoder, store, settings=knn.settings)
-        stages = [("before add", fresh.predict(q["question"], q["subject"], top_k=3, evidence=1))]
+
+        def ask() -> list[Prediction]:
+            questions, subjects = [q["question"] for q in FRESH_QUESTIONS], [q["subject"] for q in FRESH_QUESTIONS]
+            return fresh.predict_batch(questions, subjects, top_k=3, evidence=1)
+
+        stages = [("before add", ask())]
         fresh.add_documents([FRESH_DOCUMENT])
-        stages.append(("after add", fresh.predict(q["question"], q["subject"], top_k=3, evidence=1)))
+        stages.append(("after add", ask()))
         fresh.remove_document(FRESH_DOCUMENT["id"])
-        stages.append(("after remove", fresh.predict(q["question"], q["subject"], top_k=3, evidence=1)))
+        stages.append(("after remove", ask()))
         store.db.close()
     return stages
 
@@ -98,9 +106,13 @@ def narration(knn: BertKNN) -> Iterator[RenderableType]:
         )
     yield f"{len(fixed)} of {len(questions)} questions answered right by BERT-kNN and wrong by the LM alone."
     yield (
-        f"\n[bold]Fresh facts[/]: {FRESH_QUESTION['question']} (gold: {FRESH_QUESTION['answer']}), asked before and "
-        f"after `bertknn add` of {FRESH_DOCUMENT['text']!r}, then after `bertknn remove` (on a copy of the datastore)"
+        f"\n[bold]Fresh facts[/], asked before and after `bertknn add` of {FRESH_DOCUMENT['text']!r}, then after "
+        "`bertknn remove` (on a copy of the datastore):"
     )
-    for stage, p in fresh_facts(knn):
-        top = ", ".join(f"{t.token} {prob(t.probability)}" for t in p.bert_knn[:3])
-        yield f"{stage:>12}: BERT-kNN {escape(top)}; documents: {escape(', '.join(p.documents) or 'none')}"
+    stages = fresh_facts(knn)
+    for i, q in enumerate(FRESH_QUESTIONS):
+        yield f"{escape(q['question'])} (gold: {q['answer']})"
+        for stage, found in stages:
+            p = found[i]
+            top = ", ".join(f"{t.token} {prob(t.probability)}" for t in p.bert_knn[:3])
+            yield f"{stage:>12}: BERT-kNN {escape(top)}; documents: {escape(', '.join(p.documents) or 'none')}"

@@ -401,7 +401,7 @@ def lama_knn(
     """
     from bertknn.builder import copy_registration
     from bertknn.corpus import open_corpus
-    from bertknn.datastore import Datastore
+    from bertknn.datastore import VERSION, Datastore
     from bertknn.encoder import cache_dir
     from bertknn.pipeline import BertKNN
 
@@ -411,7 +411,7 @@ def lama_knn(
         suffix = (
             (f"-pack{pack}" if pack > 1 else "") + ("-int8" if int8_keys else "") + f"-{dtype}" * (dtype != "float32")
         )
-        directory = cache_dir() / f"{stem}-{encoder.cache_tag}{suffix}"
+        directory = cache_dir() / f"{stem}-{encoder.cache_tag}{suffix}-v{VERSION}"  # a new format: a new datastore
     if not Path(directory).exists():
         sha = open_corpus(corpus).fingerprint()  # any format `bertknn build` reads
         for other in sorted(cache_dir().glob(f"{stem}-*")):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -196,6 +197,7 @@ class BertKNN:
         runtime: Runtime | str = "torch",
         int8_keys: bool = False,
         n_workers: int = 0,
+        whole_words: bool = True,
         **hparams: float,
     ) -> BertKNN:
         """Embed a corpus into a datastore at `out` (resuming an interrupted build), index it, and load it.
@@ -205,12 +207,22 @@ class BertKNN:
 
         With `lazy`, documents are only registered and indexed; each is embedded the first time retrieval picks it.
         `pack` > 1 masks that many non-adjacent targets per pass, `int8_keys` computes keys with the encoder quantised
-        to int8: both faster, approximate keys (`Encoder.embed`). `n_workers`: processes that split sentences and hash
-        IR features (0: every core for a large corpus, `workers.count`).
+        to int8: both faster, approximate keys (`Encoder.embed`). Without `whole_words`, only words of one token are
+        stored (format 1: the paper's targets; an answer of several wordpieces is then never a kNN answer).
+        `n_workers`: processes that split sentences and hash IR features (0: every core for a large corpus,
+        `workers.count`).
         """
         encoder = model if isinstance(model, Encoder) else Encoder.load(model, layer, runtime)
         store = builder.build(
-            corpus, out, encoder, lazy=lazy, pack=pack, int8_keys=int8_keys, progress=progress, n_workers=n_workers
+            corpus,
+            out,
+            encoder,
+            lazy=lazy,
+            pack=pack,
+            int8_keys=int8_keys,
+            progress=progress,
+            n_workers=n_workers,
+            whole_words=whole_words,
         )
         return cls(encoder, store, ensure_index(store, n_workers=n_workers), **hparams)
 
@@ -273,23 +285,22 @@ class BertKNN:
                 found = search.batch_search([q.text for q in batch], [q.subject for q in batch], states, s)
                 words = [self.words(f) for f in found]
             scores = self.encoder.word_scores([(q.ids, q.mask) for q in batch], [w.pieces for w in words])
+            words = [dataclasses.replace(w, scores=lm) for w, lm in zip(words, scores)]
             with self.store.sqlite_errors():
-                out += [
-                    self.postprocess(q, p, f, top_k, evidence, s, w, lm)
-                    for q, p, f, w, lm in zip(batch, probs, found, words, scores)
-                ]
+                out += [self.postprocess(*parts, top_k, evidence, s) for parts in zip(batch, probs, found, words)]
         return out
 
     def words(self, found: Neighbours) -> Words:
         """The words a question's answers are ranked over: the vocabulary and the words of several tokens that
-        `found` holds (read from the datastore's lexicon)."""
+        `found` holds (read from the datastore's lexicon), their LM scores not yet computed."""
         vocab = self.encoder.vocab_size
         values = np.unique(found.values[found.values >= vocab]).astype(np.int64)
         if not len(values):
             return Words(vocab)
         rows = self.store.words(values.tolist())
         pieces = tuple(tuple(int(t) for t in rows[v][0].split()) for v in values.tolist())
-        return Words(vocab, values, pieces, tuple(rows[v][1] for v in values.tolist()))
+        texts = tuple(rows[v][1] for v in values.tolist())
+        return Words(vocab, values, pieces, texts, np.zeros(len(values)))
 
     def _options(
         self, top_k: int, evidence: int, retrieval: str | None, settings: Settings | None, hparams
@@ -339,19 +350,15 @@ class BertKNN:
         query: Query,
         p_bert: np.ndarray,
         found: Neighbours,
+        words: Words,
         top_k: int,
         n_evidence: int,
         s: Settings,
-        words: Words | None = None,
-        lm: np.ndarray | None = None,
     ) -> Prediction:
-        """The answer to one question: the LM's and the kNN's distributions over `words` (default: the vocabulary;
-        `lm`: the LM's scores of its words of several tokens, `Encoder.word_scores`), interpolated and ranked, with
-        evidence."""
+        """The answer to one question: the LM's and the kNN's distributions over `words`, interpolated and ranked,
+        with evidence."""
         self._check_neighbours(found, len(p_bert))
-        words = words or Words(len(p_bert))
-        p_lm = np.concatenate([p_bert, lm]) if lm is not None and len(words.values) else p_bert
-        p_knn, p = self.distributions(p_lm, found, s, words)
+        p_knn, p = self.distributions(p_bert, found, s, words)
         tok = self.encoder.tokenizer
         knn_top = ranked(p_knn, tok, top_k, words)
         return Prediction(
@@ -363,7 +370,7 @@ class BertKNN:
             knn=knn_top,
             bert_knn=ranked(p, tok, top_k, words),
             evidence=self._evidence(knn_top, found, n_evidence, s.temperature),
-            p_bert=p_lm,
+            p_bert=words.lm(p_bert),
             p_knn=p_knn,
             p=p,
             neighbours=found,
@@ -374,14 +381,16 @@ class BertKNN:
     def distributions(
         self, p_bert: np.ndarray, found: Neighbours, s: Settings, words: Words | None = None
     ) -> tuple[np.ndarray | None, np.ndarray]:
-        """p_kNN (None without neighbours) and the interpolated p of one question over `words` (default: the
-        vocabulary; `p_bert` then holds the LM's score of each of them), as the settings say: the paper's vote or the
-        retrieval-aware one (`doc_temperature`), a constant or an adaptive lambda (`lam_by`), the linear or the
-        log-linear mixture (`mixture`). With words of several tokens, the linear mixture is renormalised over them."""
+        """p_kNN (None without neighbours) and the interpolated p of one question over `words` (default: `words(found)`
+        unscored, so the LM gives its words of several tokens 0), from `p_bert`, the LM's distribution over the
+        vocabulary, as the settings say: the paper's vote or the retrieval-aware one (`doc_temperature`), a constant
+        or an adaptive lambda (`lam_by`), the linear or the log-linear mixture (`mixture`). With words of several
+        tokens, the linear mixture is renormalised over them."""
         if not len(found.entries):
             return None, p_bert.astype(np.float64)
-        words = words or Words(len(p_bert))
+        words = words or self.words(found)
         values = words.index(found.values)
+        p_bert = words.lm(p_bert)
         if s.doc_temperature and found.scores is not None:
             position = {doc: i for i, doc in enumerate(found.documents)}
             extra = len(found.documents)  # a neighbour from a document IR did not retrieve (ir+faiss): score 0

@@ -211,8 +211,8 @@ class ShardedDatastore:
             rows = shard.words(None)
             table = {}
             for value, (pieces, word) in sorted(rows.items()):
-                if pieces not in number:
-                    number[pieces] = value if value not in self._words else max(self._words) + 1
+                if pieces not in number:  # numbered on in the order the shard numbered them, as one store would
+                    number[pieces] = max(self._words) + 1 if self._words else value
                     self._words[number[pieces]] = (pieces, word)
                 table[value] = number[pieces]
             maps.append(_renumbering(table))

@@ -262,6 +262,7 @@ def tokenize_sentences(
         positions, lengths, spans = [], [], []
         for tokens in words.values():
             start, end = offsets[tokens[0]][0], offsets[tokens[-1]][1]
+            start += len(text[start:end]) - len(text[start:end].lstrip())  # a byte-level BPE's offsets hold the space
             allowed = (whole_words or len(tokens) == 1) and tokens[-1] - tokens[0] + 1 == len(tokens)  # contiguous
             if allowed and is_content_word(text[start:end]) and not special.intersection(ids[p] for p in tokens):
                 positions.append(tokens[0])

@@ -60,6 +60,14 @@ def build(
     lazy: Annotated[bool, typer.Option(help="embed each document only when retrieval first picks it")] = False,
     pack: PackOption = 1,
     int8_keys: Int8Option = False,
+    one_token_words: Annotated[
+        bool,
+        typer.Option(
+            "--one-token-words",
+            help="store only words of one wordpiece, as the paper does (datastore format 1): a word of several, such "
+            "as most names, is then never a kNN answer",
+        ),
+    ] = False,
     backend: BackendOption = CLI_BACKEND,
     device: DeviceOption = "auto",
     dtype: DtypeOption = "float32",
@@ -81,17 +89,21 @@ def build(
     shard_docs: Annotated[int, typer.Option(min=1, help="ray: documents per shard")] = 50_000,
     wait: WaitOption = WAIT_S,
 ) -> None:
-    """Embed every target word of a corpus into a datastore and index its documents. Rerun to resume."""
+    """Embed every content word of a corpus (whole words, of any number of wordpieces) into a datastore and index its
+    documents. Rerun to resume."""
     if engine not in ("local", "ray"):
         raise typer.BadParameter(f"--engine must be local or ray, not {engine!r}")
     _note_skipped(open_corpus(corpus))
     if engine == "ray":
-        if lazy or pack != 1 or int8_keys:
-            raise typer.BadParameter("--engine ray builds exact, complete shards: drop --lazy, --pack and --int8-keys")
+        if lazy or pack != 1 or int8_keys or one_token_words:
+            raise typer.BadParameter(
+                "--engine ray builds exact, complete shards: drop --lazy, --pack, --int8-keys and --one-token-words"
+            )
         _build_on_ray(corpus, out, model, layer, workers or 1, shard_docs, address, backend)
         return
     with _writer_wait(out, wait):
         options = {"lazy": lazy, "pack": pack, "runtime": backend, "int8_keys": int8_keys, "n_workers": workers}
+        options["whole_words"] = not one_token_words
         _build(corpus, out, model, layer, **options)
 
 
@@ -127,7 +139,7 @@ def ask(
     datastore: DatastoreArg,
     question: Annotated[str, typer.Argument(help="cloze question with exactly one [MASK]")],
     subject: Annotated[str | None, typer.Option(help="subject of a knowledge-base question (steers retrieval)")] = None,
-    top_k: Annotated[int, typer.Option(min=1, max=1000, help="answers to list")] = 10,
+    top_k: Annotated[int, typer.Option(min=1, max=1000, help="answers (words) to list")] = 10,
     n_docs: NDocsOption = None,
     k: KOption = None,
     temperature: TemperatureOption = None,

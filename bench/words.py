@@ -1,0 +1,135 @@
+"""Whole words as answers, measured: answers of several wordpieces before and after `add`, and what storing whole
+words costs, against the paper's targets (words of one wordpiece, datastore format 1), in one run.
+
+    python bench/words.py [--base-docs 2000] [--cost-docs 500] [--skip-accuracy] [--skip-cost]
+
+Accuracy: a lazy datastore of the first --base-docs evidence documents in each format, asked the fresh-facts
+questions (bench/fresh_facts/: words_*.jsonl, 40 invented documents whose answers have 1-5 wordpieces or two
+words, and the single-wordpiece set documents/questions.jsonl) before and after `add_documents` of their 80
+documents, with and without subjects, with bertknn's default settings. Printed: BERT-kNN P@1 (its top word equals
+the answer) per number of wordpieces of the answer.
+
+Cost: an eager build of the first --cost-docs evidence documents in each format, in this process: contexts per
+document, bytes of keys, values and SQLite, build seconds, and the p50 of one question asked alone (the words
+questions without subjects, each asked 3 times, formats alternating).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from evidence import first_documents
+
+ROOT = Path(__file__).resolve().parents[1]
+FRESH = ROOT / "bench" / "fresh_facts"
+FORMATS = {"one wordpiece (format 1)": False, "whole words (format 2)": True}
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _questions() -> tuple[list[dict], list[dict]]:
+    """The fresh-facts documents and questions of both sets; a question's "pieces" and "words" are counted here
+    for the single-wordpiece set."""
+    docs = _jsonl(FRESH / "words_documents.jsonl") + _jsonl(FRESH / "documents.jsonl")
+    questions = _jsonl(FRESH / "words_questions.jsonl")
+    questions += [{**q, "pieces": 1, "words": 1} for q in _jsonl(FRESH / "questions.jsonl")]
+    return docs, questions
+
+
+def _bucket(q: dict) -> str:
+    return f"{q['words']} words" if q["words"] > 1 else f"{q['pieces']} piece{'s' * (q['pieces'] > 1)}"
+
+
+def accuracy(args) -> None:
+    from bertknn.pipeline import BertKNN
+
+    docs, questions = _questions()
+    work = Path(tempfile.mkdtemp(prefix="words_"))
+    corpus = first_documents(args.base_docs, work / "base.jsonl")
+    buckets = sorted({_bucket(q) for q in questions}, key=lambda b: (b.endswith("words"), b))
+    print(f"\n## Fresh facts by answer length: {len(docs)} documents, {len(questions)} questions")
+    print(f"base: a lazy datastore of {args.base_docs} evidence documents; BERT-kNN P@1 (bertknn's defaults)\n")
+    counts = defaultdict(int)
+    for q in questions:
+        counts[_bucket(q)] += 1
+    print("| targets | when | subject | " + " | ".join(f"{b} ({counts[b]})" for b in buckets) + " | all |")
+    print("|---" * (len(buckets) + 4) + "|")
+    for name, whole in FORMATS.items():
+        knn = BertKNN.build(corpus, work / f"store-{whole}", args.model, lazy=True, whole_words=whole)
+        for when in ("before add", "after add"):
+            if when == "after add":
+                knn.add_documents(docs)
+            for mode in ("subject", "no subject"):
+                subjects = [q["subject"] if mode == "subject" else None for q in questions]
+                found = knn.predict_batch([q["question"] for q in questions], subjects, top_k=1, evidence=0)
+                hits = defaultdict(list)
+                for q, p in zip(questions, found):
+                    hit = bool(p.bert_knn) and p.bert_knn[0].token.lower() == q["answer"]
+                    hits[_bucket(q)].append(hit)
+                    hits["all"].append(hit)
+                cells = [f"{100 * sum(hits[b]) / len(hits[b]):.1f}" for b in [*buckets, "all"]]
+                print(f"| {name} | {when} | {mode} | " + " | ".join(cells) + " |", flush=True)
+
+
+def cost(args) -> None:
+    from bertknn.encoder import Encoder
+    from bertknn.pipeline import BertKNN
+
+    _, questions = _questions()
+    texts = [q["question"] for q in questions]
+    work = Path(tempfile.mkdtemp(prefix="words_cost_"))
+    corpus = first_documents(args.cost_docs, work / "base.jsonl")
+    encoder = Encoder.load(args.model)
+    encoder.query(texts[:8])  # warm up
+    stores, rows = {}, {}
+    for name, whole in FORMATS.items():
+        start = time.perf_counter()
+        knn = BertKNN.build(corpus, work / f"store-{whole}", encoder, whole_words=whole)
+        seconds = time.perf_counter() - start
+        size = sum((knn.store.path / f).stat().st_size for f in ("keys.f16", "values.i32", "store.sqlite"))
+        stores[name] = knn
+        rows[name] = [knn.store.size / knn.store.n_documents, size / 1e6, seconds, []]
+    for _ in range(3):
+        for text in texts:
+            for name, knn in stores.items():
+                start = time.perf_counter()
+                knn.predict(text, top_k=5, evidence=3)
+                rows[name][3].append(time.perf_counter() - start)
+    print(f"\n## Cost of whole words: eager builds of the first {args.cost_docs} evidence documents, one process\n")
+    print("| targets | contexts per document | MB (keys, values, SQLite) | build s | question p50 ms |")
+    print("|---|---|---|---|---|")
+    for name, (per_doc, mb, seconds, times) in rows.items():
+        print(f"| {name} | {per_doc:.1f} | {mb:.1f} | {seconds:.1f} | {1000 * statistics.median(times):.1f} |")
+    (a, b) = rows.values()
+    ratios = [b[0] / a[0], b[1] / a[1], b[2] / a[2], statistics.median(b[3]) / statistics.median(a[3])]
+    print("| ratio | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base-docs", type=int, default=2000)
+    parser.add_argument("--cost-docs", type=int, default=500)
+    parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
+    parser.add_argument("--skip-accuracy", action="store_true")
+    parser.add_argument("--skip-cost", action="store_true")
+    args = parser.parse_args()
+    from bertknn.runtime import Runtime
+
+    Runtime(threads=os.cpu_count() or 1).apply()
+    if not args.skip_cost:
+        cost(args)
+    if not args.skip_accuracy:
+        accuracy(args)
+
+
+if __name__ == "__main__":
+    main()
