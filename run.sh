@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point that sets everything up on a fresh machine, then runs:
 #   ./run.sh demo   - build the embedded demo corpus's datastore (cached) and answer its questions
-#   ./run.sh test   - the test suite (one thread, offline)
+#   ./run.sh test   - the test suite (offline; pytest-xdist, a worker per core, one thread each)
 #   ./run.sh <any bertknn arguments>, e.g. ./run.sh ask DIR "Dante was born in [MASK] ." --subject Dante
 set -euo pipefail
 cd "$(dirname "$0")"

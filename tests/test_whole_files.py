@@ -10,7 +10,7 @@ import faiss
 import pytest
 from typer.testing import CliRunner
 
-from bertknn import atomic
+from bertknn import atomic, cli
 from bertknn.cli import app
 from bertknn.datastore import Datastore
 from bertknn.faiss_index import FaissIndex, _save
@@ -19,6 +19,12 @@ from bertknn.integrity import Checksums
 from .conftest import full_after
 
 runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    """Lines as wide as any temporary path: a message is never wrapped inside a file name."""
+    monkeypatch.setattr(cli.console, "width", 1000)
 
 
 def _cli(*args: object):
