@@ -40,10 +40,11 @@ def test_every_key_is_the_layer_state_of_its_masked_sentence(tmp_path, small_cor
     for entry in range(store.size):
         (ev,) = store.evidence([entry])
         enc = tokenizer(ev.sentence, return_offsets_mapping=True)
-        pos = [tuple(o) for o in enc["offset_mapping"]].index(ev.span)
-        ids = torch.tensor([enc["input_ids"]])
-        assert int(ids[0, pos]) == int(store.values[entry])  # the value is the target's own token
-        ids[0, pos] = tokenizer.mask_token_id
+        inside = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if ev.span[0] <= a < b <= ev.span[1]]
+        pos, pieces = inside[0], [enc["input_ids"][i] for i in inside]
+        value = int(store.values[entry])  # the word's own token, or its number in the lexicon
+        assert [value] == pieces if len(pieces) == 1 else store.words([value])[value][0] == " ".join(map(str, pieces))
+        ids = torch.tensor([[*enc["input_ids"][:pos], tokenizer.mask_token_id, *enc["input_ids"][inside[-1] + 1 :]]])
         with torch.no_grad():
             states = encoder.model(input_ids=ids, output_hidden_states=True).hidden_states
         np.testing.assert_allclose(store.keys[entry].astype(np.float32), states[3][0, pos].numpy(), atol=KEY_ATOL)

@@ -160,7 +160,7 @@ def dense_rank(c: FactCache, n_docs: int, k: int, temperature: float, lam: float
     p = c.p_bert.copy()
     if len(values):
         w = np.exp(-(dist - dist.min()) / temperature)
-        q = np.bincount(values, weights=w / w.sum(), minlength=len(p))
+        q = np.bincount(values, weights=w / w.sum(), minlength=len(p))[: len(p)]  # words of several pieces: votes
         p = lam * q + (1 - lam) * c.p_bert if mixture == "linear" else q**lam * c.p_bert ** (1 - lam)
     return ev.UNRANKED if p[c.gold] == 0 else 1 + int(np.count_nonzero(p > p[c.gold]))
 

@@ -11,7 +11,7 @@ import torch
 from bertknn.pipeline import BertKNN
 from bertknn.text import split_sentences, tokenize_sentences
 from tests.conftest import write_corpus
-from tests.test_text import reference_targets
+from tests.test_text import reference_targets, words_of
 
 STORY = (
     "the old harbour town on the northern coast had wooden houses painted red and green , a market square with "
@@ -39,29 +39,29 @@ def _starts(tokenizer, sent) -> list[int]:
 
 def test_every_word_of_a_long_sentence_is_a_target_once_from_its_most_central_window(tokenizer):
     (sent,) = tokenize_sentences(tokenizer, [LONG], max_length=128)
-    tokens = tokenizer.convert_ids_to_tokens(sent.target_ids.tolist())
-    assert tokens == reference_targets(tokenizer, LONG)  # every one-token content word, once, in order
+    tokens = words_of(tokenizer, sent)
+    assert tokens == reference_targets(tokenizer, LONG)  # every content word, once, in order
     assert tokens[-2:] == ["born", "tallinn"]
     assert len(sent.windows) > 1 and len(sent.window) == len(sent.positions) == len(sent.spans)
     for ids in sent.windows:
         assert len(ids) <= 128 and ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
-    for (a, b), token in zip(sent.spans, tokens):  # spans stay spans of the whole sentence's text
-        assert tokenizer.tokenize(LONG[a:b]) == [token]
+    for (a, b), pieces in zip(sent.spans, sent.target_pieces()):  # spans stay spans of the whole sentence's text
+        assert tokenizer.tokenize(LONG[a:b]) == tokenizer.convert_ids_to_tokens(list(pieces))
     starts = _starts(tokenizer, sent)
     width = len(sent.windows[0]) - 2
     assert starts[0] == 0 and starts[-1] + width == len(tokenizer(LONG, verbose=False)["input_ids"]) - 2
     assert all(0 < b - a <= width // 2 for a, b in pairwise(starts))  # windows overlap by half or more
-    for w, p in zip(sent.window, sent.positions):
-        t = starts[w] + p - 1  # the target's index in the sentence's tokens
-        context = [min(t - s, s + width - 1 - t) for s in starts]
-        assert context[w] == max(context)  # read where it has the most context on its nearer side
+    for w, p, n in zip(sent.window, sent.positions, sent.lengths):
+        t = starts[w] + p - 1  # the target's first index in the sentence's tokens
+        context = [min(t - s, s + width - t - n) if s <= t and t + n <= s + width else -1 for s in starts]
+        assert context[w] == max(context) >= 0  # read whole where it has the most context on its nearer side
 
 
 @pytest.mark.parametrize(("n_words", "windows"), [(126, 1), (127, 2)])
 def test_a_sentence_that_fits_keeps_one_window_of_all_its_tokens(tokenizer, n_words, windows):
     text = " ".join(["city"] * n_words)  # n_words + 2 tokens
     (sent,) = tokenize_sentences(tokenizer, [text], max_length=128)
-    assert len(sent.windows) == windows and len(sent.target_ids) == n_words
+    assert len(sent.windows) == windows and len(sent.target_pieces()) == n_words
     if windows == 1:
         assert sent.windows[0].tolist() == tokenizer(text)["input_ids"]
         assert sent.positions.tolist() == list(range(1, n_words + 1)) and not sent.window.any()

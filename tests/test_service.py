@@ -229,7 +229,8 @@ def test_faiss_retrieval_option(built):
         answer = c.post("/predict", json={**ILSA, "options": {"retrieval": "faiss", "k": 4}}).json()
     expected = knn.predict(ILSA["text"], ILSA["subject"], retrieval="faiss", k=4)
     assert answer["retrieval"] == "faiss" and answer["knn"] == [
-        {"token": t.token, "probability": pytest.approx(t.probability), "id": t.id} for t in expected.knn
+        {"token": t.token, "probability": pytest.approx(t.probability), "id": t.id, "pieces": list(t.pieces)}
+        for t in expected.knn
     ]
 
 

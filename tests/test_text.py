@@ -15,18 +15,24 @@ from bertknn.text import (
 )
 
 
-def reference_targets(tokenizer, sentence: str) -> list[str]:
-    """Targets by a different route: pre-tokenize into words, keep words that are one wordpiece and content."""
+def reference_targets(tokenizer, sentence: str, whole_words: bool = True) -> list[str]:
+    """Targets by a different route: pre-tokenize into words, keep content words (of one wordpiece, unless
+    `whole_words`) that have no unknown piece."""
     normalized = tokenizer.backend_tokenizer.normalizer.normalize_str(sentence)
     words = [w for w, _ in tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str(normalized)]
     return [
         w
         for w in words
-        if len(tokenizer.tokenize(w)) == 1
-        and tokenizer.convert_tokens_to_ids(w) != tokenizer.unk_token_id
+        if (whole_words or len(tokenizer.tokenize(w)) == 1)
+        and tokenizer.unk_token not in tokenizer.tokenize(w)
         and w not in ENGLISH_STOP_WORDS
         and any(c.isalnum() for c in w)
     ]
+
+
+def words_of(tokenizer, sent) -> list[str]:
+    """The targets of a tokenized sentence as words (their pieces joined)."""
+    return [tokenizer.decode(list(pieces)) for pieces in sent.target_pieces()]
 
 
 def test_sentence_splitter_keeps_abbreviations_and_decimals():
@@ -42,17 +48,20 @@ def test_sentence_splitter_keeps_abbreviations_and_decimals():
         "Dante wrote the Divine Comedy, an epic poem, in Italian.",
     ],
 )
-def test_targets_match_a_word_level_reference(tokenizer, sentence):
-    (sent,) = tokenize_sentences(tokenizer, [sentence])
-    assert tokenizer.convert_ids_to_tokens(sent.target_ids.tolist()) == reference_targets(tokenizer, sentence)
-    for (a, b), token_id in zip(sent.spans, sent.target_ids):  # spans point at the original characters
-        assert tokenizer.tokenize(sentence[a:b]) == tokenizer.convert_ids_to_tokens([int(token_id)])
+@pytest.mark.parametrize("whole_words", [True, False])
+def test_targets_match_a_word_level_reference(tokenizer, sentence, whole_words):
+    (sent,) = tokenize_sentences(tokenizer, [sentence], whole_words=whole_words)
+    assert words_of(tokenizer, sent) == reference_targets(tokenizer, sentence, whole_words)
+    for (a, b), pieces in zip(sent.spans, sent.target_pieces()):  # spans point at the original characters
+        assert tokenizer.tokenize(sentence[a:b]) == tokenizer.convert_ids_to_tokens(list(pieces))
 
 
-def test_targets_exclude_continuations_stopwords_and_punctuation(tokenizer):
+def test_targets_are_whole_words_without_stopwords_and_punctuation(tokenizer):
     (sent,) = tokenize_sentences(tokenizer, ["The peiper of Alexandra, the cyclist."])
-    tokens = tokenizer.convert_ids_to_tokens(sent.target_ids.tolist())
-    assert tokens == ["alexandra", "cyclist"]  # "peiper" is two pieces, "the"/"of" stopwords, "," "." punctuation
+    assert words_of(tokenizer, sent) == ["peiper", "alexandra", "cyclist"]  # "the"/"of" stopwords, "," "." not
+    assert sent.lengths.tolist() == [2, 1, 1]  # pei ##per
+    (one,) = tokenize_sentences(tokenizer, ["The peiper of Alexandra, the cyclist."], whole_words=False)
+    assert words_of(tokenizer, one) == ["alexandra", "cyclist"]  # format 1: words of one wordpiece
 
 
 def test_reads_text_and_sentence_lists(small_corpus):

@@ -24,7 +24,10 @@ class TokenScore:
     token: str
     probability: float
     id: int
-    pieces: tuple[int, ...]
+    pieces: tuple[int, ...] = ()  # () for a word of one token: (id,)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pieces", tuple(int(p) for p in self.pieces) or (int(self.id),))
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,12 @@ class Words:
     scores: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
 
     def lm(self, p_vocab: np.ndarray) -> np.ndarray:
-        """The LM's distribution over the vocabulary extended by its scores of these words."""
-        return np.concatenate([p_vocab, self.scores]) if len(self.values) else p_vocab
+        """The LM's distribution over these words: over the vocabulary, extended by its scores of the words of
+        several tokens and renormalised."""
+        if not len(self.values):
+            return p_vocab
+        p = np.concatenate([np.asarray(p_vocab, np.float64), self.scores])
+        return p / p.sum()
 
     @property
     def size(self) -> int:
@@ -112,7 +119,7 @@ class Prediction:
             "question": self.question,
             "subject": self.subject,
             "documents": list(self.documents),
-            **{name: [asdict(t) for t in getattr(self, name)] for name in METHODS},
+            **{name: [{**asdict(t), "pieces": list(t.pieces)} for t in getattr(self, name)] for name in METHODS},
             "evidence": {word: [asdict(n) for n in found] for word, found in self.evidence.items()},
             "retrieval": self.retrieval,
         }

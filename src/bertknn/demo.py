@@ -22,14 +22,21 @@ from bertknn.runtime import Runtime
 
 DEMO_CORPUS = Path(str(files("bertknn") / "data" / "demo_corpus.jsonl"))
 DEMO_QUESTIONS = Path(str(files("bertknn") / "data" / "demo_questions.json"))
-FRESH_DOCUMENT = {
-    "id": "fresh-1",
-    "title": "Tamsin Orwhey",
-    "text": "Tamsin Orwhey was born in Tallinn. She repairs old clocks in a shop by the harbour of Kuressaare.",
-}
+FRESH_DOCUMENTS = [
+    {
+        "id": "fresh-1",
+        "title": "Tamsin Orwhey",
+        "text": "Tamsin Orwhey was born in Tallinn. She repairs old clocks in a shop by the harbour.",
+    },
+    {
+        "id": "fresh-2",
+        "title": "Edda Kallaste",
+        "text": "Edda Kallaste was born in Kuressaare. She builds wooden boats.",
+    },
+]
 FRESH_QUESTIONS = [  # the second answer is a word of four wordpieces: no masked LM can give it alone
     {"question": "Tamsin Orwhey was born in [MASK] .", "subject": "Tamsin Orwhey", "answer": "tallinn"},
-    {"question": "Tamsin Orwhey repairs clocks in [MASK] .", "subject": "Tamsin Orwhey", "answer": "kuressaare"},
+    {"question": "Edda Kallaste was born in [MASK] .", "subject": "Edda Kallaste", "answer": "kuressaare"},
 ]
 
 
@@ -59,8 +66,8 @@ def build_demo(
 
 
 def fresh_facts(knn: BertKNN) -> list[tuple[str, list[Prediction]]]:
-    """Facts the datastore lacks (FRESH_QUESTIONS), asked before adding their document, after adding it and after
-    removing it: (stage, a prediction per question) each.
+    """Facts the datastore lacks (FRESH_QUESTIONS), asked before adding their documents, after adding them and after
+    removing them: (stage, a prediction per question) each.
 
     Runs on a temporary copy of the datastore, so the cached demo datastore is left as it was.
     """
@@ -74,9 +81,9 @@ def fresh_facts(knn: BertKNN) -> list[tuple[str, list[Prediction]]]:
             return fresh.predict_batch(questions, subjects, top_k=3, evidence=1)
 
         stages = [("before add", ask())]
-        fresh.add_documents([FRESH_DOCUMENT])
+        fresh.add_documents(FRESH_DOCUMENTS)
         stages.append(("after add", ask()))
-        fresh.remove_document(FRESH_DOCUMENT["id"])
+        fresh.remove_documents([d["id"] for d in FRESH_DOCUMENTS])
         stages.append(("after remove", ask()))
         store.db.close()
     return stages
@@ -106,8 +113,9 @@ def narration(knn: BertKNN) -> Iterator[RenderableType]:
         )
     yield f"{len(fixed)} of {len(questions)} questions answered right by BERT-kNN and wrong by the LM alone."
     yield (
-        f"\n[bold]Fresh facts[/], asked before and after `bertknn add` of {FRESH_DOCUMENT['text']!r}, then after "
-        "`bertknn remove` (on a copy of the datastore):"
+        "\n[bold]Fresh facts[/], asked before and after `bertknn add` of "
+        + " and ".join(repr(d["text"]) for d in FRESH_DOCUMENTS)
+        + ", then after `bertknn remove` (on a copy of the datastore):"
     )
     stages = fresh_facts(knn)
     for i, q in enumerate(FRESH_QUESTIONS):

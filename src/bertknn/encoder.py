@@ -279,6 +279,18 @@ class Encoder:
             probs[batch] = torch.softmax(torch.from_numpy(logits), dim=-1).numpy()
         return probs, states
 
+    def _masked_n(self, ids: list[int], mask: int, n: int) -> tuple[list[int], int]:
+        """A question's ids with n masks in place of its one, and where they start; a question that would outgrow the
+        model's input loses tokens from its end, then its start (its first and last, special, tokens are kept)."""
+        out, start = [*ids[:mask], *[self.mask_id] * n, *ids[mask + 1 :]], mask
+        over = len(out) - self.max_length
+        if over > 0:
+            tail = min(over, max(0, len(out) - 1 - (start + n)))
+            out = out[: len(out) - 1 - tail] + out[-1:]
+            head = over - tail
+            out, start = out[:1] + out[1 + head :], start - head
+        return out, start
+
     @torch.inference_mode()
     def word_scores(
         self,
@@ -294,14 +306,14 @@ class Encoder:
         the geometric mean keeps a word's score on the scale of one token's whatever its length, so the LM neither
         favours nor buries a word for its number of tokens, and the kNN's vote decides between them.
         """
-        variants: list[tuple[list[int], int, int]] = []  # (ids with n masks, first mask, question)
+        variants: list[tuple[list[int], int, int, int]] = []  # (ids with n masks, first mask, n, question)
         for i, ((ids, mask), mine) in enumerate(zip(encoded, words)):
             for n in sorted({len(w) for w in mine}):
-                variants.append(([*ids[:mask], *[self.mask_id] * n, *ids[mask + 1 :]], mask, i))
+                variants.append((*self._masked_n(ids, mask, n), n, i))
         out = [np.zeros(len(w), np.float64) for w in words]
-        for batch in length_batches([len(ids) for ids, _, _ in variants], token_budget):
+        for batch in length_batches([len(v[0]) for v in variants], token_budget):
             ids, attention = self._pad([np.asarray(variants[v][0]) for v in batch])
-            n_masks = [len(variants[v][0]) - len(encoded[variants[v][2]][0]) + 1 for v in batch]
+            n_masks = [variants[v][2] for v in batch]
             rows = torch.tensor(np.repeat(np.arange(len(batch)), n_masks))
             cols = torch.tensor(np.concatenate([np.arange(n) + variants[v][1] for v, n in zip(batch, n_masks)]))
             int8 = self.runtime.int8_questions
@@ -309,7 +321,7 @@ class Encoder:
             logp = torch.log_softmax(torch.from_numpy(logits).double(), dim=-1).numpy()
             first = np.cumsum([0, *n_masks])
             for v, n, row in zip(batch, n_masks, first):
-                question = variants[v][2]
+                question = variants[v][3]
                 for j, word in enumerate(words[question]):
                     if len(word) == n:
                         out[question][j] = np.exp(logp[row + np.arange(n), list(word)].mean())

@@ -384,8 +384,7 @@ class BertKNN:
         """p_kNN (None without neighbours) and the interpolated p of one question over `words` (default: `words(found)`
         unscored, so the LM gives its words of several tokens 0), from `p_bert`, the LM's distribution over the
         vocabulary, as the settings say: the paper's vote or the retrieval-aware one (`doc_temperature`), a constant
-        or an adaptive lambda (`lam_by`), the linear or the log-linear mixture (`mixture`). With words of several
-        tokens, the linear mixture is renormalised over them."""
+        or an adaptive lambda (`lam_by`), the linear or the log-linear mixture (`mixture`)."""
         if not len(found.entries):
             return None, p_bert.astype(np.float64)
         words = words or self.words(found)
@@ -400,8 +399,7 @@ class BertKNN:
         else:
             p_knn = knn_distribution(values, found.distances, s.temperature, len(p_bert))
         lam = confident_lam(p_knn, s.lam, len(found.entries)) if s.lam_by == "entropy" else s.lam
-        p = interpolate(p_bert.astype(np.float64), p_knn, lam, s.mixture)
-        return p_knn, p / p.sum() if len(words.values) and s.mixture == "linear" else p
+        return p_knn, interpolate(p_bert.astype(np.float64), p_knn, lam, s.mixture)
 
     def _check_neighbours(self, found: Neighbours, vocab: int) -> None:
         """A damaged key (NaN) or value (outside the vocabulary, in a store of words of one token) must never reach
