@@ -1,16 +1,17 @@
 """Whole words as answers, measured: answers of several wordpieces before and after `add`, and what storing whole
-words costs, against the paper's targets (words of one wordpiece, datastore format 1), in one run.
+words (and multi-word names, `--names`) costs, against the paper's targets (words of one wordpiece, datastore format
+1), in one run.
 
     python bench/words.py [--base-docs 2000] [--cost-docs 500] [--skip-accuracy] [--skip-cost]
 
-Accuracy: a lazy datastore of the first --base-docs evidence documents in each format, asked the fresh-facts
+Accuracy: a lazy datastore of the first --base-docs evidence documents for each kind of targets, asked the fresh-facts
 questions (bench/fresh_facts/: words_*.jsonl, 40 invented documents whose answers have 1-5 wordpieces or two
 words, and the single-wordpiece set documents/questions.jsonl) before and after `add_documents` of their 80
 documents, with and without subjects, with bertknn's default settings. Printed: BERT-kNN P@1 (its top word equals
 the answer) per number of wordpieces of the answer.
 
 Cost: an eager build of the first --cost-docs evidence documents in each format, in this process: contexts per
-document, bytes of keys, values and SQLite, build seconds, and the p50 of one question asked alone (the words
+document, bytes of keys, values and SQLite, build seconds, and the p50 of one question asked alone (the fresh-facts
 questions without subjects, each asked 3 times, formats alternating).
 """
 
@@ -29,7 +30,11 @@ from evidence import first_documents
 
 ROOT = Path(__file__).resolve().parents[1]
 FRESH = ROOT / "bench" / "fresh_facts"
-FORMATS = {"one wordpiece (format 1)": False, "whole words (format 2)": True}
+FORMATS = {  # the targets a datastore stores: BertKNN.build's options
+    "one wordpiece (format 1)": {"whole_words": False},
+    "whole words": {},
+    "whole words + names": {"names": True},
+}
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -63,8 +68,8 @@ def accuracy(args) -> None:
         counts[_bucket(q)] += 1
     print("| targets | when | subject | " + " | ".join(f"{b} ({counts[b]})" for b in buckets) + " | all |")
     print("|---" * (len(buckets) + 4) + "|")
-    for name, whole in FORMATS.items():
-        knn = BertKNN.build(corpus, work / f"store-{whole}", args.model, lazy=True, whole_words=whole)
+    for i, (name, options) in enumerate(FORMATS.items()):
+        knn = BertKNN.build(corpus, work / f"store-{i}", args.model, lazy=True, **options)
         for when in ("before add", "after add"):
             if when == "after add":
                 knn.add_documents(docs)
@@ -91,9 +96,9 @@ def cost(args) -> None:
     encoder = Encoder.load(args.model)
     encoder.query(texts[:8])  # warm up
     stores, rows = {}, {}
-    for name, whole in FORMATS.items():
+    for i, (name, options) in enumerate(FORMATS.items()):
         start = time.perf_counter()
-        knn = BertKNN.build(corpus, work / f"store-{whole}", encoder, whole_words=whole)
+        knn = BertKNN.build(corpus, work / f"store-{i}", encoder, **options)
         seconds = time.perf_counter() - start
         size = sum((knn.store.path / f).stat().st_size for f in ("keys.f16", "values.i32", "store.sqlite"))
         stores[name] = knn
@@ -109,9 +114,11 @@ def cost(args) -> None:
     print("|---|---|---|---|---|")
     for name, (per_doc, mb, seconds, times) in rows.items():
         print(f"| {name} | {per_doc:.1f} | {mb:.1f} | {seconds:.1f} | {1000 * statistics.median(times):.1f} |")
-    (a, b) = rows.values()
-    ratios = [b[0] / a[0], b[1] / a[1], b[2] / a[2], statistics.median(b[3]) / statistics.median(a[3])]
-    print("| ratio | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |")
+    base = next(iter(rows.values()))
+    for name, row in list(rows.items())[1:]:
+        ratios = [row[0] / base[0], row[1] / base[1], row[2] / base[2]]
+        ratios.append(statistics.median(row[3]) / statistics.median(base[3]))
+        print(f"| {name} / format 1 | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |")
 
 
 def main() -> None:

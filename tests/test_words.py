@@ -259,3 +259,22 @@ def test_verify_names_a_value_that_is_no_word_of_the_store(tmp_path, encoder):
     assert f"values.i32: entries [{entry}] hold values that are no word of the store" in "\n".join(problems)
     with pytest.raises(DatastoreError, match=r"holds no word for values \[\d+\]: it is damaged"):
         knn.store.words([int(values[entry])])
+
+
+def test_multi_word_names_are_one_answer_besides_their_words(tmp_path, encoder):
+    doc = {"id": "m1", "title": "Maris Oldenvaart", "text": "Maris Oldenvaart was born in Port Elsmere. She blows glass."}
+    corpus = write_corpus(tmp_path / "c.jsonl", [doc])
+    knn = BertKNN.build(corpus, tmp_path / "s", encoder, names=True)
+    words = {text for _, text in knn.store.words(None).values()}
+    assert {"maris oldenvaart", "port elsmere", "elsmere", "oldenvaart"} <= words
+    found = knn.predict("Maris Oldenvaart was born in [MASK] .", subject="Maris Oldenvaart", top_k=3)
+    assert found.neighbours.distances[0] < 1e-3  # the name's context is the question's (the tiny random model
+    assert {t.token for t in found.knn[:2]} == {"port elsmere", "port"}  # reads "born in [MASK] Elsmere" alike)
+    evidence = found.evidence["port elsmere"][0]
+    assert evidence.sentence[slice(*evidence.span)] == "Port Elsmere"
+    plain = BertKNN.build(corpus, tmp_path / "plain", encoder)
+    assert knn.store.size == plain.store.size + 2  # the two names, besides their four words
+    with pytest.raises(DatastoreError, match="holds whole words and names"):
+        BertKNN.build(corpus, tmp_path / "s", encoder)  # a resume must keep the targets
+    with pytest.raises(DatastoreError, match="drop --pack or --names"):
+        BertKNN.build(corpus, tmp_path / "packed", encoder, pack=2, names=True)

@@ -44,10 +44,10 @@ CHARS_PER_WORD = 6  # a chunk's size is estimated from its characters: about one
 LAZY_WAIT = 600.0  # seconds a lazy store's reader waits for another writer before it embeds on demand
 
 
-def contexts(encoder: Encoder, texts: list[str], whole_words: bool = True) -> list[Sentence]:
+def contexts(encoder: Encoder, texts: list[str], whole_words: bool = True, names: bool = False) -> list[Sentence]:
     """Sentences tokenized once, with their targets (the masked contexts are made from these): whole words, or
-    words of one token for a datastore of format 1."""
-    return tokenize_sentences(encoder.tokenizer, texts, min(KEY_WINDOW, encoder.max_length), whole_words)
+    words of one token for a datastore of format 1; with `names`, multi-word names too (`text.names_of`)."""
+    return tokenize_sentences(encoder.tokenizer, texts, min(KEY_WINDOW, encoder.max_length), whole_words, names)
 
 
 def values(store: Datastore, encoder: Encoder, sentences: list[Sentence]) -> tuple[np.ndarray, list]:
@@ -76,11 +76,14 @@ def manifest(
     int8_keys: bool,
     splitter: str = SPLITTER,
     whole_words: bool = True,
+    names: bool = False,
 ) -> dict:
     """The manifest of a new datastore for `encoder` (model, weights hash, layer, width, key options, the sentence
     splitter its documents are split with); without `whole_words`, of format 1 (the paper's targets: words of one
-    token)."""
-    words = {"words_from": encoder.vocab_size} if whole_words else {}  # values of longer words start there
+    token); with `names`, multi-word names are targets too."""
+    if names and (pack > 1 or not whole_words):
+        raise DatastoreError("multi-word names need whole words and one target per pass: drop --pack or --names")
+    words = {"words_from": encoder.vocab_size, "names": names} if whole_words else {}  # longer words' values from
     return {
         "format": FORMAT,
         "version": VERSION if whole_words else 1,
@@ -121,11 +124,12 @@ def create(
     pack: int = 1,
     int8_keys: bool = False,
     whole_words: bool = True,
+    names: bool = False,
 ) -> Datastore:
     """Create an empty datastore directory for `encoder` (or reopen it when it was made for the same model)."""
     path = Path(path)
     if not (path / "manifest.json").exists():
-        return create_store(path, manifest(encoder, corpus, pack, int8_keys, whole_words=whole_words))
+        return create_store(path, manifest(encoder, corpus, pack, int8_keys, whole_words=whole_words, names=names))
     store = Datastore(path)
     check_encoder(store, encoder)
     known = store.manifest.get("corpus") or {}
@@ -144,8 +148,8 @@ def create(
     if store.int8_keys != int8_keys:
         have, flag = ("int8", "with --int8-keys") if store.int8_keys else ("float32", "without --int8-keys")
         raise DatastoreError(f"{path} holds {have} keys; resume it {flag}, or choose another --out directory")
-    if store.whole_words != whole_words:
-        have = "whole words" if store.whole_words else "words of one token (format 1)"
+    if (store.whole_words, store.names) != (whole_words, names):
+        have = ("whole words" + " and names" * store.names) if store.whole_words else "words of one token (format 1)"
         raise DatastoreError(f"{path} holds {have}: resume it with the same targets, or choose another --out directory")
     return store
 
@@ -227,8 +231,8 @@ def _prepare(
     rows = store.sentences(docs)
     texts = [text for _, _, text in rows]
     if pool is None:
-        return lambda: (rows, contexts(encoder, texts, store.whole_words))
-    future = pool.submit(contexts, encoder, texts, store.whole_words)
+        return lambda: (rows, contexts(encoder, texts, store.whole_words, store.names))
+    future = pool.submit(contexts, encoder, texts, store.whole_words, store.names)
     return lambda: (rows, future.result())
 
 
@@ -301,6 +305,7 @@ def build(
     progress: Callable[[str, int, int], None] | None = None,
     n_workers: int = 0,
     whole_words: bool = True,
+    names: bool = False,
 ) -> Datastore:
     """Build (or resume building) the datastore of a corpus: JSONL, Parquet, DrQA's docs.db, a Wikipedia XML dump or
     a datasets.Dataset (`corpus.open_corpus`).
@@ -308,9 +313,10 @@ def build(
     Documents are first registered (text and sentences, REGISTER_DOCS per transaction), then embedded in chunks
     (`embed`); with `lazy`, embedding is left for later and done per document on demand. `pack` > 1 masks that many
     targets per pass and `int8_keys` runs the encoder quantised (`Encoder.embed`); without `whole_words` only words of
-    one token are stored (format 1, the paper's targets); the manifest records all three: a resume with others is
-    refused, and later embedding (lazy, `add`) follows them. `progress(phase, done, total)` reports
-    the phases ("checking" where the format counts its documents from metadata, "reading", "embedding").
+    one token are stored (format 1, the paper's targets); with `names`, multi-word names too (`text.names_of`); the
+    manifest records them all: a resume with others is refused, and later embedding (lazy, `add`) follows them.
+    `progress(phase, done, total)` reports the phases ("checking" where the format counts its documents from
+    metadata, "reading", "embedding").
     Sentences are split in `n_workers` processes (0: every core for a corpus of `workers.PARALLEL_FROM`+ documents)
     when the store's splitter is slow (pysbd: `text.SLOW_SPLITTERS`); sentencex splits faster in this process than a
     document is sent to a worker (bench/README.md). IR features are hashed in `n_workers` processes.
@@ -325,7 +331,7 @@ def build(
     source = open_corpus(corpus)
     report = progress or (lambda phase, done, total: None)
     n_docs = check_corpus(source, report)
-    store = create(out, encoder, source.info(n_docs), pack, int8_keys, whole_words)
+    store = create(out, encoder, source.info(n_docs), pack, int8_keys, whole_words, names)
     with store.writing():
         _register_all(store, source, n_docs, report, n_workers)
         if not lazy:

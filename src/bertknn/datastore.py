@@ -81,6 +81,7 @@ OPTIONAL = {
     "entries": int,
     "embedded": int,
     "words_from": int,
+    "names": bool,
 }
 APPEND_ONLY = ("keys.f16", "values.i32")  # files that only grow; bytes past the committed entries are not data
 NOT_DATA = {"manifest.json", "checksums.json", LOCK_FILE}  # files of a datastore that checksums do not cover
@@ -772,6 +773,11 @@ class Datastore:
     def whole_words(self) -> bool:
         """Whether this store's targets are whole words (format 2) rather than words of one token (format 1)."""
         return self.manifest["version"] >= 2
+
+    @property
+    def names(self) -> bool:
+        """Whether multi-word names are targets too (besides their words)."""
+        return bool(self.manifest.get("names"))
 
     def word_values(self, words: list[tuple[str, str]]) -> tuple[list[int], list[tuple[int, str, str]]]:
         """The values of words of several tokens, each given as (its tokens' ids as text, the word): those the store

@@ -198,6 +198,7 @@ class BertKNN:
         int8_keys: bool = False,
         n_workers: int = 0,
         whole_words: bool = True,
+        names: bool = False,
         **hparams: float,
     ) -> BertKNN:
         """Embed a corpus into a datastore at `out` (resuming an interrupted build), index it, and load it.
@@ -208,7 +209,8 @@ class BertKNN:
         With `lazy`, documents are only registered and indexed; each is embedded the first time retrieval picks it.
         `pack` > 1 masks that many non-adjacent targets per pass, `int8_keys` computes keys with the encoder quantised
         to int8: both faster, approximate keys (`Encoder.embed`). Without `whole_words`, only words of one token are
-        stored (format 1: the paper's targets; an answer of several wordpieces is then never a kNN answer).
+        stored (format 1: the paper's targets; an answer of several wordpieces is then never a kNN answer). With
+        `names`, runs of capitalised words ("Port Elsmere") are stored as one answer too, besides their words.
         `n_workers`: processes that split sentences and hash IR features (0: every core for a large corpus,
         `workers.count`).
         """
@@ -223,6 +225,7 @@ class BertKNN:
             progress=progress,
             n_workers=n_workers,
             whole_words=whole_words,
+            names=names,
         )
         return cls(encoder, store, ensure_index(store, n_workers=n_workers), **hparams)
 

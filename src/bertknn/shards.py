@@ -222,6 +222,10 @@ class ShardedDatastore:
     def whole_words(self) -> bool:
         return self.shards[0].whole_words
 
+    @property
+    def names(self) -> bool:
+        return self.shards[0].names
+
     def words(self, values: Iterable[int] | None) -> dict[int, tuple[str, str]]:
         """(tokens' ids as text, word) of the given lexicon numbers (None: all), across shards."""
         if values is None:

@@ -239,10 +239,11 @@ def _windows(
 
 
 def tokenize_sentences(
-    tokenizer, sentences: list[str], max_length: int = 128, whole_words: bool = True
+    tokenizer, sentences: list[str], max_length: int = 128, whole_words: bool = True, names: bool = False
 ) -> list[Sentence]:
     """Tokenize sentences once each and find their targets: non-stopword, non-punctuation words, of any number of
-    tokens (`whole_words`) or of exactly one (a datastore of format 1).
+    tokens (`whole_words`) or of exactly one (a datastore of format 1); with `names`, also each run of 2 to
+    MAX_NAME_WORDS capitalised words (`names_of`), after the words.
 
     A sentence of more than `max_length` tokens is read in overlapping windows (Sentence): no word is dropped.
     """
@@ -268,11 +269,38 @@ def tokenize_sentences(
                 positions.append(tokens[0])
                 lengths.append(len(tokens))
                 spans.append((start, end))
+        if names:
+            for first, last in names_of(text, positions, lengths, spans):
+                positions.append(positions[first])
+                lengths.append(positions[last] + lengths[last] - positions[first])
+                spans.append((spans[first][0], spans[last][1]))
         body = [pos for pos, seq in enumerate(enc.sequence_ids(i)) if seq is not None]
         lengths_ = np.asarray(lengths, np.int32)
         windows, window, in_window = _windows(ids, body, np.asarray(positions, np.int64), lengths_, max_length)
         spans_ = np.asarray(spans, dtype=np.int32).reshape(-1, 2)
         out.append(Sentence(text, windows, window, in_window, spans_, lengths_))
+    return out
+
+
+MAX_NAME_WORDS = 4  # longer runs of capitalised words are mostly titles and headings, not one answer
+
+
+def names_of(text: str, positions: list[int], lengths: list[int], spans: list) -> list[tuple[int, int]]:
+    """Multi-word names among a sentence's word targets (in order): runs of 2 to MAX_NAME_WORDS capitalised words,
+    each the next token after the one before and one space apart ("Port Elsmere", "Ada Lovelace"); (first, last)
+    target index of each. A stopword between (of, the) ends a run: it is no target."""
+    out, run = [], []
+    for i, (start, _) in enumerate(spans):
+        capital = text[start].isupper()
+        follows = bool(run) and positions[run[-1]] + lengths[run[-1]] == positions[i]
+        if capital and follows and text[spans[run[-1]][1] : start] == " " and len(run) < MAX_NAME_WORDS:
+            run.append(i)
+            continue
+        if len(run) > 1:
+            out.append((run[0], run[-1]))
+        run = [i] if capital else []
+    if len(run) > 1:
+        out.append((run[0], run[-1]))
     return out
 
 

@@ -68,6 +68,14 @@ def build(
             "as most names, is then never a kNN answer",
         ),
     ] = False,
+    names: Annotated[
+        bool,
+        typer.Option(
+            "--names",
+            help="store each run of 2-4 capitalised words (Port Elsmere, Ada Lovelace) as one answer too, besides its "
+            "words (more contexts: bench/README.md gives the cost and what it gains)",
+        ),
+    ] = False,
     backend: BackendOption = CLI_BACKEND,
     device: DeviceOption = "auto",
     dtype: DtypeOption = "float32",
@@ -95,15 +103,16 @@ def build(
         raise typer.BadParameter(f"--engine must be local or ray, not {engine!r}")
     _note_skipped(open_corpus(corpus))
     if engine == "ray":
-        if lazy or pack != 1 or int8_keys or one_token_words:
+        if lazy or pack != 1 or int8_keys or one_token_words or names:
             raise typer.BadParameter(
-                "--engine ray builds exact, complete shards: drop --lazy, --pack, --int8-keys and --one-token-words"
+                "--engine ray builds exact, complete shards of whole words: drop --lazy, --pack, --int8-keys, "
+                "--one-token-words and --names"
             )
         _build_on_ray(corpus, out, model, layer, workers or 1, shard_docs, address, backend)
         return
     with _writer_wait(out, wait):
         options = {"lazy": lazy, "pack": pack, "runtime": backend, "int8_keys": int8_keys, "n_workers": workers}
-        options["whole_words"] = not one_token_words
+        options.update(whole_words=not one_token_words, names=names)
         _build(corpus, out, model, layer, **options)
 
 
