@@ -140,10 +140,10 @@ def test_a_key_stage_worker_killed_mid_shard_is_retried_and_nothing_is_lost(clus
     corpus = write_corpus(tmp_path / "towns.jsonl", towns(240, sentences=12))
     out = tmp_path / "sharded"
     killed: list[int] = []
+    built = threading.Event()
 
-    def kill_one_mid_shard() -> None:
-        deadline = time.time() + 120
-        while time.time() < deadline and not killed:
+    def kill_one_mid_shard() -> None:  # until the build returns: a loaded machine may take minutes to register
+        while not built.is_set() and not killed:
             for shard in sorted((out / "shards").glob("shard-*")) if (out / "shards").is_dir() else []:
                 manifest = (
                     json.loads((shard / "manifest.json").read_text()) if (shard / "manifest.json").is_file() else {}
@@ -159,8 +159,11 @@ def test_a_key_stage_worker_killed_mid_shard_is_retried_and_nothing_is_lost(clus
 
     killer = threading.Thread(target=kill_one_mid_shard)
     killer.start()
-    top = distributed.build(corpus, out, str(tiny_model_dir), workers=1, shard_docs=60)
-    killer.join()
+    try:
+        top = distributed.build(corpus, out, str(tiny_model_dir), workers=1, shard_docs=60)
+    finally:
+        built.set()
+        killer.join()
     assert killed, "no key-stage worker was caught mid-shard"
     single = BertKNN.build(corpus, tmp_path / "single", str(tiny_model_dir))
     sharded = ShardedDatastore(out)
