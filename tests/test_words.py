@@ -262,7 +262,8 @@ def test_verify_names_a_value_that_is_no_word_of_the_store(tmp_path, encoder):
 
 
 def test_multi_word_names_are_one_answer_besides_their_words(tmp_path, encoder):
-    doc = {"id": "m1", "title": "Maris Oldenvaart", "text": "Maris Oldenvaart was born in Port Elsmere. She blows glass."}
+    text = "Maris Oldenvaart was born in Port Elsmere. She blows glass."
+    doc = {"id": "m1", "title": "Maris Oldenvaart", "text": text}
     corpus = write_corpus(tmp_path / "c.jsonl", [doc])
     knn = BertKNN.build(corpus, tmp_path / "s", encoder, names=True)
     words = {text for _, text in knn.store.words(None).values()}
