@@ -93,7 +93,7 @@ def cost(args) -> None:
     texts = [q["question"] for q in questions]
     work = Path(tempfile.mkdtemp(prefix="words_cost_"))
     corpus = first_documents(args.cost_docs, work / "base.jsonl")
-    encoder = Encoder.load(args.model)
+    encoder = Encoder.load(args.model, runtime=args.backend)
     encoder.query(texts[:8])  # warm up
     stores, rows = {}, {}
     for i, (name, options) in enumerate(FORMATS.items()):
@@ -109,7 +109,7 @@ def cost(args) -> None:
                 start = time.perf_counter()
                 knn.predict(text, top_k=5, evidence=3)
                 rows[name][3].append(time.perf_counter() - start)
-    print(f"\n## Cost of whole words: eager builds of the first {args.cost_docs} evidence documents, one process\n")
+    print(f"\n## Cost of whole words: eager builds of the first {args.cost_docs} evidence documents, {args.backend}\n")
     print("| targets | contexts per document | MB (keys, values, SQLite) | build s | question p50 ms |")
     print("|---|---|---|---|---|")
     for name, (per_doc, mb, seconds, times) in rows.items():
@@ -126,6 +126,7 @@ def main() -> None:
     parser.add_argument("--base-docs", type=int, default=2000)
     parser.add_argument("--cost-docs", type=int, default=500)
     parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
+    parser.add_argument("--backend", default="torch", help="the cost part's: torch, onnx or onnx-int8")
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")
     args = parser.parse_args()
