@@ -29,7 +29,7 @@ from bertknn import builder
 from bertknn.default_model import base_model_dir
 from bertknn.encoder import Encoder
 from bertknn.runtime import Runtime
-from bertknn.text import iter_corpus
+from bertknn.text import iter_corpus, masked
 
 DEFAULT_PACK = 4  # the option whose ratio is the headline (its fidelity is printed beside it)
 
@@ -52,7 +52,12 @@ def reference_keys(
 ) -> np.ndarray:
     """The reference approach: full MLM forward (logits everywhere), corpus order, batches of 124, padded; the model
     and the batches on `device`."""
-    contexts = [(s.windows[w], int(p)) for s in sentences for w, p in zip(s.window, s.positions)]
+    contexts = [  # the target's pieces replaced by one mask, as a datastore of whole words keys it
+        (ids, int(at[0]))
+        for s in sentences
+        for w, p, n in zip(s.window, s.positions, s.lengths)
+        for ids, at in [masked(s.windows[w], np.array([p]), np.array([n]), mask_id)]
+    ]
     keys = []
     for start in range(0, len(contexts), batch):
         part = contexts[start : start + batch]

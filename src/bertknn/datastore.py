@@ -783,9 +783,11 @@ class Datastore:
         """The values of words of several tokens, each given as (its tokens' ids as text, the word): those the store
         holds, and new ones numbered on from the manifest's `words_from`, returned also as rows for `append` to
         commit with the entries that use them. Only a writer asks (numbers are given out under the writer lock)."""
-        known = {pieces: value for value, (pieces, _) in self._word_rows().items()}
+        held = self._word_rows("pieces", sorted({pieces for pieces, _ in words}))  # these words only, not the lexicon
+        known = {pieces: value for value, (pieces, _) in held.items()}
         new: list[tuple[int, str, str]] = []
-        after = max([self.manifest["words_from"] - 1, *known.values()])
+        last = self._select_words("SELECT max(value) FROM words")
+        after = self.manifest["words_from"] - 1 if not last or last[0][0] is None else last[0][0]
         values = []
         for pieces, word in words:
             if pieces not in known:
@@ -802,7 +804,7 @@ class Datastore:
         wanted = sorted({int(v) for v in values})
         if not wanted:
             return {}
-        rows = self._word_rows(wanted)
+        rows = self._word_rows("value", wanted)
         missing = [v for v in wanted if v not in rows]
         if missing:
             raise DatastoreError(
@@ -810,17 +812,22 @@ class Datastore:
             )
         return rows
 
-    def _word_rows(self, values: list[int] | None = None) -> dict[int, tuple[str, str]]:
-        """value -> (pieces, word) of the `words` table (those of `values`, or all); none in a store without it."""
+    def _word_rows(self, column: str | None = None, keys: list | None = None) -> dict[int, tuple[str, str]]:
+        """value -> (pieces, word) of the `words` table: the rows whose `column` ("value" or "pieces") is one of
+        `keys`, or all."""
         query, args = "SELECT value, pieces, word FROM words", ()
-        if values is not None:
-            query, args = query + " WHERE value IN (SELECT value FROM json_each(?))", (json.dumps(values),)
+        if column is not None:
+            query, args = f"{query} WHERE {column} IN (SELECT value FROM json_each(?))", (json.dumps(keys),)
+        return {value: (pieces, word) for value, pieces, word in self._select_words(query, args)}
+
+    def _select_words(self, query: str, args: tuple = ()) -> list[tuple]:
+        """The rows of a query of the `words` table; none in a store without it (format 1, or no long word yet)."""
         with self.sqlite_errors():
             try:
-                return {value: (pieces, word) for value, pieces, word in self.db.execute(query, args)}
+                return self.db.execute(query, args).fetchall()
             except sqlite3.OperationalError as err:
                 if "no such table" in str(err):
-                    return {}
+                    return []
                 raise
 
     def record_identity(self) -> None:
