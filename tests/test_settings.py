@@ -43,6 +43,7 @@ def test_the_defaults_are_the_papers_but_the_vote_and_the_mixture():
         "doc_temperature": 0.0,  # off: the paper's vote
         "lam_by": "constant",
         "mixture": "linear",
+        "lm_words": 5,  # beyond the paper, which has no answers of several tokens
     }
     assert (*HPARAMS, "mixture") == TUNED and PAPER.tuned == {**PAPER.hparams, "mixture": "linear"}
     assert HPARAMS == ("n_docs", "k", "temperature", "lam") and RETRIEVALS == ("ir", "faiss", "ir+faiss")

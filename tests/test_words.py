@@ -19,6 +19,7 @@ from bertknn.cli import app
 from bertknn.datastore import DatastoreError
 from bertknn.encoder import Encoder
 from bertknn.service import create_app
+from bertknn.settings import LAM
 from bertknn.text import tokenize_sentences
 
 from .conftest import write_corpus
@@ -279,3 +280,23 @@ def test_multi_word_names_are_one_answer_besides_their_words(tmp_path, encoder):
         BertKNN.build(corpus, tmp_path / "s", encoder)  # a resume must keep the targets
     with pytest.raises(DatastoreError, match="drop --pack or --names"):
         BertKNN.build(corpus, tmp_path / "packed", encoder, pack=2, names=True)
+
+
+def test_the_lm_scores_the_words_of_several_wordpieces_among_the_knns_best(built):
+    question, vocab = "Ilsa Varnhold was born in [MASK] .", built.encoder.vocab_size
+    every = built.predict(question, lm_words=0)
+    held = np.flatnonzero(every.p_knn)
+    order = held[np.lexsort((held, -every.p_knn[held]))]
+    m = int(np.flatnonzero(order >= vocab)[0]) + 1  # the kNN's best words down to its first long one
+    few = built.predict(question, lm_words=m)
+    np.testing.assert_array_equal(few.p_knn, every.p_knn)  # the same neighbours and vote
+    best = order[:m]
+    chosen, left = best[best >= vocab], np.setdiff1d(held[held >= vocab], best)
+    assert len(chosen) and len(left)  # the case in point: some long words scored, some not
+    assert (every.p_bert[held[held >= vocab]] > 0).all() and not few.p_bert[left].any()
+    scored = np.concatenate([np.arange(vocab), chosen])  # the same LM scores, normalised over fewer words
+    np.testing.assert_allclose(few.p_bert[scored] / few.p_bert[0], every.p_bert[scored] / every.p_bert[0], rtol=1e-9)
+    assert not few.p[left].any() and few.p[chosen].all()  # left out of the log-linear mixture
+    kept = np.setdiff1d(held, left)
+    expected = few.p_knn[kept] ** LAM * few.p_bert[kept] ** (1 - LAM)
+    np.testing.assert_allclose(few.p[kept], expected / expected.sum(), rtol=1e-9)

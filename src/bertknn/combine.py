@@ -8,7 +8,7 @@ p ~ p_kNN^lambda * p_BERT^(1 - lambda) (bertknn's default); with no neighbours, 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
@@ -50,6 +50,31 @@ class Words:
             return p_vocab
         p = np.concatenate([np.asarray(p_vocab, np.float64), self.scores])
         return p / p.sum()
+
+    def candidates(self, p_knn: np.ndarray | None, m: int) -> list[int]:
+        """The words of several tokens (indices into `values`) among the `m` words that `p_knn` ranks highest (0:
+        every one it holds): those the LM scores."""
+        if not len(self.values) or p_knn is None:
+            return []
+        held = np.flatnonzero(p_knn)
+        if m:
+            held = held[np.lexsort((held, -p_knn[held]))][:m]
+        return sorted(int(i) - self.vocab for i in held if i >= self.vocab)
+
+    def scored(self, indices: list[int], scores: np.ndarray) -> Words:
+        """These words with the LM's `scores` of the words at `indices` (into `values`); the others keep 0."""
+        out = np.zeros(len(self.values), np.float64)
+        out[indices] = scores
+        return replace(self, scores=out)
+
+    def unscored_dropped(self, p: np.ndarray) -> np.ndarray:
+        """`p` over these words with the words of several tokens that the LM did not score (`candidates`) set to 0:
+        no answers of the log-linear mixture, which needs the LM's support."""
+        if not len(self.values) or self.scores.all():
+            return p
+        out = p.copy()
+        out[self.vocab :][self.scores == 0] = 0.0
+        return out
 
     @property
     def size(self) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -287,10 +286,14 @@ class BertKNN:
             with self.store.sqlite_errors():  # a damaged page met by a question: an error naming the file
                 found = search.batch_search([q.text for q in batch], [q.subject for q in batch], states, s)
                 words = [self.words(f) for f in found]
-            scores = self.encoder.word_scores([(q.ids, q.mask) for q in batch], [w.pieces for w in words])
-            words = [dataclasses.replace(w, scores=lm) for w, lm in zip(words, scores)]
+                votes = [self.vote(f, s, w) for f, w in zip(found, words)]
+            chosen = [w.candidates(v, s.lm_words) for w, v in zip(words, votes)]
+            pieces = [[w.pieces[j] for j in c] for w, c in zip(words, chosen)]
+            scores = self.encoder.word_scores([(q.ids, q.mask) for q in batch], pieces)
+            words = [w.scored(c, lm) for w, c, lm in zip(words, chosen, scores)]
             with self.store.sqlite_errors():
-                out += [self.postprocess(*parts, top_k, evidence, s) for parts in zip(batch, probs, found, words)]
+                parts = zip(batch, probs, found, words, votes)
+                out += [self.postprocess(*part, top_k, evidence, s) for part in parts]
         return out
 
     def words(self, found: Neighbours) -> Words:
@@ -354,14 +357,14 @@ class BertKNN:
         p_bert: np.ndarray,
         found: Neighbours,
         words: Words,
+        p_knn: np.ndarray | None,
         top_k: int,
         n_evidence: int,
         s: Settings,
     ) -> Prediction:
-        """The answer to one question: the LM's and the kNN's distributions over `words`, interpolated and ranked,
-        with evidence."""
-        self._check_neighbours(found, len(p_bert))
-        p_knn, p = self.distributions(p_bert, found, s, words)
+        """The answer to one question: the LM's distribution and the kNN's vote (`p_knn`) over `words`,
+        interpolated and ranked, with evidence."""
+        p = self.distributions(p_bert, found, s, words, p_knn)[1]
         tok = self.encoder.tokenizer
         knn_top = ranked(p_knn, tok, top_k, words)
         return Prediction(
@@ -381,28 +384,41 @@ class BertKNN:
             mask_index=query.mask,
         )
 
-    def distributions(
-        self, p_bert: np.ndarray, found: Neighbours, s: Settings, words: Words | None = None
-    ) -> tuple[np.ndarray | None, np.ndarray]:
-        """p_kNN (None without neighbours) and the interpolated p of one question over `words` (default: `words(found)`
-        unscored, so the LM gives its words of several tokens 0), from `p_bert`, the LM's distribution over the
-        vocabulary, as the settings say: the paper's vote or the retrieval-aware one (`doc_temperature`), a constant
-        or an adaptive lambda (`lam_by`), the linear or the log-linear mixture (`mixture`)."""
+    def vote(self, found: Neighbours, s: Settings, words: Words) -> np.ndarray | None:
+        """p_kNN of one question over `words` (None without neighbours), as the settings say: the paper's vote or the
+        retrieval-aware one (`doc_temperature`). Damaged neighbours raise DatastoreError."""
         if not len(found.entries):
-            return None, p_bert.astype(np.float64)
-        words = words or self.words(found)
+            return None
+        self._check_neighbours(found, words.vocab)
         values = words.index(found.values)
-        p_bert = words.lm(p_bert)
         if s.doc_temperature and found.scores is not None:
             position = {doc: i for i, doc in enumerate(found.documents)}
             extra = len(found.documents)  # a neighbour from a document IR did not retrieve (ir+faiss): score 0
             groups = np.array([position.get(int(d), extra) for d in self.store.documents_of(found.entries)])
             prior = document_prior(np.append(found.scores, 0.0), s.doc_temperature)
-            p_knn = document_vote(values, found.distances, groups, prior, s.temperature, len(p_bert))
-        else:
-            p_knn = knn_distribution(values, found.distances, s.temperature, len(p_bert))
+            return document_vote(values, found.distances, groups, prior, s.temperature, words.size)
+        return knn_distribution(values, found.distances, s.temperature, words.size)
+
+    def distributions(
+        self,
+        p_bert: np.ndarray,
+        found: Neighbours,
+        s: Settings,
+        words: Words | None = None,
+        p_knn: np.ndarray | None = None,
+    ) -> tuple[np.ndarray | None, np.ndarray]:
+        """p_kNN (`vote`, unless given) and the interpolated p of one question over `words` (default: `words(found)`
+        unscored, so the LM gives its words of several tokens 0), from `p_bert`, the LM's distribution over the
+        vocabulary, as the settings say: a constant or an adaptive lambda (`lam_by`), the linear or the log-linear
+        mixture (`mixture`)."""
+        if not len(found.entries):
+            return None, p_bert.astype(np.float64)
+        words = words or self.words(found)
+        p_knn = self.vote(found, s, words) if p_knn is None else p_knn
+        p_bert = words.lm(p_bert)
         lam = confident_lam(p_knn, s.lam, len(found.entries)) if s.lam_by == "entropy" else s.lam
-        return p_knn, interpolate(p_bert.astype(np.float64), p_knn, lam, s.mixture)
+        held = words.unscored_dropped(p_knn) if s.mixture == "log-linear" else p_knn
+        return p_knn, interpolate(p_bert.astype(np.float64), held, lam, s.mixture)
 
     def _check_neighbours(self, found: Neighbours, vocab: int) -> None:
         """A damaged key (NaN) or value (outside the vocabulary, in a store of words of one token) must never reach

@@ -123,6 +123,12 @@ class Options(BaseModel):
     mixture: Annotated[str, WithJsonSchema({"type": "string", "enum": list(MIXTURES)})] | None = Field(
         default=None, description="p_kNN and the LM's p combined: linear (the paper) or log-linear"
     )
+    lm_words: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_K,
+        description="the LM scores the answers of several tokens among the kNN's this many best words; 0: all",
+    )
 
 
 FillMask = Annotated[

@@ -18,6 +18,7 @@ MIXTURES = ("linear", "log-linear")  # how p_kNN and p_LM are combined (`combine
 MIXTURE = "log-linear"  # p_kNN^lam p_LM^(1-lam), renormalised
 LAM = 0.5  # lambda of that mixture (the paper's 0.3 is for the linear one)
 DOC_TEMPERATURE = 0.2  # the retrieval-aware vote's temperature; 0: the paper's vote
+LM_WORDS = 5  # the LM scores the words of several tokens among the kNN's this many most probable words; 0: all
 HPARAMS = ("n_docs", "k", "temperature", "lam")  # the numeric ones
 TUNED = (*HPARAMS, "mixture")  # what `bertknn tune` searches and stores
 
@@ -41,7 +42,9 @@ class Settings:
     `knn.document_vote`), on by default since it helped on the dev split (0: the paper's vote); mixture: "linear"
     (the paper: lam p_kNN + (1 - lam) p_LM) or "log-linear" (p_kNN^lam p_LM^(1-lam), renormalised: an answer needs
     both the neighbours' and the LM's support), log-linear by default since it helped on the dev split; lam_by
-    "entropy" scales lam per question by the kNN's confidence (`combine.confident_lam`), off since it did not help.
+    "entropy" scales lam per question by the kNN's confidence (`combine.confident_lam`), off since it did not help;
+    lm_words: the LM scores (one more model pass per word length) the words of several tokens among the kNN's
+    lm_words most probable words, 0 all of them; the others get an LM score of 0 (bench/words.py measures the choice).
     Made with bad values, it raises ValueError naming every problem.
     """
 
@@ -53,6 +56,7 @@ class Settings:
     doc_temperature: float = DOC_TEMPERATURE
     lam_by: str = "constant"
     mixture: str = MIXTURE
+    lm_words: int = LM_WORDS
 
     def __post_init__(self) -> None:
         wrong_retrieval = (
@@ -83,6 +87,9 @@ class Settings:
             problems.append(f"doc_temperature must be a number >= 0 (0: the paper's vote), not {doc_t!r}")
         if self.lam_by not in LAM_RULES:
             problems.append(f"lam_by must be one of {', '.join(LAM_RULES)}, not {self.lam_by!r}")
+        lm_words = self.lm_words
+        if isinstance(lm_words, bool) or not isinstance(lm_words, int) or lm_words < 0:
+            problems.append(f"lm_words must be a whole number >= 0 (0: every word of several tokens), not {lm_words!r}")
         if self.mixture not in MIXTURES:
             problems.append(f"mixture must be one of {', '.join(MIXTURES)}, not {self.mixture!r}")
         if problems:
@@ -126,6 +133,7 @@ class Settings:
             (f"-dt{self.doc_temperature}" if self.doc_temperature else "")
             + (f"-{self.lam_by}" if self.lam_by != "constant" else "")
             + ("-loglin" if self.mixture == "log-linear" else "")
+            + (f"-w{self.lm_words}" if self.lm_words != LM_WORDS else "")
         )
         return f"n{self.n_docs}-k{self.k}-T{self.temperature}-l{self.lam}{extra}"
 

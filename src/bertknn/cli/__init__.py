@@ -21,7 +21,7 @@ from bertknn.console import console, phase_progress, shown
 from bertknn.encoder import Encoder
 from bertknn.pipeline import BertKNN
 from bertknn.runtime import Runtime
-from bertknn.settings import DEFAULT, DOC_TEMPERATURE, MIXTURE, MIXTURES, PAPER
+from bertknn.settings import DEFAULT, DOC_TEMPERATURE, LM_WORDS, MIXTURE, MIXTURES, PAPER
 
 HELP = "Command line: build, ask, index, add, remove, demo, data lama, eval lama, tune, train-head."
 PLAIN = {"rich_markup_mode": None}  # help texts as written: their "[default: ...]" is not rich markup
@@ -122,6 +122,14 @@ MixtureOption = Annotated[
     str | None,
     typer.Option(
         help=f"how p_kNN and the LM's p combine: {' or '.join(MIXTURES)} (the paper: linear) [{TUNED}{MIXTURE}]"
+    ),
+]
+LmWordsOption = Annotated[
+    int | None,
+    typer.Option(
+        min=0,
+        help="the LM scores the answers of several tokens among the kNN's this many best words (one model pass per "
+        f"word length); the others rank last; 0: all [default: {LM_WORDS}]",
     ),
 ]
 PaperOption = Annotated[

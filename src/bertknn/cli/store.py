@@ -22,6 +22,7 @@ from bertknn.cli import (
     KOption,
     LamByOption,
     LamOption,
+    LmWordsOption,
     MixtureOption,
     NDocsOption,
     PackOption,
@@ -156,6 +157,7 @@ def ask(
     doc_temperature: DocTemperatureOption = None,
     lam_by: LamByOption = None,
     mixture: MixtureOption = None,
+    lm_words: LmWordsOption = None,
     paper: PaperOption = False,
     retrieval: Annotated[
         str, typer.Option(help="neighbours from: ir (the paper), faiss (whole datastore; `bertknn index`), ir+faiss")
@@ -171,7 +173,7 @@ def ask(
 ) -> None:
     """Answer a cloze question: BERT, kNN and BERT-kNN side by side, with the evidence sentences."""
     given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
-    options = query_options(paper, **given, lam_by=lam_by, mixture=mixture)
+    options = query_options(paper, **given, lam_by=lam_by, mixture=mixture, lm_words=lm_words)
     knn = BertKNN.load(datastore, model, runtime=backend, **options)
     prediction = knn.predict(question, subject=subject, top_k=top_k, retrieval=retrieval)
     if as_json:
