@@ -2,17 +2,19 @@
 words (and multi-word names, `--names`) costs, against the paper's targets (words of one wordpiece, datastore format
 1), in one run.
 
-    python bench/words.py [--base-docs 2000] [--cost-docs 500] [--skip-accuracy] [--skip-cost]
+    python bench/words.py [--base-docs 2000] [--cost-docs 500] [--bonus 1,10] [--skip-accuracy] [--skip-cost]
 
 Accuracy: a lazy datastore of the first --base-docs evidence documents for each kind of targets, asked the fresh-facts
 questions (bench/fresh_facts/: words_*.jsonl, 40 invented documents whose answers have 1-5 wordpieces or two
 words, and the single-wordpiece set documents/questions.jsonl) before and after `add_documents` of their 80
-documents, with and without subjects, with bertknn's default settings. Printed: BERT-kNN P@1 (its top word equals
-the answer) per number of wordpieces of the answer.
+documents, with and without subjects, with bertknn's default settings, and after `add` with each --bonus as
+`word_bonus`. Printed: BERT-kNN P@1 (its top word equals the answer) per number of wordpieces of the answer, for the
+questions of even-numbered documents (dev: where `word_bonus` was chosen) and odd-numbered ones (test).
 
 Cost: an eager build of the first --cost-docs evidence documents in each format, in this process: contexts per
 document, bytes of keys, values and SQLite, build seconds, and the p50 of one question asked alone (the fresh-facts
-questions without subjects, each asked 3 times, formats alternating).
+questions without subjects, each asked 3 times, formats alternating); whole words also with `lm_words=0` (the LM
+scores every word of several wordpieces the neighbours hold).
 """
 
 from __future__ import annotations
@@ -54,35 +56,51 @@ def _bucket(q: dict) -> str:
     return f"{q['words']} words" if q["words"] > 1 else f"{q['pieces']} piece{'s' * (q['pieces'] > 1)}"
 
 
+def _split(q: dict) -> str:
+    """dev (even-numbered documents: where settings are chosen) or test (odd-numbered)."""
+    return "dev" if int(q["document"].rsplit("-", 1)[1]) % 2 == 0 else "test"
+
+
 def accuracy(args) -> None:
     from bertknn.pipeline import BertKNN
+    from bertknn.settings import WORD_BONUS
 
     docs, questions = _questions()
     work = Path(tempfile.mkdtemp(prefix="words_"))
     corpus = first_documents(args.base_docs, work / "base.jsonl")
     buckets = sorted({_bucket(q) for q in questions}, key=lambda b: (b.endswith("words"), b))
     print(f"\n## Fresh facts by answer length: {len(docs)} documents, {len(questions)} questions")
-    print(f"base: a lazy datastore of {args.base_docs} evidence documents; BERT-kNN P@1 (bertknn's defaults)\n")
+    print(f"base: a lazy datastore of {args.base_docs} evidence documents; BERT-kNN P@1 (bertknn's defaults:")
+    print(f"word_bonus {WORD_BONUS}); dev: questions of even-numbered documents, test: odd-numbered\n")
     counts = defaultdict(int)
     for q in questions:
-        counts[_bucket(q)] += 1
-    print("| targets | when | subject | " + " | ".join(f"{b} ({counts[b]})" for b in buckets) + " | all |")
-    print("|---" * (len(buckets) + 4) + "|")
+        counts[(_split(q), _bucket(q))] += 1
+        counts[(_split(q), "all")] += 1
+    columns = [*buckets, "all"]
+    print("| targets | when | word_bonus | subject | split | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 5) + "|")
+    bonuses = [float(b) for b in args.bonus.split(",")] if args.bonus else []
     for i, (name, options) in enumerate(FORMATS.items()):
         knn = BertKNN.build(corpus, work / f"store-{i}", args.model, lazy=True, **options)
-        for when in ("before add", "after add"):
-            if when == "after add":
+        runs = [("before add", WORD_BONUS), ("after add", WORD_BONUS)]
+        runs += [("after add", b) for b in bonuses if b != WORD_BONUS and name == "whole words"]
+        for when, bonus in runs:
+            if when == "after add" and not knn.store.n_documents > args.base_docs:
                 knn.add_documents(docs)
             for mode in ("subject", "no subject"):
                 subjects = [q["subject"] if mode == "subject" else None for q in questions]
-                found = knn.predict_batch([q["question"] for q in questions], subjects, top_k=1, evidence=0)
+                texts = [q["question"] for q in questions]
+                found = knn.predict_batch(texts, subjects, top_k=1, evidence=0, word_bonus=bonus)
                 hits = defaultdict(list)
                 for q, p in zip(questions, found):
                     hit = bool(p.bert_knn) and p.bert_knn[0].token.lower() == q["answer"]
-                    hits[_bucket(q)].append(hit)
-                    hits["all"].append(hit)
-                cells = [f"{100 * sum(hits[b]) / len(hits[b]):.1f}" for b in [*buckets, "all"]]
-                print(f"| {name} | {when} | {mode} | " + " | ".join(cells) + " |", flush=True)
+                    hits[(_split(q), _bucket(q))].append(hit)
+                    hits[(_split(q), "all")].append(hit)
+                for split in ("dev", "test"):
+                    cells = [f"{100 * sum(hits[(split, b)]) / len(hits[(split, b)]):.1f}" for b in columns]
+                    row = f"| {name} | {when} | {bonus:g} | {mode} | {split} | " + " | ".join(cells) + " |"
+                    print(row, flush=True)
+    print("\nquestions per cell: " + ", ".join(f"{s} {b}: {n}" for (s, b), n in sorted(counts.items())))
 
 
 def cost(args) -> None:
@@ -101,13 +119,16 @@ def cost(args) -> None:
         knn = BertKNN.build(corpus, work / f"store-{i}", encoder, **options)
         seconds = time.perf_counter() - start
         size = sum((knn.store.path / f).stat().st_size for f in ("keys.f16", "values.i32", "store.sqlite"))
-        stores[name] = knn
+        stores[name] = (knn, {})
         rows[name] = [knn.store.size / knn.store.n_documents, size / 1e6, seconds, []]
+        if name == "whole words":  # the LM scoring every word of several wordpieces, not the kNN's best lm_words
+            stores[f"{name}, lm_words=0"] = (knn, {"lm_words": 0})
+            rows[f"{name}, lm_words=0"] = [*rows[name][:3], []]
     for _ in range(3):
         for text in texts:
-            for name, knn in stores.items():
+            for name, (knn, options) in stores.items():
                 start = time.perf_counter()
-                knn.predict(text, top_k=5, evidence=3)
+                knn.predict(text, top_k=5, evidence=3, **options)
                 rows[name][3].append(time.perf_counter() - start)
     print(f"\n## Cost of whole words: eager builds of the first {args.cost_docs} evidence documents, {args.backend}\n")
     print("| targets | contexts per document | MB (keys, values, SQLite) | build s | question p50 ms |")
@@ -127,6 +148,7 @@ def main() -> None:
     parser.add_argument("--cost-docs", type=int, default=500)
     parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
     parser.add_argument("--backend", default="torch", help="the cost part's: torch, onnx or onnx-int8")
+    parser.add_argument("--bonus", default="1", help="comma-separated word_bonus values also measured after add")
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")
     args = parser.parse_args()

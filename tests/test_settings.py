@@ -44,6 +44,7 @@ def test_the_defaults_are_the_papers_but_the_vote_and_the_mixture():
         "lam_by": "constant",
         "mixture": "linear",
         "lm_words": 5,  # beyond the paper, which has no answers of several tokens
+        "word_bonus": 10.0,  # used by the log-linear mixture only
     }
     assert (*HPARAMS, "mixture") == TUNED and PAPER.tuned == {**PAPER.hparams, "mixture": "linear"}
     assert HPARAMS == ("n_docs", "k", "temperature", "lam") and RETRIEVALS == ("ir", "faiss", "ir+faiss")
@@ -82,6 +83,13 @@ def test_replace_round_trip():
         ({"doc_temperature": float("nan"), "lam_by": "max"}, "doc_temperature must be a number >= 0 (0: the paper's"),
         ({"lam_by": "max"}, "lam_by must be one of constant, entropy, not 'max'"),
         ({"mixture": "max", "k": 0}, "k must be a whole number >= 1 (got 0); mixture must be one of linear, log-"),
+        ({"lm_words": -1}, "lm_words must be a whole number >= 0 (0: every word of several tokens), not -1"),
+        (
+            {"lm_words": 2.5, "word_bonus": 0},
+            "lm_words must be a whole number >= 0 (0: every word of several tokens), "
+            "not 2.5; word_bonus must be a number > 0 (1: none), not 0",
+        ),
+        ({"word_bonus": float("inf")}, "word_bonus must be a number > 0 (1: none), not inf"),
     ],
 )
 def test_bad_values_are_named_together(overrides, message):

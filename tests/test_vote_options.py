@@ -48,7 +48,7 @@ def test_the_adaptive_lambda_scales_lambda_by_the_knn_s_confidence(built):
 
 def test_the_log_linear_mixture_multiplies_the_two_distributions(built):
     linear = built.predict(QUESTION, subject="Ilsa Varnhold", mixture="linear")
-    mixed = built.predict(QUESTION, subject="Ilsa Varnhold")  # bertknn's default mixture
+    mixed = built.predict(QUESTION, subject="Ilsa Varnhold", word_bonus=1)  # bertknn's default mixture, no bonus
     assert built.settings.mixture == "log-linear" and built.settings.lam == LAM
     np.testing.assert_array_equal(mixed.p_knn, linear.p_knn)  # the same neighbours and vote
     held = mixed.p_knn > 0

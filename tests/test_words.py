@@ -16,10 +16,11 @@ from typer.testing import CliRunner
 
 from bertknn import BertKNN
 from bertknn.cli import app
+from bertknn.combine import Words
 from bertknn.datastore import DatastoreError
 from bertknn.encoder import Encoder
 from bertknn.service import create_app
-from bertknn.settings import LAM
+from bertknn.settings import LAM, WORD_BONUS
 from bertknn.text import tokenize_sentences
 
 from .conftest import write_corpus
@@ -298,5 +299,19 @@ def test_the_lm_scores_the_words_of_several_wordpieces_among_the_knns_best(built
     np.testing.assert_allclose(few.p_bert[scored] / few.p_bert[0], every.p_bert[scored] / every.p_bert[0], rtol=1e-9)
     assert not few.p[left].any() and few.p[chosen].all()  # left out of the log-linear mixture
     kept = np.setdiff1d(held, left)
-    expected = few.p_knn[kept] ** LAM * few.p_bert[kept] ** (1 - LAM)
+    texts = {vocab + i: text for i, text in enumerate(built.words(few.neighbours).texts)}
+    asked = [i >= vocab and texts[i] in question.lower().split() for i in kept]
+    # the mixture's factor for words of several wordpieces that the question does not contain
+    bonus = np.where((kept >= vocab) & ~np.array(asked), WORD_BONUS, 1.0)
+    expected = few.p_knn[kept] ** LAM * few.p_bert[kept] ** (1 - LAM) * bonus
     np.testing.assert_allclose(few.p[kept], expected / expected.sum(), rtol=1e-9)
+    plain = built.predict(question, lm_words=m, word_bonus=1.0)
+    expected = plain.p_knn[kept] ** LAM * plain.p_bert[kept] ** (1 - LAM)
+    np.testing.assert_allclose(plain.p[kept], expected / expected.sum(), rtol=1e-9)
+
+
+def test_the_bonus_goes_to_words_of_several_wordpieces_that_the_question_does_not_contain():
+    words = Words(3, np.array([5, 6, 7]), ((1, 2), (1, 3), (2, 3)), ("varnhold", "rakvere", "port elsmere"))
+    assert words.prior(1.0, "anything") is None and Words(3).prior(10.0) is None
+    np.testing.assert_array_equal(words.prior(10.0, "Ilsa Varnhold was born in [MASK] ."), [1, 1, 1, 1, 10, 10])
+    np.testing.assert_array_equal(words.prior(10.0, "Varnholden went to Port Elsmere."), [1, 1, 1, 10, 10, 1])

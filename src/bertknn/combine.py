@@ -8,6 +8,7 @@ p ~ p_kNN^lambda * p_BERT^(1 - lambda) (bertknn's default); with no neighbours, 
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -74,6 +75,19 @@ class Words:
             return p
         out = p.copy()
         out[self.vocab :][self.scores == 0] = 0.0
+        return out
+
+    def prior(self, bonus: float, question: str = "") -> np.ndarray | None:
+        """The log-linear mixture's factor per word: `bonus` for those of several tokens that `question` does not
+        contain, else 1 (None when that changes nothing). A word the question contains (its subject's name, mostly)
+        is one the LM has read, so its low score at the mask is informed: it gets no bonus."""
+        if not len(self.values) or bonus == 1:
+            return None
+        asked = question.casefold()
+        out = np.ones(self.size)
+        for i, text in enumerate(self.texts):
+            if not re.search(rf"(?<!\w){re.escape(text.casefold())}(?!\w)", asked):
+                out[self.vocab + i] = bonus
         return out
 
     @property
@@ -188,17 +202,21 @@ def log_linear_scores(p_knn: np.ndarray, p_bert: np.ndarray, lam: float | np.nda
     return lam * np.log(p_knn) + (1.0 - lam) * np.log(np.maximum(p_bert, np.finfo(np.float64).tiny))
 
 
-def interpolate(p_bert: np.ndarray, p_knn: np.ndarray | None, lam: float, mixture: str = "linear") -> np.ndarray:
+def interpolate(
+    p_bert: np.ndarray, p_knn: np.ndarray | None, lam: float, mixture: str = "linear", prior: np.ndarray | None = None
+) -> np.ndarray:
     """The two distributions combined: "linear" (the paper), lambda * p_kNN + (1 - lambda) * p_BERT; "log-linear",
     p_kNN^lambda * p_BERT^(1 - lambda) renormalised, so an answer needs both supports: the neighbours' words ranked
-    by how well each fits the question as the LM reads it (words no neighbour holds get 0). p_BERT alone when there
-    is no kNN distribution."""
+    by how well each fits the question as the LM reads it (words no neighbour holds get 0), each times its `prior`
+    if one is given (`Words.prior`). p_BERT alone when there is no kNN distribution."""
     if p_knn is None:
         return p_bert
     if mixture == "linear":
         return lam * p_knn + (1.0 - lam) * p_bert
     held = np.flatnonzero(p_knn > 0)
     score = log_linear_scores(p_knn[held], p_bert[held], lam)
+    if prior is not None:
+        score = score + np.log(prior[held])
     weights = np.exp(score - score.max())
     out = np.zeros(len(p_bert), dtype=np.float64)
     out[held] = weights / weights.sum()

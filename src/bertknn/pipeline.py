@@ -364,7 +364,7 @@ class BertKNN:
     ) -> Prediction:
         """The answer to one question: the LM's distribution and the kNN's vote (`p_knn`) over `words`,
         interpolated and ranked, with evidence."""
-        p = self.distributions(p_bert, found, s, words, p_knn)[1]
+        p = self.distributions(p_bert, found, s, words, p_knn, query.text)[1]
         tok = self.encoder.tokenizer
         knn_top = ranked(p_knn, tok, top_k, words)
         return Prediction(
@@ -406,19 +406,23 @@ class BertKNN:
         s: Settings,
         words: Words | None = None,
         p_knn: np.ndarray | None = None,
+        question: str = "",
     ) -> tuple[np.ndarray | None, np.ndarray]:
         """p_kNN (`vote`, unless given) and the interpolated p of one question over `words` (default: `words(found)`
         unscored, so the LM gives its words of several tokens 0), from `p_bert`, the LM's distribution over the
         vocabulary, as the settings say: a constant or an adaptive lambda (`lam_by`), the linear or the log-linear
-        mixture (`mixture`)."""
+        mixture (`mixture`; the latter with `word_bonus` for words of several tokens that `question` does not
+        contain)."""
         if not len(found.entries):
             return None, p_bert.astype(np.float64)
         words = words or self.words(found)
         p_knn = self.vote(found, s, words) if p_knn is None else p_knn
         p_bert = words.lm(p_bert)
         lam = confident_lam(p_knn, s.lam, len(found.entries)) if s.lam_by == "entropy" else s.lam
-        held = words.unscored_dropped(p_knn) if s.mixture == "log-linear" else p_knn
-        return p_knn, interpolate(p_bert.astype(np.float64), held, lam, s.mixture)
+        if s.mixture == "linear":
+            return p_knn, interpolate(p_bert.astype(np.float64), p_knn, lam, s.mixture)
+        held, prior = words.unscored_dropped(p_knn), words.prior(s.word_bonus, question)
+        return p_knn, interpolate(p_bert.astype(np.float64), held, lam, s.mixture, prior)
 
     def _check_neighbours(self, found: Neighbours, vocab: int) -> None:
         """A damaged key (NaN) or value (outside the vocabulary, in a store of words of one token) must never reach

@@ -129,6 +129,12 @@ class Options(BaseModel):
         le=MAX_K,
         description="the LM scores the answers of several tokens among the kNN's this many best words; 0: all",
     )
+    word_bonus: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="the log-linear mixture's factor for answers of several tokens; 1: none",
+    )
 
 
 FillMask = Annotated[

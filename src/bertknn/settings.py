@@ -19,6 +19,7 @@ MIXTURE = "log-linear"  # p_kNN^lam p_LM^(1-lam), renormalised
 LAM = 0.5  # lambda of that mixture (the paper's 0.3 is for the linear one)
 DOC_TEMPERATURE = 0.2  # the retrieval-aware vote's temperature; 0: the paper's vote
 LM_WORDS = 5  # the LM scores the words of several tokens among the kNN's this many most probable words; 0: all
+WORD_BONUS = 10.0  # the log-linear mixture's factor for a word of several tokens (bench/words.py fits it)
 HPARAMS = ("n_docs", "k", "temperature", "lam")  # the numeric ones
 TUNED = (*HPARAMS, "mixture")  # what `bertknn tune` searches and stores
 
@@ -44,7 +45,11 @@ class Settings:
     both the neighbours' and the LM's support), log-linear by default since it helped on the dev split; lam_by
     "entropy" scales lam per question by the kNN's confidence (`combine.confident_lam`), off since it did not help;
     lm_words: the LM scores (one more model pass per word length) the words of several tokens among the kNN's
-    lm_words most probable words, 0 all of them; the others get an LM score of 0 (bench/words.py measures the choice).
+    lm_words most probable words, 0 all of them; the others get an LM score of 0 (bench/words.py measures the choice);
+    word_bonus: the log-linear mixture multiplies a word of several tokens by this (1: none), a prior for such words
+    like a speech recogniser's word insertion bonus: the LM is a weak judge of words it cannot spell in one token
+    (it gives invented words that fit and that do not fit alike low scores) and would otherwise veto the neighbours'
+    evidence for them.
     Made with bad values, it raises ValueError naming every problem.
     """
 
@@ -57,6 +62,7 @@ class Settings:
     lam_by: str = "constant"
     mixture: str = MIXTURE
     lm_words: int = LM_WORDS
+    word_bonus: float = WORD_BONUS
 
     def __post_init__(self) -> None:
         wrong_retrieval = (
@@ -90,6 +96,9 @@ class Settings:
         lm_words = self.lm_words
         if isinstance(lm_words, bool) or not isinstance(lm_words, int) or lm_words < 0:
             problems.append(f"lm_words must be a whole number >= 0 (0: every word of several tokens), not {lm_words!r}")
+        bonus = self.word_bonus
+        if isinstance(bonus, bool) or not isinstance(bonus, (int, float)) or not (math.isfinite(bonus) and bonus > 0):
+            problems.append(f"word_bonus must be a number > 0 (1: none), not {bonus!r}")
         if self.mixture not in MIXTURES:
             problems.append(f"mixture must be one of {', '.join(MIXTURES)}, not {self.mixture!r}")
         if problems:
@@ -134,6 +143,7 @@ class Settings:
             + (f"-{self.lam_by}" if self.lam_by != "constant" else "")
             + ("-loglin" if self.mixture == "log-linear" else "")
             + (f"-w{self.lm_words}" if self.lm_words != LM_WORDS else "")
+            + (f"-b{self.word_bonus}" if self.word_bonus != WORD_BONUS else "")
         )
         return f"n{self.n_docs}-k{self.k}-T{self.temperature}-l{self.lam}{extra}"
 

@@ -21,7 +21,7 @@ from bertknn.console import console, phase_progress, shown
 from bertknn.encoder import Encoder
 from bertknn.pipeline import BertKNN
 from bertknn.runtime import Runtime
-from bertknn.settings import DEFAULT, DOC_TEMPERATURE, LM_WORDS, MIXTURE, MIXTURES, PAPER
+from bertknn.settings import DEFAULT, DOC_TEMPERATURE, LM_WORDS, MIXTURE, MIXTURES, PAPER, WORD_BONUS
 
 HELP = "Command line: build, ask, index, add, remove, demo, data lama, eval lama, tune, train-head."
 PLAIN = {"rich_markup_mode": None}  # help texts as written: their "[default: ...]" is not rich markup
@@ -130,6 +130,13 @@ LmWordsOption = Annotated[
         min=0,
         help="the LM scores the answers of several tokens among the kNN's this many best words (one model pass per "
         f"word length); the others rank last; 0: all [default: {LM_WORDS}]",
+    ),
+]
+WordBonusOption = Annotated[
+    float | None,
+    typer.Option(
+        help="the log-linear mixture's factor for answers of several tokens, whose LM scores are weak evidence; 1: "
+        f"none [default: {WORD_BONUS}]",
     ),
 ]
 PaperOption = Annotated[

@@ -30,6 +30,7 @@ from bertknn.cli import (
     TemperatureOption,
     ThreadsOption,
     WaitOption,
+    WordBonusOption,
     _build,
     _writer_wait,
     command,
@@ -158,6 +159,7 @@ def ask(
     lam_by: LamByOption = None,
     mixture: MixtureOption = None,
     lm_words: LmWordsOption = None,
+    word_bonus: WordBonusOption = None,
     paper: PaperOption = False,
     retrieval: Annotated[
         str, typer.Option(help="neighbours from: ir (the paper), faiss (whole datastore; `bertknn index`), ir+faiss")
@@ -173,7 +175,7 @@ def ask(
 ) -> None:
     """Answer a cloze question: BERT, kNN and BERT-kNN side by side, with the evidence sentences."""
     given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
-    options = query_options(paper, **given, lam_by=lam_by, mixture=mixture, lm_words=lm_words)
+    options = query_options(paper, **given, lam_by=lam_by, mixture=mixture, lm_words=lm_words, word_bonus=word_bonus)
     knn = BertKNN.load(datastore, model, runtime=backend, **options)
     prediction = knn.predict(question, subject=subject, top_k=top_k, retrieval=retrieval)
     if as_json:
