@@ -61,6 +61,10 @@ def _split(q: dict) -> str:
     return "dev" if int(q["document"].rsplit("-", 1)[1]) % 2 == 0 else "test"
 
 
+def _share(hits: list[bool]) -> str:
+    return f"{100 * sum(hits) / len(hits):.1f}" if hits else "-"
+
+
 def accuracy(args) -> None:
     from bertknn.pipeline import BertKNN
     from bertknn.settings import WORD_BONUS
@@ -97,7 +101,7 @@ def accuracy(args) -> None:
                     hits[(_split(q), _bucket(q))].append(hit)
                     hits[(_split(q), "all")].append(hit)
                 for split in ("dev", "test"):
-                    cells = [f"{100 * sum(hits[(split, b)]) / len(hits[(split, b)]):.1f}" for b in columns]
+                    cells = [_share(hits[(split, b)]) for b in columns]
                     row = f"| {name} | {when} | {bonus:g} | {mode} | {split} | " + " | ".join(cells) + " |"
                     print(row, flush=True)
     print("\nquestions per cell: " + ", ".join(f"{s} {b}: {n}" for (s, b), n in sorted(counts.items())))
