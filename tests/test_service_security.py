@@ -292,6 +292,9 @@ def test_a_lone_surrogate_in_the_question_is_named(secured):
         ({"k": 10_001}, "less than or equal to 10000"),
         ({"k": 10**30}, "less than or equal to 10000"),
         ({"lam": float("nan")}, "finite number"),
+        ({"lm_words": -1}, "greater than or equal to 0"),
+        ({"word_bonus": 0}, "greater than 0"),
+        ({"word_bonus": float("inf")}, "finite number"),
     ],
 )
 def test_options_are_bounded_and_finite(client, options, message):
@@ -315,6 +318,10 @@ OPTIONS = st.fixed_dictionaries(
         "temperature": st.floats(),
         "lam": st.floats(),
         "retrieval": st.sampled_from(["ir", "faiss", "ir+faiss", "x"]),
+        "doc_temperature": st.floats(),
+        "mixture": st.sampled_from(["linear", "log-linear", "x"]),
+        "lm_words": JSON_VALUES | st.integers(),
+        "word_bonus": st.floats(),
     },
 )
 EXTRA_FIELDS = st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=2)
