@@ -80,13 +80,13 @@ def test_ask_paper_and_mixture_choose_the_settings(store_dir):
     question, asked = "Quellbrook is a town in [MASK] .", ["--top-k", "5", "--json", "--backend", "torch"]
     knn = BertKNN.load(store_dir)
 
-    def answer(*options: str) -> list[list]:
-        result = runner.invoke(app, ["ask", str(store_dir), question, *asked, *options])
+    def answer(*options: str, text: str = question) -> list[list]:
+        result = runner.invoke(app, ["ask", str(store_dir), text, *asked, *options])
         assert result.exit_code == 0, result.output
         return [[t["token"], round(t["probability"], 6)] for t in json.loads(result.output)["bert_knn"]]
 
-    def library(settings) -> list[list]:
-        (prediction,) = knn.predict_batch([question], top_k=5, settings=settings)
+    def library(settings, text: str = question) -> list[list]:
+        (prediction,) = knn.predict_batch([text], top_k=5, settings=settings)
         return [[t.token, round(t.probability, 6)] for t in prediction.bert_knn]
 
     assert answer("--paper") == library(PAPER) != library(DEFAULT) == answer()
@@ -94,6 +94,12 @@ def test_ask_paper_and_mixture_choose_the_settings(store_dir):
     assert answer("--mixture", "linear") == library(DEFAULT.replace(mixture="linear"))
     bad = runner.invoke(app, ["ask", str(store_dir), question, "--mixture", "cubic", "--threads", "1"])
     assert bad.exit_code == 2 and "mixture must be one of linear, log-linear, not 'cubic'" in bad.output
+    words, text = DEFAULT.replace(lm_words=0, word_bonus=1000.0), "It is a small town in [MASK] ."  # no quellbrook
+    assert (
+        answer("--lm-words", "0", "--word-bonus", "1000", text=text) == library(words, text) != library(DEFAULT, text)
+    )
+    bad = runner.invoke(app, ["ask", str(store_dir), question, "--word-bonus", "0", "--threads", "1"])
+    assert bad.exit_code == 2 and "word_bonus must be a number > 0 (1: none), not 0.0" in bad.output
 
 
 def test_ask_gives_the_same_answer_on_both_backends_and_refuses_an_unknown_one(store_dir):
