@@ -129,7 +129,7 @@ LmWordsOption = Annotated[
     typer.Option(
         min=0,
         help="the LM scores the answers of several tokens among the kNN's this many best words (one model pass per "
-        f"word length); the others rank last; 0: all [default: {LM_WORDS}]",
+        f"word length); the log-linear mixture leaves the others out; 0: all [default: {LM_WORDS}]",
     ),
 ]
 WordBonusOption = Annotated[
