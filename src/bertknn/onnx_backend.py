@@ -130,5 +130,9 @@ class OnnxRunner:
 
     def __call__(self, ids: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor):
         """The forward function's outputs as float32 numpy arrays."""
-        feed = {name: t.numpy().astype(np.int64) for name, t in zip(INPUTS, (ids, attention, rows, cols))}
-        return [np.asarray(out, np.float32) for out in self.session().run(list(self.outputs), feed)]
+        session = self.session()
+        used = {i.name for i in session.get_inputs()}  # the exporter drops an input the function does not read
+        feed = {
+            name: t.numpy().astype(np.int64) for name, t in zip(INPUTS, (ids, attention, rows, cols)) if name in used
+        }
+        return [np.asarray(out, np.float32) for out in session.run(list(self.outputs), feed)]

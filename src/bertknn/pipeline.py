@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bertknn import builder, workers
-from bertknn.combine import Neighbour, Prediction, TokenScore, Words, confident_lam, interpolate, ranked
+from bertknn.combine import Neighbour, Prediction, TokenScore, Words, calibrate, confident_lam, interpolate, ranked
 from bertknn.corpus import Corpus, digest, record
 from bertknn.datastore import Datastore, DatastoreError
 from bertknn.default_model import DEFAULT_MODEL
@@ -22,7 +22,8 @@ from bertknn.merging import merge_plan
 from bertknn.retrieval import TfidfIndex, compact, feature_array
 from bertknn.runtime import Runtime
 from bertknn.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, RemoteShards, Search
-from bertknn.settings import Settings
+from bertknn.sentences import SentenceMatch, log_weights
+from bertknn.settings import SENTENCE_WORDS, Settings
 from bertknn.shards import ShardedDatastore, open_store
 from bertknn.text import CorpusError, Document, parse_document, unicode_error
 
@@ -121,6 +122,7 @@ class BertKNN:
             raise DatastoreError(f"the datastore at {store.path} is incomplete: rerun `bertknn build` to finish it")
         builder.check_encoder(store, encoder)
         self.encoder, self.store = encoder, store
+        self.sentence_match = SentenceMatch(encoder.runtime)
         self.index = index or load_index(store)
         self._faiss_stat: tuple | None = None  # (size, mtime) of the FAISS files when they were loaded
         self.remote_shards: RemoteShards | None = None  # `serve_shards_on`: the shards searched elsewhere
@@ -287,6 +289,9 @@ class BertKNN:
                 found = search.batch_search([q.text for q in batch], [q.subject for q in batch], states, s)
                 words = [self.words(f) for f in found]
                 votes = [self.vote(f, s, w) for f, w in zip(found, words)]
+                if s.sentence_temperature:
+                    weights = self.sentence_weights([q.text for q in batch], found, words, votes, s)
+                    votes = [self.vote(f, s, w, lw) for f, w, lw in zip(found, words, weights)]
             chosen = [w.candidates(v, s.lm_words) for w, v in zip(words, votes)]
             pieces = [[w.pieces[j] for j in c] for w, c in zip(words, chosen)]
             scores = self.encoder.word_scores([(q.ids, q.mask) for q in batch], pieces)
@@ -384,9 +389,12 @@ class BertKNN:
             mask_index=query.mask,
         )
 
-    def vote(self, found: Neighbours, s: Settings, words: Words) -> np.ndarray | None:
+    def vote(
+        self, found: Neighbours, s: Settings, words: Words, log_weights: np.ndarray | None = None
+    ) -> np.ndarray | None:
         """p_kNN of one question over `words` (None without neighbours), as the settings say: the paper's vote or the
-        retrieval-aware one (`doc_temperature`). Damaged neighbours raise DatastoreError."""
+        retrieval-aware one (`doc_temperature`), each neighbour also weighted by exp(`log_weights`) when given (its
+        sentence's, `sentence_weights`). Damaged neighbours raise DatastoreError."""
         if not len(found.entries):
             return None
         self._check_neighbours(found, words.vocab)
@@ -396,8 +404,30 @@ class BertKNN:
             extra = len(found.documents)  # a neighbour from a document IR did not retrieve (ir+faiss): score 0
             groups = np.array([position.get(int(d), extra) for d in self.store.documents_of(found.entries)])
             prior = document_prior(np.append(found.scores, 0.0), s.doc_temperature)
-            return document_vote(values, found.distances, groups, prior, s.temperature, words.size)
-        return knn_distribution(values, found.distances, s.temperature, words.size)
+            return document_vote(values, found.distances, groups, prior, s.temperature, words.size, log_weights)
+        return knn_distribution(values, found.distances, s.temperature, words.size, log_weights)
+
+    def sentence_weights(
+        self,
+        questions: Sequence[str],
+        found: Sequence[Neighbours],
+        words: Sequence[Words],
+        votes: Sequence[np.ndarray | None],
+        s: Settings,
+    ) -> list[np.ndarray | None]:
+        """Each question's neighbours' sentence log weights (`sentences.log_weights`): the sentences of the
+        neighbours holding the vote's SENTENCE_WORDS best words compared with the question, all questions' sentences
+        embedded together (None for a question without neighbours)."""
+        chosen = [np.isin(w.index(f.values), Words.best(v, SENTENCE_WORDS)) for f, w, v in zip(found, words, votes)]
+        rows = self.store.evidence(np.concatenate([f.entries[c] for f, c in zip(found, chosen)]).tolist())
+        at = np.cumsum([0, *(int(c.sum()) for c in chosen)])
+        pairs = [[(q, e.sentence, e.title) for e in rows[a:b]] for q, a, b in zip(questions, at[:-1], at[1:])]
+        out = []
+        for c, sim in zip(chosen, self.sentence_match.similarities(pairs)):
+            full = np.zeros(len(c))
+            full[c] = sim
+            out.append(log_weights(full, c, s.sentence_temperature) if c.any() else None)
+        return out
 
     def distributions(
         self,
@@ -412,17 +442,24 @@ class BertKNN:
         unscored, so the LM gives its words of several tokens 0), from `p_bert`, the LM's distribution over the
         vocabulary, as the settings say: a constant or an adaptive lambda (`lam_by`), the linear or the log-linear
         mixture (`mixture`; the latter with `word_bonus` for words of several tokens that `question` does not
-        contain)."""
+        contain); a vote made here weighs the neighbours' sentences against `question` (`sentence_temperature`). The
+        result is calibrated (`combine.calibrate`: `confidence_temperature`, `lm_floor`)."""
         if not len(found.entries):
             return None, p_bert.astype(np.float64)
         words = words or self.words(found)
-        p_knn = self.vote(found, s, words) if p_knn is None else p_knn
+        if p_knn is None:
+            p_knn = self.vote(found, s, words)
+            if s.sentence_temperature and question:
+                p_knn = self.vote(found, s, words, self.sentence_weights([question], [found], [words], [p_knn], s)[0])
         p_bert = words.lm(p_bert)
         lam = confident_lam(p_knn, s.lam, len(found.entries)) if s.lam_by == "entropy" else s.lam
+        p_lm = p_bert.astype(np.float64)
         if s.mixture == "linear":
-            return p_knn, interpolate(p_bert.astype(np.float64), p_knn, lam, s.mixture)
-        held, prior = words.unscored_dropped(p_knn), words.prior(s.word_bonus, question)
-        return p_knn, interpolate(p_bert.astype(np.float64), held, lam, s.mixture, prior)
+            p = interpolate(p_lm, p_knn, lam, s.mixture)
+        else:
+            held, prior = words.unscored_dropped(p_knn), words.prior(s.word_bonus, question)
+            p = interpolate(p_lm, held, lam, s.mixture, prior)
+        return p_knn, calibrate(p, p_lm, s.confidence_temperature, s.lm_floor)
 
     def _check_neighbours(self, found: Neighbours, vocab: int) -> None:
         """A damaged key (NaN) or value (outside the vocabulary, in a store of words of one token) must never reach

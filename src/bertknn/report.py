@@ -70,6 +70,7 @@ def markdown(summary: dict, rows: list[dict], setting: dict, examples: int = 6, 
         cells = ["/".join(_pct(metrics[m].get(k)) for k in ("P@1", "P@5", "P@10", "MRR")) for m in NAMES]
         body.append([name, *cells, _pct(sets[name]["ceiling"]), _pct(sets[name]["subject_token"])])
     out += _table(header, body)
+    out += _calibration(sets.get("LAMA", {}).get("calibration"))
     out += ["", "## Per relation (P@1)", ""]
     out += _table(
         ["relation", "facts", "BERT", "kNN", "BERT-kNN", "Freq. word"],
@@ -91,6 +92,53 @@ def markdown(summary: dict, rows: list[dict], setting: dict, examples: int = 6, 
         ],
     )
     return "\n".join(out) + "\n"
+
+
+def _calibration(calibration: dict | None) -> list[str]:
+    """The calibration section: each method's expected calibration error and BERT-kNN's reliability table."""
+    if not calibration:
+        return []
+    out = ["", "## Calibration (LAMA: the top answer's probability against how often it is right)", ""]
+    out += [
+        "ECE: expected calibration error, the mean |accuracy - confidence| over 10 confidence bins weighted by their",
+        "answers (0: a shown 0.8 is right 80% of the time). Plot: reliability.png.",
+        "",
+    ]
+    out += _table(
+        ["method", "ECE", "answers"], [[NAMES[m], _pct(c["ece"]), str(c["answers"])] for m, c in calibration.items()]
+    )
+    out += ["", "BERT-kNN by confidence:", ""]
+    out += _table(
+        ["confidence", "answers", "mean confidence", "accuracy"],
+        [
+            [f"{b['low']:.1f}-{b['high']:.1f}", str(b["answers"]), _pct(b["confidence"]), _pct(b["accuracy"])]
+            for b in calibration["bert_knn"]["bins"]
+        ],
+    )
+    return out
+
+
+def reliability_chart(calibration: dict, path: str | Path) -> None:
+    """Accuracy against mean confidence per bin for each method (a reliability diagram) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.2, 4.0))
+    ax.plot([0, 1], [0, 1], color="#bbbbbb", linestyle="--", label="calibrated")
+    for method, color in (("bert", "#9aa5b1"), ("knn", "#e0a030"), ("bert_knn", "#2f6fb3")):
+        bins = calibration[method]["bins"]
+        label = f"{NAMES[method]} (ECE {100 * calibration[method]['ece']:.1f})"
+        ax.plot([b["confidence"] for b in bins], [b["accuracy"] for b in bins], marker="o", color=color, label=label)
+    ax.set_xlabel("mean probability of the top answer")
+    ax.set_ylabel("share right")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _side_by_side(runs: dict[str, tuple[dict, dict]]) -> list[str]:
@@ -156,17 +204,21 @@ def bar_chart(summary: dict, path: str | Path) -> None:
 
 
 def write_report(directory: str | Path, summary: dict, rows: list[dict], setting: dict) -> Path:
-    """Write report.md, report.json and p_at_k.png into `directory`; return the markdown path. Every run whose results
-    are in `directory` is set side by side in report.md."""
+    """Write report.md, report.json, p_at_k.png and reliability.png into `directory`; return the markdown path.
+    Every run whose results are in `directory` is set side by side in report.md."""
     from bertknn.evaluation import summarize_runs
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     atomic.write_json(directory / "report.json", {"setting": setting, **summary})
     bar_chart(summary, directory / "p_at_k.png")
+    calibration = summary["sets"].get("LAMA", {}).get("calibration")
+    if calibration:
+        reliability_chart(calibration, directory / "reliability.png")
     md = directory / "report.md"
     text = markdown(summary, rows, setting, runs=summarize_runs(directory))
-    atomic.write_text(md, text + "\n![P@k](p_at_k.png)\n")
+    plots = "\n![P@k](p_at_k.png)\n" + ("\n![reliability](reliability.png)\n" if calibration else "")
+    atomic.write_text(md, text + plots)
     return md
 
 
@@ -222,7 +274,7 @@ def lama_setting(
         if vocab == "common"
         else f"full model vocabulary ({encoder.vocab_size:,})",
         "hyperparameters": ", ".join(f"{k}={v}" for k, v in knn.settings.hparams.items()) + origin,
-        "kNN vote, mixture and lambda": _options_beyond_paper(knn.settings),
+        "vote, sentences, mixture, lambda, probabilities": _options_beyond_paper(knn.settings),
         "questions": "with the subject: its document by title, else TF-IDF on the subject (the paper)"
         if with_subject
         else "WITHOUT the subject (--no-subject): documents retrieved by TF-IDF on the question's own text",
@@ -232,7 +284,7 @@ def lama_setting(
 
 
 def _options_beyond_paper(settings: Settings) -> str:
-    """The kNN vote, mixture and lambda rule of a run in words."""
+    """The kNN vote, sentence weights, mixture, lambda rule and calibration of a run in words."""
     vote = (
         f"retrieval-aware (doc_temperature={settings.doc_temperature})"
         if settings.doc_temperature
@@ -244,7 +296,18 @@ def _options_beyond_paper(settings: Settings) -> str:
         if settings.mixture == "log-linear"
         else "linear (the paper's)"
     )
-    return f"vote {vote}; mixture {mixture}; lambda {lam}"
+    sentences = (
+        f"each neighbour weighted by exp(cos / {settings.sentence_temperature}), cos its sentence's similarity to the "
+        "question (sentence_temperature)"
+        if settings.sentence_temperature
+        else "all alike (the paper's)"
+    )
+    probabilities = (
+        f"calibrated (confidence_temperature={settings.confidence_temperature}, lm_floor={settings.lm_floor})"
+        if (settings.confidence_temperature, settings.lm_floor) != (1, 0)
+        else "as combined (the paper's)"
+    )
+    return f"vote {vote}; sentences {sentences}; mixture {mixture}; lambda {lam}; probabilities {probabilities}"
 
 
 def write_grid(directory: str | Path, description: str, grid: list[tuple[Settings, dict]]) -> Path:

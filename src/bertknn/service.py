@@ -135,6 +135,12 @@ class Options(BaseModel):
         allow_inf_nan=False,
         description="the log-linear mixture's factor for answers of several tokens; 1: none",
     )
+    sentence_temperature: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="weigh each neighbour by exp(cos / this), cos its sentence's similarity to the question; 0: none",
+    )
 
 
 FillMask = Annotated[

@@ -20,6 +20,10 @@ LAM = 0.5  # lambda of that mixture (the paper's 0.3 is for the linear one)
 DOC_TEMPERATURE = 0.2  # the retrieval-aware vote's temperature; 0: the paper's vote
 LM_WORDS = 5  # the LM scores the words of several tokens among the kNN's this many most probable words; 0: all
 WORD_BONUS = 10.0  # the log-linear mixture's factor for a word of several tokens (bench/words.py fits it)
+SENTENCE_TEMPERATURE = 0.0  # T_s of the sentence weight exp(cos / T_s) (bench/sentences.py fits it); 0: none
+CONFIDENCE_TEMPERATURE = 1.0  # the shown probabilities' temperature (bench/calibration.py fits it); 1: none
+LM_FLOOR = 0.0  # the share of the LM's distribution mixed into them (bench/calibration.py fits it); 0: none
+SENTENCE_WORDS = 5  # the sentences embedded are those of the neighbours holding the kNN's this many best words
 HPARAMS = ("n_docs", "k", "temperature", "lam")  # the numeric ones
 TUNED = (*HPARAMS, "mixture")  # what `bertknn tune` searches and stores
 
@@ -49,7 +53,11 @@ class Settings:
     word_bonus: the log-linear mixture multiplies a word of several tokens by this (1: none), a prior for such words
     like a speech recogniser's word insertion bonus: the LM is a weak judge of words it cannot spell in one token
     (it gives invented words that fit and that do not fit alike low scores) and would otherwise veto the neighbours'
-    evidence for them.
+    evidence for them; sentence_temperature > 0 weighs each neighbour within its document by exp(cos / T_s), cos the
+    similarity of its sentence to the question (`sentences`), so that of one document's places the one said in a
+    sentence like the question wins (0: every sentence alike, as in the paper); confidence_temperature and lm_floor
+    make the probabilities shown honest (`combine.calibrate`: temperature scaling, then a share of the LM's
+    distribution mixed in), both fitted on a dev split (1 and 0: as combined).
     Made with bad values, it raises ValueError naming every problem.
     """
 
@@ -63,6 +71,9 @@ class Settings:
     mixture: str = MIXTURE
     lm_words: int = LM_WORDS
     word_bonus: float = WORD_BONUS
+    sentence_temperature: float = SENTENCE_TEMPERATURE
+    confidence_temperature: float = CONFIDENCE_TEMPERATURE
+    lm_floor: float = LM_FLOOR
 
     def __post_init__(self) -> None:
         wrong_retrieval = (
@@ -99,6 +110,23 @@ class Settings:
         bonus = self.word_bonus
         if isinstance(bonus, bool) or not isinstance(bonus, (int, float)) or not (math.isfinite(bonus) and bonus > 0):
             problems.append(f"word_bonus must be a number > 0 (1: none), not {bonus!r}")
+        sent_t = self.sentence_temperature
+        if (
+            isinstance(sent_t, bool)
+            or not isinstance(sent_t, (int, float))
+            or not (math.isfinite(sent_t) and sent_t >= 0)
+        ):
+            problems.append(f"sentence_temperature must be a number >= 0 (0: no sentence weights), not {sent_t!r}")
+        conf_t = self.confidence_temperature
+        if (
+            isinstance(conf_t, bool)
+            or not isinstance(conf_t, (int, float))
+            or not (math.isfinite(conf_t) and conf_t > 0)
+        ):
+            problems.append(f"confidence_temperature must be a number > 0 (1: none), not {conf_t!r}")
+        floor = self.lm_floor
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor < 1:
+            problems.append(f"lm_floor must be a number in [0, 1) (0: none), not {floor!r}")
         if self.mixture not in MIXTURES:
             problems.append(f"mixture must be one of {', '.join(MIXTURES)}, not {self.mixture!r}")
         if problems:
@@ -144,10 +172,15 @@ class Settings:
             + ("-loglin" if self.mixture == "log-linear" else "")
             + (f"-w{self.lm_words}" if self.lm_words != LM_WORDS else "")
             + (f"-b{self.word_bonus}" if self.word_bonus != WORD_BONUS else "")
+            + (f"-st{self.sentence_temperature}" if self.sentence_temperature != SENTENCE_TEMPERATURE else "")
+            + (f"-ct{self.confidence_temperature}" if self.confidence_temperature != CONFIDENCE_TEMPERATURE else "")
+            + (f"-f{self.lm_floor}" if self.lm_floor != LM_FLOOR else "")
         )
         return f"n{self.n_docs}-k{self.k}-T{self.temperature}-l{self.lam}{extra}"
 
 
 FIELDS = tuple(field.name for field in dataclasses.fields(Settings))
-PAPER = Settings(lam=0.3, doc_temperature=0.0, mixture="linear")  # the paper's method exactly (Kassner and Schütze)
+PAPER = Settings(  # the paper's method exactly (Kassner and Schütze)
+    lam=0.3, doc_temperature=0.0, mixture="linear", sentence_temperature=0.0, confidence_temperature=1.0, lm_floor=0.0
+)
 DEFAULT = Settings()  # bertknn's: the paper's with the retrieval-aware vote and the log-linear mixture

@@ -21,7 +21,16 @@ from bertknn.console import console, phase_progress, shown
 from bertknn.encoder import Encoder
 from bertknn.pipeline import BertKNN
 from bertknn.runtime import Runtime
-from bertknn.settings import DEFAULT, DOC_TEMPERATURE, LM_WORDS, MIXTURE, MIXTURES, PAPER, WORD_BONUS
+from bertknn.settings import (
+    DEFAULT,
+    DOC_TEMPERATURE,
+    LM_WORDS,
+    MIXTURE,
+    MIXTURES,
+    PAPER,
+    SENTENCE_TEMPERATURE,
+    WORD_BONUS,
+)
 
 HELP = "Command line: build, ask, index, add, remove, demo, data lama, eval lama, tune, train-head."
 PLAIN = {"rich_markup_mode": None}  # help texts as written: their "[default: ...]" is not rich markup
@@ -137,6 +146,14 @@ WordBonusOption = Annotated[
     typer.Option(
         help="the log-linear mixture's factor for answers of several tokens, whose LM scores are weak evidence; 1: "
         f"none [default: {WORD_BONUS}]",
+    ),
+]
+SentenceTemperatureOption = Annotated[
+    float | None,
+    typer.Option(
+        min=0,
+        help="weigh each neighbour within its document by exp(cos / this), cos the similarity of its sentence to the "
+        f"question (all-MiniLM-L6-v2); 0: every sentence alike (the paper) [default: {SENTENCE_TEMPERATURE}]",
     ),
 ]
 PaperOption = Annotated[

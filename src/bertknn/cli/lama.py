@@ -23,6 +23,7 @@ from bertknn.cli import (
     NDocsOption,
     PackOption,
     PaperOption,
+    SentenceTemperatureOption,
     TemperatureOption,
     ThreadsOption,
     command,
@@ -110,6 +111,7 @@ def eval_lama(
     doc_temperature: DocTemperatureOption = None,
     lam_by: LamByOption = None,
     mixture: MixtureOption = None,
+    sentence_temperature: SentenceTemperatureOption = None,
     paper: PaperOption = False,
     backend: BackendOption = CLI_BACKEND,
     device: DeviceOption = "auto",
@@ -129,7 +131,7 @@ def eval_lama(
         data, encoder.tokenizer, groups, common, heldout_only, sample_per_relation, seed, console.print
     )
     given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
-    given = query_options(paper, **given, lam_by=lam_by, mixture=mixture)
+    given = query_options(paper, **given, lam_by=lam_by, mixture=mixture, sentence_temperature=sentence_temperature)
     max_seconds = max_minutes * 60 if max_minutes else None
     blocks = [int(x) for x in layers.split(",")] if layers else None
     summary, rows, knn = ev.evaluate_layers(

@@ -27,6 +27,7 @@ from bertknn.cli import (
     NDocsOption,
     PackOption,
     PaperOption,
+    SentenceTemperatureOption,
     TemperatureOption,
     ThreadsOption,
     WaitOption,
@@ -160,6 +161,7 @@ def ask(
     mixture: MixtureOption = None,
     lm_words: LmWordsOption = None,
     word_bonus: WordBonusOption = None,
+    sentence_temperature: SentenceTemperatureOption = None,
     paper: PaperOption = False,
     retrieval: Annotated[
         str, typer.Option(help="neighbours from: ir (the paper), faiss (whole datastore; `bertknn index`), ir+faiss")
@@ -175,7 +177,8 @@ def ask(
 ) -> None:
     """Answer a cloze question: BERT, kNN and BERT-kNN side by side, with the evidence sentences."""
     given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
-    options = query_options(paper, **given, lam_by=lam_by, mixture=mixture, lm_words=lm_words, word_bonus=word_bonus)
+    given |= {"lam_by": lam_by, "mixture": mixture, "lm_words": lm_words, "word_bonus": word_bonus}
+    options = query_options(paper, **given, sentence_temperature=sentence_temperature)
     knn = BertKNN.load(datastore, model, runtime=backend, **options)
     prediction = knn.predict(question, subject=subject, top_k=top_k, retrieval=retrieval)
     if as_json:

@@ -1,0 +1,102 @@
+"""Calibration, fitted and measured: the temperature and LM floor of the probabilities BERT-kNN shows
+(`combine.calibrate`), chosen on a LAMA dev split and checked on the report's sample, in one run.
+
+    python bench/calibration.py [--dev 5] [--test 10] [--temperatures 1,1.5,2,3,4,6] [--floors 0,0.01,0.03,0.1,0.3]
+
+Dev: `tune.DevSplit` (--dev facts per T-REx and Google-RE relation, seed 1); test: the report's sample (--test facts
+per relation, seed 0, as `eval lama --sample-per-relation`), less any dev fact. Both on the lazy datastore of the
+evidence corpus that `eval lama` uses (cached), asked with and without subjects through `predict_batch` with
+bertknn's defaults left uncalibrated (confidence_temperature 1, lm_floor 0); each (temperature, floor) of the grid is
+then applied to the same distributions. Chosen: the lowest mean negative log-likelihood of the gold answer on dev,
+both subject modes together. Printed per split and mode, uncalibrated and chosen: that NLL, the expected calibration
+error of the top answer (`evaluation.calibration`), and P@1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+from evidence import DATA, EVIDENCE
+
+
+def _asked(knn, facts, with_subject: bool) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """(p over the question's words, the LM's p over them, gold index) per fact, uncalibrated."""
+    from bertknn.evaluation import ir_subject
+
+    subjects = [ir_subject(f) if with_subject else None for f in facts]
+    found = knn.predict_batch(
+        [f.question for f in facts],
+        subjects,
+        top_k=1,
+        evidence=0,
+        batch_size=32,
+        confidence_temperature=1.0,
+        lm_floor=0.0,
+    )
+    return [(p.p, p.p_bert, f.answer_id) for p, f in zip(found, facts)]
+
+
+def _measures(asked, temperature: float, floor: float) -> tuple[float, float, float]:
+    """Mean NLL of the gold answer, ECE of the top answer, P@1 (%), after `calibrate`."""
+    from bertknn.combine import calibrate
+    from bertknn.evaluation import calibration
+
+    nll, confidence, correct = [], [], []
+    for p, p_lm, gold in asked:
+        q = calibrate(p, p_lm, temperature, floor)
+        nll.append(-np.log(max(q[gold], 1e-12)))
+        top = int(np.argmax(q))
+        confidence.append(q[top])
+        correct.append(top == gold)
+    return float(np.mean(nll)), 100 * calibration(confidence, correct)["ece"], 100 * float(np.mean(correct))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dev", type=int, default=5, help="dev facts per relation")
+    parser.add_argument("--test", type=int, default=10, help="facts per relation of the report's sample")
+    parser.add_argument("--temperatures", default="1,1.5,2,3,4,6")
+    parser.add_argument("--floors", default="0,0.01,0.03,0.1,0.3")
+    parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
+    args = parser.parse_args()
+    from bertknn import evaluation as ev
+    from bertknn.encoder import Encoder
+    from bertknn.runtime import Runtime
+    from bertknn.tune import DevSplit
+
+    Runtime(threads=os.cpu_count() or 1).apply()
+    encoder = Encoder.load(args.model, runtime="onnx")
+    facts = ev.load_lama(DATA / "lama", encoder.tokenizer, ev.GROUPS, warn=lambda m: None)
+    facts = [f for f in facts if f.group in ("T-REx", "Google-RE")]
+    dev = DevSplit(per_relation=args.dev, squad=0).choose(facts)
+    taken = {ev.fact_key(f) for f in dev}
+    test = [f for f in ev.sample_per_relation(facts, args.test, seed=0) if ev.fact_key(f) not in taken]
+    knn = ev.lama_knn(EVIDENCE, encoder)
+    grid = [(float(t), float(f)) for t in args.temperatures.split(",") for f in args.floors.split(",")]
+    asked = {
+        (split, mode): _asked(knn, chosen, mode == "subject")
+        for split, chosen in (("dev", dev), ("test", test))
+        for mode in ("subject", "no subject")
+    }
+    dev_runs = asked[("dev", "subject")] + asked[("dev", "no subject")]
+    nll = {g: _measures(dev_runs, *g)[0] for g in grid}
+    best = min(grid, key=lambda g: (nll[g], g))
+    print(f"\n## Calibration: LAMA dev {len(dev)} facts, test {len(test)} facts (the report's sample less dev)\n")
+    print("Dev NLL of the gold answer per temperature (rows) and floor (columns):\n")
+    floors = sorted({f for _, f in grid})
+    print("| temperature | " + " | ".join(f"floor {f:g}" for f in floors) + " |")
+    print("|---" * (len(floors) + 1) + "|")
+    for t in sorted({t for t, _ in grid}):
+        print(f"| {t:g} | " + " | ".join(f"{nll[(t, f)]:.3f}" for f in floors) + " |")
+    print(f"\nchosen: confidence_temperature {best[0]:g}, lm_floor {best[1]:g}\n")
+    print("| split | subject | calibration | NLL | ECE | P@1 |\n|---|---|---|---|---|---|")
+    for (split, mode), runs in asked.items():
+        for name, g in (("none", (1.0, 0.0)), ("chosen", best)):
+            n, ece, p1 = _measures(runs, *g)
+            print(f"| {split} | {mode} | {name} | {n:.3f} | {ece:.1f} | {p1:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

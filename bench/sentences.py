@@ -1,0 +1,194 @@
+"""Sentence-level evidence, measured: telling the facts of one document apart (born in one city, died in another) with
+and without the sentence weights (`sentence_temperature`), on the fresh facts, a LAMA dev split, and the cost of a
+question, in one run.
+
+    python bench/sentences.py [--base-docs 1000] [--temperatures 0.01,0.02,0.05] [--lama-dev 5] [--cost-docs 300]
+                              [--skip-fresh] [--skip-lama] [--skip-cost]
+
+Fresh facts: a lazy datastore of the first --base-docs evidence documents, with the several-facts set
+(bench/fresh_facts/several_*.jsonl: 40 invented people with four cities and two languages each, 20 companies founded
+in one city and run from another; made by make_several.py) and the single-fact set (documents.jsonl) added. Each
+question is asked with and without its subject, with bertknn's defaults and each sentence temperature (0: none).
+Printed: BERT-kNN and kNN P@1 for the questions of even-numbered documents (dev: where the temperature is chosen)
+and odd-numbered ones (test), then BERT-kNN per relation.
+
+LAMA dev: `tune.DevSplit` (--lama-dev facts per T-REx and Google-RE relation, seed 1, disjoint from the report's
+sample) on the lazy datastore of the evidence corpus that `eval lama` uses (cached), through `predict_batch`, with and
+without subjects: macro P@1 over relations, without sentence weights and with each temperature.
+
+Cost: an eager build of the first --cost-docs evidence documents (ONNX backend, the CLI's default) plus the
+several-facts documents; the p50 of one question asked alone (the several-facts questions without subjects,
+alternating), with the sentence-vector cache emptied before each question (the cost of a question about documents
+not asked of before) and kept (documents asked of before).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from evidence import DATA, EVIDENCE, first_documents
+
+FRESH = Path(__file__).resolve().parent / "fresh_facts"
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _split(q: dict) -> str:
+    """dev (even-numbered documents: where settings are chosen) or test (odd-numbered)."""
+    return "dev" if int(q["document"].rsplit("-", 1)[1]) % 2 == 0 else "test"
+
+
+def _share(hits: list[bool]) -> str:
+    return f"{100 * sum(hits) / len(hits):.1f}" if hits else "-"
+
+
+def _temperatures(args) -> list[float]:
+    return [0.0, *(float(t) for t in args.temperatures.split(","))]
+
+
+def fresh(args) -> None:
+    from bertknn.pipeline import BertKNN
+
+    sets = {"several": "several_", "single": ""}
+    docs = [d for prefix in sets.values() for d in _jsonl(FRESH / f"{prefix}documents.jsonl")]
+    questions = [
+        {**q, "set": name} for name, prefix in sets.items() for q in _jsonl(FRESH / f"{prefix}questions.jsonl")
+    ]
+    work = Path(tempfile.mkdtemp(prefix="sentences_"))
+    knn = BertKNN.build(
+        first_documents(args.base_docs, work / "base.jsonl"), work / "store", args.model, lazy=True, runtime="onnx"
+    )
+    knn.add_documents(docs)
+    print(f"\n## Fresh facts: {len(docs)} documents added to a lazy datastore of {args.base_docs} evidence documents")
+    print("P@1 of BERT-kNN (kNN); dev: questions of even-numbered documents, test: odd-numbered\n")
+    print("| set | subject | sentence_temperature | dev | test |\n|---|---|---|---|---|")
+    per_relation = defaultdict(list)
+    for mode in ("subject", "no subject"):
+        subjects = [q["subject"] if mode == "subject" else None for q in questions]
+        for t in _temperatures(args):
+            found = knn.predict_batch(
+                [q["question"] for q in questions], subjects, top_k=1, evidence=0, sentence_temperature=t
+            )
+            hits = defaultdict(list)
+            for q, p in zip(questions, found):
+                for method in ("bert_knn", "knn"):
+                    ranked = getattr(p, method)
+                    hit = bool(ranked) and ranked[0].token.lower() == q["answer"]
+                    hits[(q["set"], _split(q), method)].append(hit)
+                    if method == "bert_knn":
+                        per_relation[(q["set"], q["relation"], mode, t, _split(q))].append(hit)
+            for name in sets:
+                cells = [
+                    f"{_share(hits[(name, s, 'bert_knn')])} ({_share(hits[(name, s, 'knn')])})" for s in ("dev", "test")
+                ]
+                print(f"| {name} | {mode} | {t:g} | " + " | ".join(cells) + " |", flush=True)
+    print("\nBERT-kNN P@1 per relation, dev / test\n")
+    temps = _temperatures(args)
+    print("| set | relation | subject | " + " | ".join(f"T_s {t:g}" for t in temps) + " |")
+    print("|---" * (len(temps) + 3) + "|")
+    for name, relation in sorted({(k[0], k[1]) for k in per_relation}):
+        for mode in ("subject", "no subject"):
+            cells = [
+                f"{_share(per_relation[(name, relation, mode, t, 'dev')])} / "
+                f"{_share(per_relation[(name, relation, mode, t, 'test')])}"
+                for t in temps
+            ]
+            print(f"| {name} | {relation} | {mode} | " + " | ".join(cells) + " |")
+
+
+def lama(args) -> None:
+    from bertknn import evaluation as ev
+    from bertknn.encoder import Encoder
+    from bertknn.tune import DevSplit
+
+    encoder = Encoder.load(args.model, runtime="onnx")
+    facts = ev.load_lama(DATA / "lama", encoder.tokenizer, ev.GROUPS, warn=lambda m: None)
+    dev = DevSplit(per_relation=args.lama_dev, squad=0).choose(facts)
+    knn = ev.lama_knn(EVIDENCE, encoder)
+    print(f"\n## LAMA dev: {len(dev)} facts ({args.lama_dev} per T-REx/Google-RE relation, seed 1); macro P@1\n")
+    print("| subject | sentence_temperature | BERT | kNN | BERT-kNN | s |\n|---|---|---|---|---|---|")
+    for mode in ("subject", "no subject"):
+        subjects = [ev.ir_subject(f) if mode == "subject" else None for f in dev]
+        for t in _temperatures(args):
+            began = time.perf_counter()
+            found = knn.predict_batch(
+                [f.question for f in dev], subjects, top_k=1, evidence=0, batch_size=32, sentence_temperature=t
+            )
+            size = encoder.vocab_size
+            cells = [
+                ev.macro_metrics(
+                    dev, [ev.rank_of(getattr(p, name), f.answer_id, None, size) for p, f in zip(found, dev)]
+                )
+                for name in ("p_bert", "p_knn", "p")
+            ]
+            p1 = " | ".join(f"{100 * c['macro']['P@1']:.1f}" for c in cells)
+            print(f"| {mode} | {t:g} | {p1} | {time.perf_counter() - began:.0f} |", flush=True)
+
+
+def cost(args) -> None:
+    from bertknn.pipeline import BertKNN
+    from bertknn.settings import SENTENCE_TEMPERATURE
+
+    questions = [q["question"] for q in _jsonl(FRESH / "several_questions.jsonl")]
+    work = Path(tempfile.mkdtemp(prefix="sentences_cost_"))
+    corpus = first_documents(args.cost_docs, work / "base.jsonl")
+    knn = BertKNN.build(corpus, work / "store", args.model, runtime="onnx")
+    knn.add_documents(_jsonl(FRESH / "several_documents.jsonl"))
+    knn.predict_batch(questions[:8], evidence=0)  # warm up
+    runs = {
+        "no sentence weights": (0.0, False),
+        "cache emptied": (SENTENCE_TEMPERATURE, True),
+        "cache kept": (SENTENCE_TEMPERATURE, False),
+    }
+    times = defaultdict(list)
+    for _ in range(args.repeats):
+        for text in questions:
+            for name, (t, cold) in runs.items():
+                if cold:
+                    knn.sentence_match.clear()
+                start = time.perf_counter()
+                knn.predict(text, top_k=5, evidence=3, sentence_temperature=t)
+                times[name].append(time.perf_counter() - start)
+    print(f"\n## Question p50: eager build of {args.cost_docs} evidence documents + the several-facts documents, onnx")
+    print(f"{len(questions)} questions without subjects, {args.repeats} times, alternating\n")
+    print("| sentence weights | p50 ms | p90 ms | p50 ratio |\n|---|---|---|---|")
+    base = statistics.median(times["no sentence weights"])
+    for name, values in times.items():
+        p50, p90 = statistics.median(values), statistics.quantiles(values, n=10)[-1]
+        print(f"| {name} | {1000 * p50:.1f} | {1000 * p90:.1f} | {p50 / base:.2f}x |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base-docs", type=int, default=1000)
+    parser.add_argument("--cost-docs", type=int, default=300)
+    parser.add_argument("--lama-dev", type=int, default=5, help="LAMA dev facts per relation")
+    parser.add_argument("--repeats", type=int, default=2, help="times each cost question is asked")
+    parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
+    parser.add_argument("--temperatures", default="0.02", help="comma-separated sentence temperatures beside 0")
+    parser.add_argument("--skip-fresh", action="store_true")
+    parser.add_argument("--skip-lama", action="store_true")
+    parser.add_argument("--skip-cost", action="store_true")
+    args = parser.parse_args()
+    from bertknn.runtime import Runtime
+
+    Runtime(threads=os.cpu_count() or 1).apply()
+    if not args.skip_cost:
+        cost(args)
+    if not args.skip_fresh:
+        fresh(args)
+    if not args.skip_lama:
+        lama(args)
+
+
+if __name__ == "__main__":
+    main()
