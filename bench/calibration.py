@@ -1,13 +1,14 @@
 """Calibration, fitted and measured: the temperature and LM floor of the probabilities BERT-kNN shows
 (`combine.calibrate`), chosen on a LAMA dev split and checked on the report's sample, in one run.
 
-    python bench/calibration.py [--dev 5] [--test 10] [--temperatures 1,1.5,2,3,4,6] [--floors 0,0.01,0.03,0.1,0.3]
+    python bench/calibration.py [--dev 5] [--test 30] [--temperatures 1,1.25,1.5,2,3] [--floors 0,0.01,...,0.7]
 
-Dev: `tune.DevSplit` (--dev facts per T-REx and Google-RE relation, seed 1); test: the report's sample (--test facts
-per relation, seed 0, as `eval lama --sample-per-relation`), less any dev fact. Both on the lazy datastore of the
-evidence corpus that `eval lama` uses (cached), asked with and without subjects through `predict_batch` with
-bertknn's defaults left uncalibrated (confidence_temperature 1, lm_floor 0); each (temperature, floor) of the grid is
-then applied to the same distributions. Chosen: the lowest mean negative log-likelihood of the gold answer on dev,
+Dev: `tune.DevSplit` (--dev facts per T-REx and Google-RE relation, seed 1), asked with and without subjects; test:
+the report's sample (`eval lama --sample-per-relation --test --heldout-only`: T-REx and Google-RE, seed 0), asked
+with subjects (its documents are the ones `eval lama` embedded). Both on the lazy datastore of the evidence corpus
+that `eval lama` uses (cached), through `predict_batch` with bertknn's defaults left uncalibrated
+(confidence_temperature 1, lm_floor 0); each (temperature, floor) of the grid is then applied to the same
+distributions. Chosen: the lowest mean negative log-likelihood of the gold answer on dev,
 both subject modes together. Printed per split and mode, uncalibrated and chosen: that NLL, the expected calibration
 error of the top answer (`evaluation.calibration`), and P@1.
 """
@@ -56,9 +57,9 @@ def _measures(asked, temperature: float, floor: float) -> tuple[float, float, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dev", type=int, default=5, help="dev facts per relation")
-    parser.add_argument("--test", type=int, default=10, help="facts per relation of the report's sample")
-    parser.add_argument("--temperatures", default="1,1.5,2,3,4,6")
-    parser.add_argument("--floors", default="0,0.01,0.03,0.1,0.3")
+    parser.add_argument("--test", type=int, default=30, help="facts per relation of the report's sample")
+    parser.add_argument("--temperatures", default="1,1.25,1.5,2,3")
+    parser.add_argument("--floors", default="0,0.01,0.03,0.1,0.2,0.3,0.4,0.5,0.6,0.7")
     parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
     args = parser.parse_args()
     from bertknn import evaluation as ev
@@ -72,13 +73,13 @@ def main() -> None:
     facts = [f for f in facts if f.group in ("T-REx", "Google-RE")]
     dev = DevSplit(per_relation=args.dev, squad=0).choose(facts)
     taken = {ev.fact_key(f) for f in dev}
-    test = [f for f in ev.sample_per_relation(facts, args.test, seed=0) if ev.fact_key(f) not in taken]
+    test = [f for f in ev.sample_per_relation(ev.held_out(facts), args.test, seed=0) if ev.fact_key(f) not in taken]
     knn = ev.lama_knn(EVIDENCE, encoder)
     grid = [(float(t), float(f)) for t in args.temperatures.split(",") for f in args.floors.split(",")]
     asked = {
-        (split, mode): _asked(knn, chosen, mode == "subject")
-        for split, chosen in (("dev", dev), ("test", test))
-        for mode in ("subject", "no subject")
+        ("dev", "subject"): _asked(knn, dev, True),
+        ("dev", "no subject"): _asked(knn, dev, False),
+        ("test", "subject"): _asked(knn, test, True),
     }
     dev_runs = asked[("dev", "subject")] + asked[("dev", "no subject")]
     nll = {g: _measures(dev_runs, *g)[0] for g in grid}
@@ -91,7 +92,7 @@ def main() -> None:
     for t in sorted({t for t, _ in grid}):
         print(f"| {t:g} | " + " | ".join(f"{nll[(t, f)]:.3f}" for f in floors) + " |")
     print(f"\nchosen: confidence_temperature {best[0]:g}, lm_floor {best[1]:g}\n")
-    print("| split | subject | calibration | NLL | ECE | P@1 |\n|---|---|---|---|---|---|")
+    print("| split | subject | calibration | NLL | ECE | P@1 (micro) |\n|---|---|---|---|---|---|")
     for (split, mode), runs in asked.items():
         for name, g in (("none", (1.0, 0.0)), ("chosen", best)):
             n, ece, p1 = _measures(runs, *g)

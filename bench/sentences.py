@@ -16,10 +16,15 @@ LAMA dev: `tune.DevSplit` (--lama-dev facts per T-REx and Google-RE relation, se
 sample) on the lazy datastore of the evidence corpus that `eval lama` uses (cached), through `predict_batch`, with and
 without subjects: macro P@1 over relations, without sentence weights and with each temperature.
 
+Sentence choice (no datastore): for each several-facts question, the candidate answers of its document (its cities,
+languages and years) scored by their sentence alone, the document's names taken out: by word overlap (content words,
+scikit-learn's English stopwords dropped) and by the sentence encoder's cosine (`sentences.SentenceMatch`). Printed:
+how often the top-scored candidate is the answer (ties shared).
+
 Cost: an eager build of the first --cost-docs evidence documents (ONNX backend, the CLI's default) plus the
 several-facts documents; the p50 of one question asked alone (the several-facts questions without subjects,
 alternating), with the sentence-vector cache emptied before each question (the cost of a question about documents
-not asked of before) and kept (documents asked of before).
+not asked of before) and kept (documents asked of before), at the first of --temperatures.
 """
 
 from __future__ import annotations
@@ -105,6 +110,42 @@ def fresh(args) -> None:
             print(f"| {name} | {relation} | {mode} | " + " | ".join(cells) + " |")
 
 
+def choice(args) -> None:
+    import re
+
+    import numpy as np
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    from bertknn.sentences import SentenceMatch, without_names
+
+    docs = {d["id"]: d for d in _jsonl(FRESH / "several_documents.jsonl")}
+    questions = _jsonl(FRESH / "several_questions.jsonl")
+    answers = {q["answer"] for q in questions}
+    match = SentenceMatch("onnx")
+
+    def content(text: str) -> set[str]:
+        return {w for w in re.findall(r"[a-z]+", text.lower()) if w not in ENGLISH_STOP_WORDS}
+
+    hits: dict[str, list[float]] = defaultdict(list)
+    for q in questions:
+        title = docs[q["document"]]["title"]
+        sentences = re.split(r"(?<=\.) ", docs[q["document"]]["text"])
+        found = [(s, w.lower()) for s in sentences for w in re.findall(r"[A-Za-z]+|\d{4}", s)]
+        found = [(s, w) for s, w in found if w in answers or w.isdigit()]
+        asked = content(without_names(q["question"], title))
+        scores = {
+            "word overlap": np.array([len(asked & content(without_names(s, title))) for s, _ in found], float),
+            "sentence encoder": match.similarities([[(q["question"], s, title) for s, _ in found]])[0],
+        }
+        for name, score in scores.items():
+            best = np.flatnonzero(score == score.max())
+            hits[name].append(float(np.mean([found[i][1] == q["answer"] for i in best])))
+    print(f"\n## Sentence choice: {len(questions)} several-facts questions, the answer scored first (%)\n")
+    print("| score | right |\n|---|---|")
+    for name, values in hits.items():
+        print(f"| {name} | {100 * np.mean(values):.1f} |")
+
+
 def lama(args) -> None:
     from bertknn import evaluation as ev
     from bertknn.encoder import Encoder
@@ -136,19 +177,15 @@ def lama(args) -> None:
 
 def cost(args) -> None:
     from bertknn.pipeline import BertKNN
-    from bertknn.settings import SENTENCE_TEMPERATURE
 
+    weighted = _temperatures(args)[1]
     questions = [q["question"] for q in _jsonl(FRESH / "several_questions.jsonl")]
     work = Path(tempfile.mkdtemp(prefix="sentences_cost_"))
     corpus = first_documents(args.cost_docs, work / "base.jsonl")
     knn = BertKNN.build(corpus, work / "store", args.model, runtime="onnx")
     knn.add_documents(_jsonl(FRESH / "several_documents.jsonl"))
     knn.predict_batch(questions[:8], evidence=0)  # warm up
-    runs = {
-        "no sentence weights": (0.0, False),
-        "cache emptied": (SENTENCE_TEMPERATURE, True),
-        "cache kept": (SENTENCE_TEMPERATURE, False),
-    }
+    runs = {"no sentence weights": (0.0, False), "cache emptied": (weighted, True), "cache kept": (weighted, False)}
     times = defaultdict(list)
     for _ in range(args.repeats):
         for text in questions:
@@ -182,6 +219,7 @@ def main() -> None:
     from bertknn.runtime import Runtime
 
     Runtime(threads=os.cpu_count() or 1).apply()
+    choice(args)
     if not args.skip_cost:
         cost(args)
     if not args.skip_fresh:

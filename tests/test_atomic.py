@@ -39,6 +39,7 @@ ALLOWED = {
     ("onnx_backend.py", "export", "replace"): "the ONNX cache file renamed into place",
     ("onnx_backend.py", "quantize", "replace"): "the int8 ONNX cache file renamed into place",
     ("report.py", "bar_chart", "savefig"): "a report's figure (reports/), not a datastore file",
+    ("report.py", "reliability_chart", "savefig"): "a report's figure (reports/), not a datastore file",
     ("demo.py", "fresh_facts", "copytree"): "the demo copies its store into a temporary directory to add a fact",
 }
 

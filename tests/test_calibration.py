@@ -34,7 +34,7 @@ def test_the_expected_calibration_error_of_crafted_answers():
 
 def test_top_answer_calibration_reads_the_shown_top_answer():
     rows = [
-        {"answer": "paris", "top3": {"bert_knn": [["paris", 0.9], ["rome", 0.1]]}},
+        {"answer": "Paris", "top3": {"bert_knn": [["paris", 0.9], ["rome", 0.1]]}},
         {"answer": "oslo", "top3": {"bert_knn": [["bergen", 0.7]]}},
         {"answer": "oslo", "top3": {"bert_knn": []}},
     ]

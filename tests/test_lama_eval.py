@@ -24,7 +24,7 @@ def test_ranks_equal_a_direct_computation(built, facts, tmp_path):
     for fact, row in zip(facts, rows):
         pred = built.predict(fact.question, subject=ev.ir_subject(fact))
         assert row["ranks"]["bert"] == ev.rank_of(pred.p_bert, fact.answer_id)
-        assert row["ranks"]["bert_knn"] == ev.rank_of(pred.p, fact.answer_id)
+        assert row["ranks"]["bert_knn"] == ev.rank_of(pred.p, fact.answer_id, None, built.encoder.vocab_size)
         assert row["ranks"]["knn"] == ev.rank_of(pred.p_knn, fact.answer_id)
     lisbon = rows[1]  # Ilsa Varnhold: the titled document says "born in Lisbon"
     assert lisbon["documents"] == ["Ilsa Varnhold"] and lisbon["ceiling"] is True
@@ -39,7 +39,9 @@ def test_without_subjects_every_question_retrieves_from_its_own_text(built, fact
     rows = ev.evaluate_facts(built, facts, tmp_path / name, with_subject=False)
     for fact, row in zip(facts, rows):
         pred = built.predict(fact.question)  # no subject: TF-IDF on the question's words, no title shortcut
-        assert row["documents"] == pred.documents and row["ranks"]["bert_knn"] == ev.rank_of(pred.p, fact.answer_id)
+        assert row["documents"] == pred.documents and row["ranks"]["bert_knn"] == ev.rank_of(
+            pred.p, fact.answer_id, None, built.encoder.vocab_size
+        )
     with_subject = ev.evaluate_facts(built, facts, tmp_path / "with.jsonl")
     assert rows[1]["documents"] != with_subject[1]["documents"] == ["Ilsa Varnhold"]
 
@@ -99,17 +101,20 @@ def test_results_names_read_back_as_what_the_run_did():
         "vote": "the paper's",
         "mixture": "linear",
         "lambda": "constant",
+        "options": "none",
         "vocabulary": "full",
         "questions": "with the subject",
     }
-    tuned = Settings(n_docs=1, k=64, temperature=34.51, lam=0.25, doc_temperature=0.2, lam_by="entropy")
-    assert ev.results_name(Run(tuned), "full").endswith("-dt0.2-entropy-loglin-full.jsonl")
+    tuned = Settings(n_docs=1, k=64, temperature=34.51, lam=0.25, doc_temperature=0.2, lam_by="entropy", lm_words=0)
+    tuned = tuned.replace(sentence_temperature=0.1)
+    assert ev.results_name(Run(tuned), "full").endswith("-dt0.2-entropy-loglin-w0-st0.1-ct1.25-f0.4-full.jsonl")
     assert ev.results_run(ev.results_name(Run(tuned), "common", with_subject=False)) == {
         "block": "11",
         "hyperparameters": "n1-k64-T34.51-l0.25",
         "vote": "retrieval-aware (doc_temperature 0.2)",
         "mixture": "log-linear",
         "lambda": "adaptive (entropy)",
+        "options": "lm_words 0, sentence_temperature 0.1, confidence_temperature 1.25, lm_floor 0.4",
         "vocabulary": "common",
         "questions": "without the subject",
     }

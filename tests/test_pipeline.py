@@ -6,15 +6,21 @@ import numpy as np
 import pytest
 
 from bertknn import BertKNN, DatastoreError, QuestionError, builder
+from bertknn.combine import calibrate
 from bertknn.knn import knn_distribution, nearest
-from bertknn.settings import DEFAULT
+from bertknn.settings import CONFIDENCE_TEMPERATURE, DEFAULT, LM_FLOOR
+
+RAW = {"confidence_temperature": 1.0, "lm_floor": 0.0}  # the probabilities as combined, not calibrated
 
 
 def test_prediction_is_the_interpolation_of_its_parts(built):
-    p = built.predict("Ilsa Varnhold was born in [MASK] .", subject="Ilsa Varnhold", top_k=5, mixture="linear", lam=0.3)
+    ask = {"subject": "Ilsa Varnhold", "top_k": 5, "mixture": "linear", "lam": 0.3}
+    p = built.predict("Ilsa Varnhold was born in [MASK] .", **ask, **RAW)
     assert p.documents == ["Ilsa Varnhold"]
     assert p.p.sum() == pytest.approx(1.0) and p.p_knn.sum() == pytest.approx(1.0)
     np.testing.assert_allclose(p.p, 0.3 * p.p_knn + 0.7 * p.p_bert, rtol=1e-6)  # the paper's mixture
+    shown = built.predict("Ilsa Varnhold was born in [MASK] .", **ask)  # bertknn's probabilities: calibrated
+    np.testing.assert_allclose(shown.p, calibrate(p.p, p.p_bert, CONFIDENCE_TEMPERATURE, LM_FLOOR), rtol=1e-6)
     assert [t.token for t in p.bert_knn] == [t.token for t in sorted(p.bert_knn, key=lambda t: -t.probability)]
     assert p.bert_knn[0].probability == pytest.approx(float(p.p.max()))
     assert len(p.bert) == 5
@@ -93,7 +99,7 @@ def test_hyperparameters_are_checked(built):
 
 
 def test_load_round_trip_uses_the_datastore_model(built):
-    again = BertKNN.load(built.store.path, n_docs=1, k=4, temperature=2.0, lam=0.5, mixture="linear")
+    again = BertKNN.load(built.store.path, n_docs=1, k=4, temperature=2.0, lam=0.5, mixture="linear", **RAW)
     assert again.encoder.name == built.encoder.name and again.hparams["k"] == 4
     a = again.predict("Dante was born in [MASK] .", subject="Dante Alighieri")
     assert np.count_nonzero(a.p_knn) <= 4
@@ -124,16 +130,16 @@ def test_lazy_store_embeds_only_what_retrieval_picks(tmp_path, small_corpus, enc
 
 def test_per_call_hyperparameters_apply_to_that_call_only(built):
     q, subject = "Ilsa Varnhold was born in [MASK] .", "Ilsa Varnhold"
-    base = built.predict(q, subject=subject)
-    lm_only = built.predict(q, subject=subject, lam=0.0, mixture="linear")
+    base = built.predict(q, subject=subject, **RAW)
+    lm_only = built.predict(q, subject=subject, lam=0.0, mixture="linear", **RAW)
     np.testing.assert_allclose(lm_only.p, base.p_bert)
     held = base.p_knn > 0  # log-linear at lambda 0: the LM's ranking of the neighbours' words
     lm_of_neighbours = np.where(held, base.p_bert, 0.0) / base.p_bert[held].sum()
-    np.testing.assert_allclose(built.predict(q, subject=subject, lam=0.0).p, lm_of_neighbours, rtol=1e-6)
+    np.testing.assert_allclose(built.predict(q, subject=subject, lam=0.0, **RAW).p, lm_of_neighbours, rtol=1e-6)
     hot = built.predict(q, subject=subject, temperature=1e6, k=2)
     assert np.count_nonzero(hot.p_knn) <= 2 and hot.p_knn.max() in (pytest.approx(0.5, abs=1e-4), pytest.approx(1.0))
     assert built.hparams == DEFAULT.hparams
-    np.testing.assert_allclose(built.predict(q, subject=subject).p, base.p)
+    np.testing.assert_allclose(built.predict(q, subject=subject, **RAW).p, base.p)
     with pytest.raises(TypeError, match="unknown hyperparameter"):
         built.predict(q, alpha=1)
     with pytest.raises(ValueError, match="lam must be in"):

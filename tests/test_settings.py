@@ -33,7 +33,8 @@ QUESTION, SUBJECT = "Ilsa Varnhold was born in [MASK] .", "Ilsa Varnhold"
 
 def test_the_defaults_are_the_papers_but_the_vote_and_the_mixture():
     bertknns = {"doc_temperature": DOC_TEMPERATURE, "mixture": MIXTURE, "lam": LAM}  # each kept on the dev split
-    bertknns["sentence_temperature"] = SENTENCE_TEMPERATURE
+    bertknns |= {"confidence_temperature": 1.25, "lm_floor": 0.4}  # fitted on the dev split (bench/calibration.py)
+    assert SENTENCE_TEMPERATURE == 0  # off: it cost LAMA dev P@1 (bench/sentences.py)
     assert Settings() == DEFAULT == PAPER.replace(**bertknns)
     assert (DOC_TEMPERATURE, MIXTURE, LAM) == (0.2, "log-linear", 0.5) and MIXTURES == ("linear", "log-linear")
     assert PAPER.as_dict() == {
@@ -48,6 +49,8 @@ def test_the_defaults_are_the_papers_but_the_vote_and_the_mixture():
         "lm_words": 5,  # beyond the paper, which has no answers of several tokens
         "word_bonus": 10.0,  # used by the log-linear mixture only
         "sentence_temperature": 0.0,  # off: every sentence alike
+        "confidence_temperature": 1.0,  # the probabilities as combined
+        "lm_floor": 0.0,
     }
     assert (*HPARAMS, "mixture") == TUNED and PAPER.tuned == {**PAPER.hparams, "mixture": "linear"}
     assert HPARAMS == ("n_docs", "k", "temperature", "lam") and RETRIEVALS == ("ir", "faiss", "ir+faiss")
@@ -112,7 +115,8 @@ def test_edge_values_are_valid():
 
 def test_unknown_names_are_a_type_error():
     with pytest.raises(
-        TypeError, match=r"unknown hyperparameter\(s\) \['alpha', 'lambda_'\]; known: \['doc_temperature', 'k', 'lam',"
+        TypeError,
+        match=r"unknown hyperparameter\(s\) \['alpha', 'lambda_'\]; known: \['confidence_temperature', 'doc_te",
     ):
         PAPER.replace(lambda_=0.5, alpha=1)
     tuned = {"k": 64, "temperature": 34.51, "mixture": "log-linear"}
@@ -131,7 +135,7 @@ def test_unknown_names_are_a_type_error():
 def test_the_library_keeps_its_keyword_interface(built):
     assert built.settings == DEFAULT and built.hparams == PAPER.hparams | {"lam": LAM}
     chosen = PAPER.replace(n_docs=1, k=4, temperature=2.0, lam=0.5)
-    by_keywords = built.predict(QUESTION, SUBJECT, **chosen.hparams, mixture=chosen.mixture)
+    by_keywords = built.predict(QUESTION, SUBJECT, **chosen.as_dict())
     by_settings = built.predict_batch([QUESTION], [SUBJECT], settings=chosen)[0]
     np.testing.assert_array_equal(by_keywords.p, by_settings.p)
     other = BertKNN(built.encoder, built.store, settings=chosen, k=8)
@@ -147,7 +151,7 @@ def test_tuned_values_stored_with_the_datastore_replace_the_papers(built):
     tuned = BertKNN(built.encoder, built.store)  # stored before tune searched the mixture: tuned for the linear one
     assert tuned.settings == DEFAULT.replace(n_docs=1, k=64, temperature=34.51, lam=0.6, mixture="linear")
     assert BertKNN(built.encoder, built.store, lam=0.3).settings.lam == 0.3  # arguments replace the tuned values
-    tag = f"n1-k64-T34.51-l0.6-dt{DOC_TEMPERATURE}"
+    tag = f"n1-k64-T34.51-l0.6-dt{DOC_TEMPERATURE}-ct1.25-f0.4"
     assert ev.results_name(tuned, "full") == f"results-L{built.store.layer}-{tag}-full.jsonl"
     with built.store.writing():
         built.store.set_manifest(tuned={"hparams": {"lam": 7}})
@@ -213,7 +217,8 @@ def test_result_file_names_are_unchanged():
 
 def test_results_name_uses_the_settings(built):
     assert ev.results_name(built, "common") == f"results-L{built.store.layer}-{DEFAULT.file_tag()}-common.jsonl"
-    assert DEFAULT.file_tag() == f"n3-k128-T6.0-l{LAM}-dt{DOC_TEMPERATURE}-loglin"  # other results: another file
+    # other results, another file: calibrated probabilities rank the gold answer differently
+    assert DEFAULT.file_tag() == f"n3-k128-T6.0-l{LAM}-dt{DOC_TEMPERATURE}-loglin-ct1.25-f0.4"
 
 
 NUMBER = r"(?<![\w.]){}(?![\w.])"

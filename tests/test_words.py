@@ -28,6 +28,7 @@ from .conftest import write_corpus
 DATA = Path(__file__).parent / "data"
 EDDA = {"id": "x1", "title": "Edda Kallaste", "text": "Edda Kallaste was born in Rakvere. She plays the theorbo."}
 ASK = "Edda Kallaste was born in [MASK] ."
+RAW = {"confidence_temperature": 1.0, "lm_floor": 0.0}  # the probabilities as combined, not calibrated
 runner = CliRunner()
 
 
@@ -143,7 +144,7 @@ def test_a_datastore_of_format_1_opens_and_answers_as_it_did(tmp_path, tiny_mode
     knn = BertKNN.load(store, str(tiny_model_dir))
     assert knn.store.manifest["version"] == 1 and not knn.store.whole_words
     for (question, subject), expected in zip(recorded["questions"], recorded["answers"]):
-        got = knn.predict(question, subject=subject, top_k=5).to_dict()
+        got = knn.predict(question, subject=subject, top_k=5, **RAW).to_dict()  # the probabilities of then
         for method in ("bert", "knn", "bert_knn"):
             assert [t["token"] for t in got[method]] == [t["token"] for t in expected[method]]
             assert [t["id"] for t in got[method]] == [t["id"] for t in expected[method]]
@@ -285,11 +286,11 @@ def test_multi_word_names_are_one_answer_besides_their_words(tmp_path, encoder):
 
 def test_the_lm_scores_the_words_of_several_wordpieces_among_the_knns_best(built):
     question, vocab = "Ilsa Varnhold was born in [MASK] .", built.encoder.vocab_size
-    every = built.predict(question, lm_words=0)
+    every = built.predict(question, lm_words=0, **RAW)
     held = np.flatnonzero(every.p_knn)
     order = held[np.lexsort((held, -every.p_knn[held]))]
     m = int(np.flatnonzero(order >= vocab)[0]) + 1  # the kNN's best words down to its first long one
-    few = built.predict(question, lm_words=m)
+    few = built.predict(question, lm_words=m, **RAW)
     np.testing.assert_array_equal(few.p_knn, every.p_knn)  # the same neighbours and vote
     best = order[:m]
     chosen, left = best[best >= vocab], np.setdiff1d(held[held >= vocab], best)
@@ -305,7 +306,7 @@ def test_the_lm_scores_the_words_of_several_wordpieces_among_the_knns_best(built
     bonus = np.where((kept >= vocab) & ~np.array(asked), WORD_BONUS, 1.0)
     expected = few.p_knn[kept] ** LAM * few.p_bert[kept] ** (1 - LAM) * bonus
     np.testing.assert_allclose(few.p[kept], expected / expected.sum(), rtol=1e-9)
-    plain = built.predict(question, lm_words=m, word_bonus=1.0)
+    plain = built.predict(question, lm_words=m, word_bonus=1.0, **RAW)
     expected = plain.p_knn[kept] ** LAM * plain.p_bert[kept] ** (1 - LAM)
     np.testing.assert_allclose(plain.p[kept], expected / expected.sum(), rtol=1e-9)
 

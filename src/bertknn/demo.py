@@ -33,10 +33,19 @@ FRESH_DOCUMENTS = [
         "title": "Edda Kallaste",
         "text": "Edda Kallaste was born in Kuressaare. She builds wooden boats.",
     },
+    {
+        "id": "fresh-3",
+        "title": "Maren Holtby",
+        "text": "Maren Holtby is an architect. Holtby was born in Bergen. She studied in Zurich and later worked in "
+        "Madrid. Holtby died in Oslo.",
+    },
 ]
 FRESH_QUESTIONS = [  # the second answer is a word of four wordpieces: no masked LM can give it alone
     {"question": "Tamsin Orwhey was born in [MASK] .", "subject": "Tamsin Orwhey", "answer": "tallinn"},
     {"question": "Edda Kallaste was born in [MASK] .", "subject": "Edda Kallaste", "answer": "kuressaare"},
+    # one document, four places: each question must find its own
+    {"question": "Maren Holtby was born in [MASK] .", "subject": "Maren Holtby", "answer": "bergen"},
+    {"question": "Maren Holtby died in [MASK] .", "subject": "Maren Holtby", "answer": "oslo"},
 ]
 
 

@@ -240,8 +240,16 @@ def _top3(ranked_list) -> list[list]:
 
 RESULTS_NAME = re.compile(
     r"results-L(?P<layer>\d+)-(?P<hparams>n\d+-k\d+-T[^-]+-l[^-]+?)(?:-dt(?P<dt>[0-9.]+))?(?:-(?P<lam_by>entropy))?"
-    r"(?P<loglin>-loglin)?-(?P<vocab>full|common)(?P<nosubject>-nosubject)?\.jsonl"
+    r"(?P<loglin>-loglin)?(?P<options>(?:-(?:w|b|st|ct|f)[0-9.]+)*)-(?P<vocab>full|common)(?P<nosubject>-nosubject)?"
+    r"\.jsonl"
 )
+OPTION_TAGS = {
+    "w": "lm_words",
+    "b": "word_bonus",
+    "st": "sentence_temperature",
+    "ct": "confidence_temperature",
+    "f": "lm_floor",
+}  # `Settings.file_tag`'s
 
 
 def results_name(knn, vocab: str, with_subject: bool = True) -> str:
@@ -251,7 +259,8 @@ def results_name(knn, vocab: str, with_subject: bool = True) -> str:
 
 def results_run(name: str) -> dict[str, str] | None:
     """What a results file holds, read back from its name (`results_name`'s inverse): block, hyperparameters, vote,
-    mixture, lambda rule, ranking vocabulary and questions; None for a name `results_name` does not make."""
+    mixture, lambda rule, the other options on, ranking vocabulary and questions; None for a name `results_name` does
+    not make."""
     found = RESULTS_NAME.fullmatch(name)
     if not found:
         return None
@@ -262,6 +271,10 @@ def results_run(name: str) -> dict[str, str] | None:
         "vote": f"retrieval-aware (doc_temperature {dt})" if dt else "the paper's",
         "mixture": "log-linear" if found["loglin"] else "linear",
         "lambda": "adaptive (entropy)" if found["lam_by"] else "constant",
+        "options": ", ".join(
+            f"{OPTION_TAGS[tag]} {value}" for tag, value in re.findall(r"-([a-z]+)([0-9.]+)", found["options"])
+        )
+        or "none",
         "vocabulary": found["vocab"],
         "questions": "without the subject" if found["nosubject"] else "with the subject",
     }
@@ -355,9 +368,10 @@ def evaluate_facts(
 
 def top_answer_calibration(rows: list[dict], method: str) -> dict:
     """`calibration` of a method's top answers as a user sees them: its probability, and whether it is the gold
-    answer (no answer: probability 0, wrong)."""
+    answer, case aside as an uncased model's answers are (no answer: probability 0, wrong)."""
     tops = [r["top3"][method][0] if r["top3"][method] else ["", 0.0] for r in rows]
-    return calibration([p for _, p in tops], [t == r["answer"] for (t, _), r in zip(tops, rows)])
+    right = [t.casefold() == r["answer"].casefold() for (t, _), r in zip(tops, rows)]
+    return calibration([p for _, p in tops], right)
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -147,7 +147,7 @@ def _side_by_side(runs: dict[str, tuple[dict, dict]]) -> list[str]:
     if len(runs) < 2:
         return []
     ids = {name: chr(ord("A") + i) if i < 26 else str(i) for i, name in enumerate(runs)}
-    fields = ["block", "hyperparameters", "vote", "mixture", "lambda", "vocabulary", "questions"]
+    fields = ["block", "hyperparameters", "vote", "mixture", "lambda", "options", "vocabulary", "questions"]
     out = ["", "## Runs side by side (the results files in this directory; P@1, kNN / BERT-kNN)", ""]
     out += _table(
         ["run", *fields, "facts", "results file"],

@@ -20,9 +20,9 @@ LAM = 0.5  # lambda of that mixture (the paper's 0.3 is for the linear one)
 DOC_TEMPERATURE = 0.2  # the retrieval-aware vote's temperature; 0: the paper's vote
 LM_WORDS = 5  # the LM scores the words of several tokens among the kNN's this many most probable words; 0: all
 WORD_BONUS = 10.0  # the log-linear mixture's factor for a word of several tokens (bench/words.py fits it)
-SENTENCE_TEMPERATURE = 0.0  # T_s of the sentence weight exp(cos / T_s) (bench/sentences.py fits it); 0: none
-CONFIDENCE_TEMPERATURE = 1.0  # the shown probabilities' temperature (bench/calibration.py fits it); 1: none
-LM_FLOOR = 0.0  # the share of the LM's distribution mixed into them (bench/calibration.py fits it); 0: none
+SENTENCE_TEMPERATURE = 0.0  # T_s of the sentence weight exp(cos / T_s); 0: none (off: it cost LAMA dev P@1)
+CONFIDENCE_TEMPERATURE = 1.25  # the probabilities' temperature, fitted by bench/calibration.py; 1: none
+LM_FLOOR = 0.4  # the share of the LM's distribution mixed into them, fitted with it; 0: none
 SENTENCE_WORDS = 5  # the sentences embedded are those of the neighbours holding the kNN's this many best words
 HPARAMS = ("n_docs", "k", "temperature", "lam")  # the numeric ones
 TUNED = (*HPARAMS, "mixture")  # what `bertknn tune` searches and stores
@@ -165,16 +165,16 @@ class Settings:
 
     def file_tag(self) -> str:
         """The numeric settings in a file name, e.g. "n3-k128-T6.0-l0.3" (evaluation's result files), and the
-        options beyond the paper that are on."""
+        options beyond the paper that are on (`lm_words` and `word_bonus` where not bertknn's defaults)."""
         extra = (
             (f"-dt{self.doc_temperature}" if self.doc_temperature else "")
             + (f"-{self.lam_by}" if self.lam_by != "constant" else "")
             + ("-loglin" if self.mixture == "log-linear" else "")
             + (f"-w{self.lm_words}" if self.lm_words != LM_WORDS else "")
             + (f"-b{self.word_bonus}" if self.word_bonus != WORD_BONUS else "")
-            + (f"-st{self.sentence_temperature}" if self.sentence_temperature != SENTENCE_TEMPERATURE else "")
-            + (f"-ct{self.confidence_temperature}" if self.confidence_temperature != CONFIDENCE_TEMPERATURE else "")
-            + (f"-f{self.lm_floor}" if self.lm_floor != LM_FLOOR else "")
+            + (f"-st{self.sentence_temperature}" if self.sentence_temperature else "")
+            + (f"-ct{self.confidence_temperature}" if self.confidence_temperature != 1 else "")
+            + (f"-f{self.lm_floor}" if self.lm_floor else "")
         )
         return f"n{self.n_docs}-k{self.k}-T{self.temperature}-l{self.lam}{extra}"
 
@@ -183,4 +183,4 @@ FIELDS = tuple(field.name for field in dataclasses.fields(Settings))
 PAPER = Settings(  # the paper's method exactly (Kassner and Schütze)
     lam=0.3, doc_temperature=0.0, mixture="linear", sentence_temperature=0.0, confidence_temperature=1.0, lm_floor=0.0
 )
-DEFAULT = Settings()  # bertknn's: the paper's with the retrieval-aware vote and the log-linear mixture
+DEFAULT = Settings()  # bertknn's: the paper's with the retrieval-aware vote, the log-linear mixture, calibrated
