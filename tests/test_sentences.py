@@ -141,7 +141,7 @@ def test_the_paper_and_bad_values_of_the_sentence_temperature():
         Settings(sentence_temperature=-1)
     with pytest.raises(ValueError, match="sentence_temperature must be a number >= 0"):
         Settings(sentence_temperature=float("nan"))
-    assert Settings(sentence_temperature=0.5).file_tag().endswith("-st0.5")
+    assert Settings(sentence_temperature=0.5).file_tag().endswith("-st0.5-ct1.25-f0.4")
 
 
 def test_a_document_with_two_places_answers_both_questions(tmp_path):
