@@ -36,8 +36,8 @@ def _check_names(names, known: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True)
 class Settings:
-    """How a question is answered: the paper's values (`PAPER`), except the kNN vote (retrieval-aware) and the
-    mixture (log-linear, with its own lambda) by default.
+    """How a question is answered: the paper's values (`PAPER`), except the kNN vote (retrieval-aware), the mixture
+    (log-linear, with its own lambda) and the probabilities (calibrated) by default.
 
     n_docs: documents retrieved by IR; k: nearest neighbours; temperature: the l of exp(-d/l), d the squared
     distance; lam: weight of p_kNN against the LM's distribution; retrieval: where the neighbours come from, one of
@@ -55,7 +55,8 @@ class Settings:
     (it gives invented words that fit and that do not fit alike low scores) and would otherwise veto the neighbours'
     evidence for them; sentence_temperature > 0 weighs each neighbour within its document by exp(cos / T_s), cos the
     similarity of its sentence to the question (`sentences`), so that of one document's places the one said in a
-    sentence like the question wins (0: every sentence alike, as in the paper); confidence_temperature and lm_floor
+    sentence like the question wins (0: every sentence alike, as in the paper; off by default, since it cost LAMA
+    P@1 on the dev split where it helped invented facts: bench/sentences.py); confidence_temperature and lm_floor
     make the probabilities shown honest (`combine.calibrate`: temperature scaling, then a share of the LM's
     distribution mixed in), both fitted on a dev split (1 and 0: as combined).
     Made with bad values, it raises ValueError naming every problem.
