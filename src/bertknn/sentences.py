@@ -4,9 +4,10 @@ Keys are read at one position, so the places of one document ("born in Bergen", 
 whatever the question. The sentence around a key tells them apart: the question and each neighbour's sentence are
 embedded by a sentence encoder (all-MiniLM-L6-v2, shipped with the default model and used whatever the masked LM:
 `Encoder.sentence_vectors`, mean pooling), the names of the neighbour's document (its title's words: the subject,
-mostly) taken out of both so that they match on what is said of the
-subject, not on who it is. The vote (`knn.document_vote`) then weighs each neighbour by exp(cos / T_s) within its
-document, so the document prior stays in charge of which documents answer.
+mostly) taken out of both, so that they match on what is said of the subject, not on who it is. The vote
+(`knn.document_vote`) then weighs each neighbour by exp(cos / T_s) within its document, so the document prior stays
+in charge of which documents answer. A lexical score would not do: questions are phrased unlike their evidence
+("born in" against "came into the world in"; bench/README.md).
 
 Only the sentences of the neighbours whose words are among the kNN's best few are embedded (one model pass over
 short sentences per question, bounded); the other neighbours count as the least similar of those.
