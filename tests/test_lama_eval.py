@@ -46,6 +46,18 @@ def test_without_subjects_every_question_retrieves_from_its_own_text(built, fact
     assert rows[1]["documents"] != with_subject[1]["documents"] == ["Ilsa Varnhold"]
 
 
+def test_a_lazy_datastore_embeds_each_batchs_documents_in_view(facts, small_corpus, encoder, tmp_path):
+    knn = ev.lama_knn(small_corpus, encoder, directory=tmp_path / "lazy")  # lazy: nothing embedded yet
+    assert len(knn.store.pending()) == knn.store.n_documents
+    reports = []
+    rows = ev.evaluate_facts(knn, facts, tmp_path / "r.jsonl", batch_size=1, progress=lambda *r: reports.append(r))
+    embedding = [(done, total) for phase, done, total in reports if phase == "embedding"]
+    embedded = knn.store.n_documents - len(knn.store.pending())
+    assert len(rows) == len(facts) and embedded > 0
+    assert embedding[-1] == (embedded, embedded)  # one running count over the batches
+    assert [d for d, _ in embedding] == sorted(d for d, _ in embedding)
+
+
 def test_interrupted_evaluation_resumes_without_recomputing(built, facts, tmp_path, monkeypatch):
     path = tmp_path / "results.jsonl"
     first = ev.evaluate_facts(built, facts[:2], path)
@@ -54,9 +66,9 @@ def test_interrupted_evaluation_resumes_without_recomputing(built, facts, tmp_pa
     asked = []
     real = type(built).predict_batch
 
-    def counting(self, texts, *args, **kwargs):
-        asked.extend(texts)
-        return real(self, texts, *args, **kwargs)
+    def counting(self, queries, *args, **kwargs):
+        asked.extend(q.text for q in queries)  # the questions come checked and encoded (`BertKNN.preprocess`)
+        return real(self, queries, *args, **kwargs)
 
     monkeypatch.setattr(type(built), "predict_batch", counting)
     rows = ev.evaluate_facts(built, facts, path)

@@ -317,7 +317,8 @@ def evaluate_facts(
     asks.
 
     Facts are taken in a seeded random order, a batch at a time: the batch's documents are embedded (in a lazy
-    datastore), then its results are appended to `results_path` (JSON lines). A rerun skips the facts already there,
+    datastore; `progress` reports "embedding" then, counting documents), then its results are appended to
+    `results_path` (JSON lines). A rerun skips the facts already there,
     and a run stopped early (a kill, or `max_seconds` spent) holds a random subsample of the facts. Returns the
     results of the facts done, in the order of `facts`.
     """
@@ -328,13 +329,21 @@ def evaluate_facts(
     report = progress or (lambda phase, n, total: None)
     deadline = time.time() + max_seconds if max_seconds else None
     report("facts", len(facts) - len(todo), len(facts))
+    embedded = 0  # documents of a lazy datastore this run has embedded
     with results_path.open("a", encoding="utf-8") as out:
         for start in range(0, len(todo), batch_size):
             if deadline and time.time() >= deadline:
                 break
             batch = todo[start : start + batch_size]
             subjects = [ir_subject(f) if with_subject else None for f in batch]
-            preds = knn.predict_batch([f.question for f in batch], subjects, top_k=3, evidence=0)
+            queries = knn.preprocess([f.question for f in batch], subjects)
+            if knn.store.lazy:  # the batch's documents embedded first, in view: one bar over the run
+                embedded += knn.embed_retrieved(
+                    queries,
+                    knn.settings.n_docs,
+                    lambda done, total, e=embedded: report("embedding", e + done, e + total),
+                )[1]
+            preds = knn.predict_batch(queries, top_k=3, evidence=0)
             size = knn.encoder.vocab_size  # LAMA's protocol: answers of one token, ranked over the vocabulary
             for fact, pred in zip(batch, preds):
                 values = np.asarray(knn.store.values[pred.neighbours.searched])  # the frequency baseline's words

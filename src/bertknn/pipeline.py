@@ -343,6 +343,21 @@ class BertKNN:
             queries.append(Query(text, subject, ids, mask))
         return queries
 
+    def embed_retrieved(
+        self, queries: Sequence[Query], n_docs: int, progress: Callable[[int, int], None] | None = None
+    ) -> tuple[list[list[int]], int]:
+        """The documents IR picks for each question (its first `n_docs`), and how many of them were embedded now: in a
+        lazy datastore those not embedded yet are, in one run, `progress(done, total)` counting documents, so that a
+        long wait is seen rather than spent inside a question."""
+        search = self.search("ir")
+        docs = [search.documents(q.text, q.subject, n_docs) for q in queries]
+        pending = self.store.pending(sorted({d for chosen in docs for d in chosen}))
+        if pending:
+            report = progress or (lambda done, total: None)
+            report(0, len(pending))
+            builder.embed(self.store, pending, self.encoder, progress=lambda n: report(n, len(pending)))
+        return docs, len(pending)
+
     def search(self, retrieval: str = "ir") -> Search:
         """The searcher of a retrieval setting ("ir", "faiss" or "ir+faiss"), over the datastore as loaded now."""
         embed = (lambda docs: builder.embed(self.store, docs, self.encoder)) if self.store.lazy else None

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertknn import builder
 from bertknn.combine import log_linear_scores
 from bertknn.evaluation import (
     TUNED_GROUPS,
@@ -93,10 +92,7 @@ def cache_facts(
     report = progress or (lambda phase, done, total: None)
     search = knn.search("ir")
     queries = knn.preprocess([f.question for f in facts], [ir_subject(f) for f in facts])
-    docs = [search.documents(q.text, q.subject, max(N_DOCS)) for q in queries]
-    pending = knn.store.pending(sorted({d for chosen in docs for d in chosen}))
-    report("embedding", 0, len(pending))
-    builder.embed(knn.store, pending, knn.encoder, progress=lambda n: report("embedding", n, len(pending)))
+    docs, _ = knn.embed_retrieved(queries, max(N_DOCS), lambda done, total: report("embedding", done, total))
     report("caching", 0, len(facts))
     out = []
     for start in range(0, len(facts), 32):
