@@ -146,7 +146,7 @@ def test_the_paper_and_bad_values_of_the_sentence_temperature():
 
 def test_a_document_with_two_places_answers_both_questions(tmp_path):
     """The default model: born in one city, died in another, each question gets its own city, with the subject
-    and without it."""
+    and without it, with the sentence weights and without them (then the other city comes a close second)."""
     from bertknn.demo import DEMO_CORPUS
 
     docs = [json.loads(line) for line in DEMO_CORPUS.read_text(encoding="utf-8").splitlines()[:6]]
@@ -160,9 +160,15 @@ def test_a_document_with_two_places_answers_both_questions(tmp_path):
     )
     knn = BertKNN.build(write_corpus(tmp_path / "c.jsonl", docs), tmp_path / "s")
     for subject in ("Maren Holtby", None):
-        born = knn.predict("Maren Holtby was born in [MASK] .", subject, top_k=1)
-        died = knn.predict("Maren Holtby died in [MASK] .", subject, top_k=1)
-        assert (born.bert_knn[0].token, died.bert_knn[0].token) == ("bergen", "oslo")
+        for weights in (0.0, 0.01):  # bertknn's default, and the sentence weights
+            born = knn.predict("Maren Holtby was born in [MASK] .", subject, top_k=3, sentence_temperature=weights)
+            died = knn.predict("Maren Holtby died in [MASK] .", subject, top_k=3, sentence_temperature=weights)
+            assert (born.bert_knn[0].token, died.bert_knn[0].token) == ("bergen", "oslo")
+            p_born = {t.token: t.probability for t in born.bert_knn}
+            if weights:  # the sentence that says "born" outweighs the one that says "died"
+                assert "oslo" not in p_born
+            else:  # the keys alone: the death place a close second
+                assert p_born["oslo"] > p_born["bergen"] / 2
 
 
 def test_the_sentence_encoder_gives_all_minilm_l6_v2s_sentence_embeddings():
