@@ -332,7 +332,7 @@ class Encoder:
         """Unit-length vectors of whole texts [n, d]: the model's last hidden states averaged over each text's tokens
         (mean pooling, as sentence-transformers pools), for comparing a question with an evidence sentence. For the
         default model (all-MiniLM-L6-v2's encoder) these are that sentence model's own embeddings."""
-        encoded = [self.tokenizer(t, truncation=True, max_length=self.max_length)["input_ids"] for t in texts]
+        encoded = self.tokenizer(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
         out = np.empty((len(texts), self.dim), np.float32)
         for batch in length_batches([len(ids) for ids in encoded], token_budget):
             ids, attention = self._pad([np.asarray(encoded[i]) for i in batch])

@@ -93,6 +93,7 @@ class OnnxRunner:
         self.forward, self.model, self.outputs, self.path = forward, model, outputs, path
         self.float_path = float_path
         self._session = None
+        self._inputs: set[str] | None = None  # the names of the session's inputs
 
     def _open(self):
         import onnxruntime as ort
@@ -131,8 +132,8 @@ class OnnxRunner:
     def __call__(self, ids: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor):
         """The forward function's outputs as float32 numpy arrays."""
         session = self.session()
-        used = {i.name for i in session.get_inputs()}  # the exporter drops an input the function does not read
-        feed = {
-            name: t.numpy().astype(np.int64) for name, t in zip(INPUTS, (ids, attention, rows, cols)) if name in used
-        }
+        if self._inputs is None:  # the exporter drops an input the function does not read
+            self._inputs = {i.name for i in session.get_inputs()}
+        tensors = zip(INPUTS, (ids, attention, rows, cols))
+        feed = {name: t.numpy().astype(np.int64) for name, t in tensors if name in self._inputs}
         return [np.asarray(out, np.float32) for out in session.run(list(self.outputs), feed)]
