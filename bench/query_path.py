@@ -50,7 +50,8 @@ def make_store(encoder: Encoder, docs: int, where: Path) -> BertKNN:
         tdocs = [d for d, _ in zip((d for d in rows if d["source"].startswith("trex")), range(docs))]
     corpus = where / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in tdocs), encoding="utf-8")
-    return BertKNN.build(corpus, where / "store", encoder, pack=8)  # keys' values do not matter for speed
+    # keys' values do not matter for speed; the paper's targets (words of one wordpiece) and settings, as the reference
+    return BertKNN.build(corpus, where / "store", encoder, pack=8, whole_words=False, **PAPER.as_dict())
 
 
 class Reference:
@@ -129,8 +130,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["BERTKNN_CACHE"] = str(Path(tmp) / "cache")  # the exported ONNX graph goes away with it
         knn = make_store(encoder, args.docs, Path(tmp))
-        fast = BertKNN(Encoder(model, tokenizer, encoder.name, runtime="onnx"), knn.store, knn.index)
-        int8 = BertKNN(Encoder(model, tokenizer, encoder.name, runtime="onnx-int8"), knn.store, knn.index)
+        fast = BertKNN(Encoder(model, tokenizer, encoder.name, runtime="onnx"), knn.store, knn.index, PAPER)
+        int8 = BertKNN(Encoder(model, tokenizer, encoder.name, runtime="onnx-int8"), knn.store, knn.index, PAPER)
         titles = {t.lower() for t in knn.store.titles(list(range(knn.store.n_documents)))}
         facts = [
             f
