@@ -26,6 +26,7 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from bertknn import builder
+from bertknn.corpus import record
 from bertknn.default_model import base_model_dir
 from bertknn.encoder import Encoder
 from bertknn.runtime import Runtime
@@ -39,7 +40,7 @@ def load_sentences(encoder: Encoder, n_contexts: int) -> list:
     path = Path(os.environ.get("BERTKNN_DATA", "../shared/data")) / "wiki" / "lama_evidence_docs.jsonl"
     out, total = [], 0
     for doc in iter_corpus(path):
-        found = builder.contexts(encoder, list(builder.record(doc, "pysbd").sentences))  # the figures' sentences
+        found = builder.contexts(encoder, list(record(doc, "pysbd").sentences))  # the figures' sentences
         out += found
         total += sum(len(s.positions) for s in found)
         if total >= n_contexts:
@@ -47,6 +48,7 @@ def load_sentences(encoder: Encoder, n_contexts: int) -> list:
     return out
 
 
+@torch.inference_mode()  # no autograd graph: the reference runs inference too
 def reference_keys(
     model, sentences: list, layer: int, mask_id: int, batch: int = 124, device: str = "cpu"
 ) -> np.ndarray:
