@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from evidence import DATA, EVIDENCE, first_documents
 
-from bertknn.settings import DEFAULT
+from bertknn.query.settings import DEFAULT
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
@@ -103,7 +103,7 @@ def key_transforms(keys: np.ndarray) -> dict:
 def transformed_neighbours(knn, found, state: np.ndarray, transform, k: int):
     """The k nearest of the searched entries under `transform` (squared L2 there), as Neighbours; distances rescaled
     so that their median equals the plain keys' (the temperature keeps its meaning)."""
-    from bertknn.search import Neighbours
+    from bertknn.query.search import Neighbours
 
     if not len(found.searched):
         return found
@@ -121,7 +121,7 @@ def transformed_neighbours(knn, found, state: np.ndarray, transform, k: int):
 def run_questions(knn, texts: list[str], subjects: list[str | None], k: int):
     """(p_bert, state, Neighbours) of every question under the paper's settings with `k` neighbours (variants take
     their own k nearest of them): the model and search once."""
-    from bertknn.settings import PAPER
+    from bertknn.query.settings import PAPER
 
     settings = PAPER.replace(k=k)
     queries = knn.preprocess(texts, subjects)
@@ -135,55 +135,55 @@ def run_questions(knn, texts: list[str], subjects: list[str | None], k: int):
 
 
 def macro_p1(facts, ranks) -> float:
-    from bertknn.evaluation import macro_metrics
+    from bertknn.evaluation.metrics import macro_metrics
 
     return 100 * macro_metrics(facts, ranks)["macro"]["P@1"]
 
 
 def lama_dev(args) -> dict:
-    from bertknn import evaluation as ev
-    from bertknn.encoder import Encoder
-    from bertknn.settings import PAPER
-    from bertknn.tune import DevSplit
+    from bertknn.evaluation.facts import GROUPS, ir_subject, load_lama
+    from bertknn.evaluation.metrics import rank_of
+    from bertknn.evaluation.run import lama_reader
+    from bertknn.evaluation.tune import DevSplit
+    from bertknn.model.encoder import Encoder
+    from bertknn.query.settings import PAPER
 
     encoder = Encoder.load(args.model)
-    facts = ev.load_lama(DATA / "lama", encoder.tokenizer, ev.GROUPS, warn=lambda m: None)
+    facts = load_lama(DATA / "lama", encoder.tokenizer, GROUPS, warn=lambda m: None)
     dev = DevSplit(per_relation=args.dev_per_relation, squad=0).choose(facts)
-    knn = ev.lama_knn(EVIDENCE, encoder)
+    reader = lama_reader(EVIDENCE, encoder)
     print(f"# LAMA dev: {len(dev)} facts ({args.dev_per_relation} per T-REx/Google-RE relation, seed 1, disjoint from")
-    print(f"# the report's sample); evidence corpus datastore {knn.store.path.name}, layer {knn.store.layer}")
+    print(f"# the report's sample); evidence corpus datastore {reader.store.path.name}, layer {reader.store.layer}")
     results = {}
     for mode in ("subject", "no subject"):
         began = time.perf_counter()
-        subjects = [ev.ir_subject(f) if mode == "subject" else None for f in dev]
-        runs = run_questions(knn, [f.question for f in dev], subjects, k=512)
+        subjects = [ir_subject(f) if mode == "subject" else None for f in dev]
+        runs = run_questions(reader, [f.question for f in dev], subjects, k=512)
         sample = np.unique(np.concatenate([found.searched for _, _, found in runs]))
         rng = np.random.default_rng(0)
         sample = rng.choice(sample, min(20_000, len(sample)), replace=False)
-        transforms = key_transforms(np.asarray(knn.store.keys[np.sort(sample)], np.float32))
+        transforms = key_transforms(np.asarray(reader.store.keys[np.sort(sample)], np.float32))
         rows = {}
         counts = []
         for p_bert, _, found in runs:
-            values = np.asarray(knn.store.values[found.searched])
+            values = np.asarray(reader.store.values[found.searched])
             counts.append(np.bincount(values, minlength=len(p_bert)).astype(float) if len(values) else None)
         rows["frequency baseline (no model)"] = (
-            macro_p1(dev, [ev.rank_of(c, f.answer_id) for c, f in zip(counts, dev)]),
+            macro_p1(dev, [rank_of(c, f.answer_id) for c, f in zip(counts, dev)]),
             None,
         )
-        bert = macro_p1(dev, [ev.rank_of(p, f.answer_id) for (p, _, _), f in zip(runs, dev)])
+        bert = macro_p1(dev, [rank_of(p, f.answer_id) for (p, _, _), f in zip(runs, dev)])
         for name, options in VARIANTS.items():
             s = PAPER.replace(**options)
-            dists = [knn.distributions(p, found.top(s.k), s) for p, _, found in runs]
-            rows[name] = tuple(
-                macro_p1(dev, [ev.rank_of(d[i], f.answer_id) for d, f in zip(dists, dev)]) for i in (0, 1)
-            )
+            dists = [reader.distributions(p, found.top(s.k), s) for p, _, found in runs]
+            rows[name] = tuple(macro_p1(dev, [rank_of(d[i], f.answer_id) for d, f in zip(dists, dev)]) for i in (0, 1))
         for name, transform in transforms.items():
-            moved = [transformed_neighbours(knn, found, state, transform, PAPER.k) for _, state, found in runs]
+            moved = [transformed_neighbours(reader, found, state, transform, PAPER.k) for _, state, found in runs]
             for label in ("paper", "T=34.51, lam=0.6"):
                 s = PAPER.replace(**VARIANTS[label])
-                dists = [knn.distributions(p, found, s) for (p, _, _), found in zip(runs, moved)]
+                dists = [reader.distributions(p, found, s) for (p, _, _), found in zip(runs, moved)]
                 rows[f"{name}, {label}"] = tuple(
-                    macro_p1(dev, [ev.rank_of(d[i], f.answer_id) for d, f in zip(dists, dev)]) for i in (0, 1)
+                    macro_p1(dev, [rank_of(d[i], f.answer_id) for d, f in zip(dists, dev)]) for i in (0, 1)
                 )
         print(f"\n## LAMA dev, {mode} (BERT alone: {bert:.1f}; {time.perf_counter() - began:.0f} s)\n")
         print("| variant | kNN P@1 | BERT-kNN P@1 |\n| --- | --- | --- |")
@@ -194,9 +194,9 @@ def lama_dev(args) -> dict:
 
 
 def fresh_facts(args) -> None:
-    from bertknn import evaluation as ev
-    from bertknn.pipeline import BertKNN
-    from bertknn.settings import PAPER
+    from bertknn.evaluation.metrics import rank_of
+    from bertknn.query.pipeline import BertKNN
+    from bertknn.query.settings import PAPER
 
     fresh = ROOT / "bench" / "fresh_facts"
     docs = [json.loads(line) for line in (fresh / "documents.jsonl").read_text(encoding="utf-8").splitlines()]
@@ -221,7 +221,7 @@ def fresh_facts(args) -> None:
                 s = PAPER.replace(**VARIANTS[name])
                 dists = [knn.distributions(p, found.top(s.k), s) for p, _, found in runs]
                 share = [
-                    100 * np.mean([ev.rank_of(p, g) == 1 for p, g in zip(col, gold)])
+                    100 * np.mean([rank_of(p, g) == 1 for p, g in zip(col, gold)])
                     for col in ([p for p, _, _ in runs], [d[0] for d in dists], [d[1] for d in dists])
                 ]
                 print(f"| {when} | {mode} | {name} | {share[0]:.1f} | {share[1]:.1f} | {share[2]:.1f} |")
@@ -238,7 +238,7 @@ def main() -> None:
     parser.add_argument("--skip-lama", action="store_true")
     parser.add_argument("--skip-fresh", action="store_true")
     args = parser.parse_args()
-    from bertknn.runtime import Runtime
+    from bertknn.model.runtime import Runtime
 
     Runtime(threads=os.cpu_count() or 1).apply()
     if not args.skip_fresh:

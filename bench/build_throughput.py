@@ -25,11 +25,11 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
-from bertknn import builder
-from bertknn.corpus import record
-from bertknn.default_model import base_model_dir
-from bertknn.encoder import Encoder
-from bertknn.runtime import Runtime
+from bertknn.build import builder
+from bertknn.build.corpus import record
+from bertknn.model.default_model import base_model_dir
+from bertknn.model.encoder import Encoder
+from bertknn.model.runtime import Runtime
 from bertknn.text import iter_corpus, masked
 
 DEFAULT_PACK = 4  # the option whose ratio is the headline (its fidelity is printed beside it)

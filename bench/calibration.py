@@ -22,12 +22,12 @@ import numpy as np
 from evidence import DATA, EVIDENCE
 
 
-def _asked(knn, facts, with_subject: bool) -> list[tuple[np.ndarray, np.ndarray, int]]:
+def _asked(reader, facts, with_subject: bool) -> list[tuple[np.ndarray, np.ndarray, int]]:
     """(p over the question's words, the LM's p over them, gold index) per fact, uncalibrated."""
-    from bertknn.evaluation import ir_subject
+    from bertknn.evaluation.facts import ir_subject
 
     subjects = [ir_subject(f) if with_subject else None for f in facts]
-    found = knn.predict_batch(
+    found = reader.predict_batch(
         [f.question for f in facts],
         subjects,
         top_k=1,
@@ -41,8 +41,8 @@ def _asked(knn, facts, with_subject: bool) -> list[tuple[np.ndarray, np.ndarray,
 
 def _measures(asked, temperature: float, floor: float) -> tuple[float, float, float]:
     """Mean NLL of the gold answer, ECE of the top answer, P@1 (%), after `calibrate`."""
-    from bertknn.combine import calibrate
-    from bertknn.evaluation import calibration
+    from bertknn.evaluation.metrics import calibration
+    from bertknn.query.combine import calibrate
 
     nll, confidence, correct = [], [], []
     for p, p_lm, gold in asked:
@@ -62,24 +62,25 @@ def main() -> None:
     parser.add_argument("--floors", default="0,0.01,0.03,0.1,0.2,0.3,0.4,0.5,0.6,0.7")
     parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
     args = parser.parse_args()
-    from bertknn import evaluation as ev
-    from bertknn.encoder import Encoder
-    from bertknn.runtime import Runtime
-    from bertknn.tune import DevSplit
+    from bertknn.evaluation.facts import GROUPS, fact_key, held_out, load_lama, sample_per_relation
+    from bertknn.evaluation.run import lama_reader
+    from bertknn.evaluation.tune import DevSplit
+    from bertknn.model.encoder import Encoder
+    from bertknn.model.runtime import Runtime
 
     Runtime(threads=os.cpu_count() or 1).apply()
     encoder = Encoder.load(args.model, runtime="onnx")
-    facts = ev.load_lama(DATA / "lama", encoder.tokenizer, ev.GROUPS, warn=lambda m: None)
+    facts = load_lama(DATA / "lama", encoder.tokenizer, GROUPS, warn=lambda m: None)
     facts = [f for f in facts if f.group in ("T-REx", "Google-RE")]
     dev = DevSplit(per_relation=args.dev, squad=0).choose(facts)
-    taken = {ev.fact_key(f) for f in dev}
-    test = [f for f in ev.sample_per_relation(ev.held_out(facts), args.test, seed=0) if ev.fact_key(f) not in taken]
-    knn = ev.lama_knn(EVIDENCE, encoder)
+    taken = {fact_key(f) for f in dev}
+    test = [f for f in sample_per_relation(held_out(facts), args.test, seed=0) if fact_key(f) not in taken]
+    reader = lama_reader(EVIDENCE, encoder)
     grid = [(float(t), float(f)) for t in args.temperatures.split(",") for f in args.floors.split(",")]
     asked = {
-        ("dev", "subject"): _asked(knn, dev, True),
-        ("dev", "no subject"): _asked(knn, dev, False),
-        ("test", "subject"): _asked(knn, test, True),
+        ("dev", "subject"): _asked(reader, dev, True),
+        ("dev", "no subject"): _asked(reader, dev, False),
+        ("test", "subject"): _asked(reader, test, True),
     }
     dev_runs = asked[("dev", "subject")] + asked[("dev", "no subject")]
     nll = {g: _measures(dev_runs, *g)[0] for g in grid}

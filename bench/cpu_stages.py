@@ -16,9 +16,9 @@ import time
 from functools import partial
 from pathlib import Path
 
-from bertknn import workers
-from bertknn.corpus import open_corpus, record_located
-from bertknn.retrieval import feature_array
+from bertknn.build import workers
+from bertknn.build.corpus import open_corpus, record_located
+from bertknn.index.retrieval import feature_array
 
 
 def rate(fn, items: list, n: int) -> float:

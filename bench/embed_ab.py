@@ -22,8 +22,8 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 import bertknn
-from bertknn.default_model import base_model_dir
-from bertknn.encoder import Encoder
+from bertknn.model.default_model import base_model_dir
+from bertknn.model.encoder import Encoder
 from bertknn.text import iter_corpus, split_sentences, tokenize_sentences
 
 

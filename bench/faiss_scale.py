@@ -23,8 +23,8 @@ from types import SimpleNamespace
 import faiss
 import numpy as np
 
-from bertknn.faiss_index import FaissIndex
-from bertknn.settings import PAPER
+from bertknn.index.faiss_index import FaissIndex
+from bertknn.query.settings import PAPER
 
 DIM, K, PAPER_CONTEXTS = 768, PAPER.k, 900_000_000
 

@@ -28,9 +28,9 @@ import torch
 from build_throughput import cosines, load_sentences, reference_keys
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
-from bertknn.default_model import base_model_dir
-from bertknn.encoder import Encoder
-from bertknn.runtime import Runtime
+from bertknn.model.default_model import base_model_dir
+from bertknn.model.encoder import Encoder
+from bertknn.model.runtime import Runtime
 
 
 def synced(device: torch.device, fn, *args):

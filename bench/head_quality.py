@@ -19,11 +19,12 @@ from pathlib import Path
 
 import torch
 
-from bertknn.default_model import DEFAULT_MODEL
-from bertknn.encoder import Encoder
-from bertknn.evaluation import load_lama, macro_metrics, rank_of, sample_per_relation
-from bertknn.runtime import Runtime
-from bertknn.train_head import evaluate, is_heldout, load_split
+from bertknn.evaluation.facts import load_lama, sample_per_relation
+from bertknn.evaluation.metrics import macro_metrics, rank_of
+from bertknn.model.default_model import DEFAULT_MODEL
+from bertknn.model.encoder import Encoder
+from bertknn.model.runtime import Runtime
+from bertknn.model.train_head import evaluate, is_heldout, load_split
 
 
 def lm_alone(encoder: Encoder, facts: list) -> dict:

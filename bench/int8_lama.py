@@ -4,7 +4,7 @@
 
 Offline default model. Keys: float32 or int8, questions in float32 (ONNX Runtime); then int8 questions over float32
 keys. Facts: the report's sample (T-REx, Google-RE, SQuAD; subjects held out from head training; N per relation,
-seed 0); the paper's hyperparameters (bertknn.settings.PAPER) for both. Both datastores are
+seed 0); the paper's hyperparameters (bertknn.query.settings.PAPER) for both. Both datastores are
 the cached lazy ones of `bertknn eval lama` (without and with `--int8-keys`; built if missing, kept for reruns).
 Cold, with 30 facts per relation, the int8 side embeds about 680k contexts: about 35 minutes on 2 cores (longer than
 the other benches). The int8 questions run over the exact keys. Last lines: the P@1 changes.
@@ -16,11 +16,14 @@ import argparse
 import os
 from pathlib import Path
 
-from bertknn import evaluation as ev
-from bertknn.encoder import Encoder, cache_dir
-from bertknn.runtime import Runtime
-from bertknn.settings import PAPER
-from bertknn.train_head import is_heldout
+from bertknn.evaluation.facts import KB_GROUPS, load_lama, sample_per_relation
+from bertknn.evaluation.metrics import summarize
+from bertknn.evaluation.run import evaluate_facts, lama_reader
+from bertknn.model.encoder import Encoder, cache_dir
+from bertknn.model.runtime import Runtime
+from bertknn.model.train_head import is_heldout
+from bertknn.query.combine import METHODS
+from bertknn.query.settings import PAPER
 
 
 def main() -> None:
@@ -32,22 +35,22 @@ def main() -> None:
     args = parser.parse_args()
     Runtime("onnx", threads=args.threads).apply()
     fast = Encoder.load(runtime="onnx")
-    facts = ev.load_lama(data / "lama", fast.tokenizer, ("T-REx", "Google-RE", "SQuAD"), warn=lambda m: None)
-    facts = [f for f in facts if f.group not in ev.KB_GROUPS or is_heldout(f.subject)]
-    facts = ev.sample_per_relation(facts, args.sample_per_relation, 0)
+    facts = load_lama(data / "lama", fast.tokenizer, ("T-REx", "Google-RE", "SQuAD"), warn=lambda m: None)
+    facts = [f for f in facts if f.group not in KB_GROUPS or is_heldout(f.subject)]
+    facts = sample_per_relation(facts, args.sample_per_relation, 0)
     out = cache_dir() / "int8-lama"
     out.mkdir(parents=True, exist_ok=True)
     results = {}
     questions8 = Encoder.load(runtime="onnx-int8")
     for name, enc, int8 in (("exact", fast, False), ("int8", fast, True), ("int8-questions", questions8, False)):
-        knn = ev.lama_knn(args.corpus, enc, int8_keys=int8, **PAPER.hparams)
-        rows = ev.evaluate_facts(knn, facts, out / f"results-{name}-{args.sample_per_relation}.jsonl")
-        metrics = ev.summarize(rows)["sets"]["LAMA"]["metrics"]
-        results[name] = {m: 100 * metrics[m]["P@1"] for m in ev.METHODS}
+        reader = lama_reader(args.corpus, enc, int8_keys=int8, **PAPER.hparams)
+        rows = evaluate_facts(reader, facts, out / f"results-{name}-{args.sample_per_relation}.jsonl")
+        metrics = summarize(rows)["sets"]["LAMA"]["metrics"]
+        results[name] = {m: 100 * metrics[m]["P@1"] for m in METHODS}
         scores = ", ".join(f"{m} {v:.1f}" for m, v in results[name].items())
         print(f"{name}: {len(rows)} facts; LAMA P@1 {scores}")
     for name in ("int8", "int8-questions"):
-        change = ", ".join(f"{m} {results[name][m] - results['exact'][m]:+.1f}" for m in ev.METHODS)
+        change = ", ".join(f"{m} {results[name][m] - results['exact'][m]:+.1f}" for m in METHODS)
         print(f"P@1 change with {'int8 keys' if name == 'int8' else 'int8 questions'}: {change}")
 
 

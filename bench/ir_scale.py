@@ -9,7 +9,7 @@ of non-stopwords, word types hashed by a fixed random table and bigrams by an in
 (statistically what murmur3 of the strings gives). Text-to-feature cost (`ngram_hashes`, pure Python) is measured
 apart, on the evidence corpus, and added in the extrapolation.
 
-The index is built as `pipeline.ensure_index` builds it: `TfidfIndex.from_features` per segment of 5,000 documents,
+The index is built as `Writer.index_documents` builds it: `TfidfIndex.from_features` per segment of 5,000 documents,
 saved, then `retrieval.compact` after each segment. At each checkpoint, queries run against the index as loaded from
 disk (memory-mapped, warm): "subject" queries (2 consecutive non-stopwords of a random document, as a LAMA subject
 names its article) and "question" queries (6 non-stopwords of a random document). Printed: documents, postings, build
@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bertknn.retrieval import NUM_BUCKETS, TfidfIndex, compact, ngram_hashes
+from bertknn.index.merging import FACTOR
+from bertknn.index.retrieval import NUM_BUCKETS, TfidfIndex, compact, ngram_hashes, on_disk
 from bertknn.text import iter_corpus
 
 VOCAB, STOP, SEGMENT = 2_000_000, 150, 5000
@@ -139,7 +140,7 @@ def main() -> None:
     anon.start()
     time.sleep(0.1)
     print(f"# anonymous RSS before building (Python, numpy, torch via bertknn's imports): {anon.peak / 2**30:.2f} GiB")
-    build_s, merges, postings, rows = 0.0, 0, 0, []
+    build_s, merges, postings, rows, listed = 0.0, 0, 0, [], []
     print(f"# ir_scale: {args.docs:,} synthetic documents in {out}, {os.cpu_count()} cores", flush=True)
     for first in range(0, args.docs, SEGMENT):
         docs = corpus.documents(min(SEGMENT, args.docs - first))
@@ -152,14 +153,17 @@ def main() -> None:
         began = time.perf_counter()
         segment = TfidfIndex.from_features(features, first)
         postings += len(segment.segments[0].docs)
-        segment.save(out, first)
-        merges += compact(out, lambda files: None)
+        before = len(listed) + 1
+        listed = compact(out, [*listed, segment.save(out, first)])
+        merges += (before - len(listed)) // (FACTOR - 1)
+        for name in set(on_disk(out)) - {part.name for part in listed}:  # what merges replaced, as `retire` does
+            shutil.rmtree(out / name)
         build_s += time.perf_counter() - began
         end = first + len(docs)
         if end % 100_000 == 0 or end == args.docs:
             print(f"  {end:,} documents, {build_s:.0f} s building, {merges} merges", flush=True)
         if end in checkpoints:
-            index = TfidfIndex.load(out)
+            index = TfidfIndex.open(out, listed)
             rng = np.random.default_rng(end)
             row = {"docs": end, "postings": postings, "build_s": build_s, "merges": merges}
             row |= {"segments": len(index.segments), "bytes": disk_bytes(out)}

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bertknn.encoder import Encoder
-from bertknn.runtime import Runtime
+from bertknn.model.encoder import Encoder
+from bertknn.model.runtime import Runtime
 from bertknn.text import iter_corpus, split_sentences, tokenize_sentences
 
 

@@ -3,9 +3,9 @@
     python bench/load.py [--clients 16] [--seconds 20] [--threads 0] [--max-batch 32] [--window-ms 0] [--datastore DIR]
                          [--backend onnx]
 
-The server (`bertknn.service.create_app`) runs in its own process over the demo corpus's datastore with the offline
-default model (built and cached as by `bertknn demo`), or over --datastore, with the model in --backend (onnx, as
-`bertknn serve` does by default, torch or onnx-int8). Each client posts the demo questions
+The server (`bertknn.serving.service.create_app`) runs in its own process over the demo corpus's datastore with the
+offline default model (built and cached as by `bertknn demo`), or over --datastore, with the model in --backend
+(onnx, as `bertknn serve` does by default, torch or onnx-int8). Each client posts the demo questions
 (with their subjects) one after another for --seconds, after a warm-up; the figures are requests/s, p50/p99
 latency, the error count (non-200 answers and failed requests) and requests per model call. The server runs once
 with micro-batching (--max-batch waiting requests share one predict_batch call) and once without (max_batch=1:
@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 
 from bertknn.demo import demo_questions
-from bertknn.runtime import BACKENDS
+from bertknn.model.runtime import BACKENDS
 
 WARM_UP = 8
 
@@ -35,9 +35,9 @@ def serve(port: int, max_batch: int, window_ms: float, threads: int, datastore: 
     import uvicorn
 
     from bertknn.demo import build_demo
-    from bertknn.pipeline import BertKNN
-    from bertknn.runtime import Runtime
-    from bertknn.service import create_app
+    from bertknn.model.runtime import Runtime
+    from bertknn.query.pipeline import BertKNN
+    from bertknn.serving.service import create_app
 
     Runtime.of(backend, threads).apply()
     knn = BertKNN.load(datastore, runtime=backend) if datastore else build_demo(runtime=backend)

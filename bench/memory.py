@@ -23,9 +23,9 @@ from pathlib import Path
 CHILD = """
 import json, resource, sys, torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
-from bertknn.default_model import base_model_dir
-from bertknn.encoder import Encoder
-from bertknn.pipeline import BertKNN
+from bertknn.model.default_model import base_model_dir
+from bertknn.model.encoder import Encoder
+from bertknn.query.pipeline import BertKNN
 torch.set_num_threads(1)
 tok = AutoTokenizer.from_pretrained(base_model_dir())
 dims = dict(json.loads(sys.argv[3]))

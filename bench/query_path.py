@@ -33,14 +33,14 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
-from bertknn import evaluation as ev
-from bertknn.combine import interpolate
-from bertknn.default_model import base_model_dir
-from bertknn.encoder import Encoder
-from bertknn.knn import knn_distribution
-from bertknn.pipeline import BertKNN
-from bertknn.runtime import Runtime
-from bertknn.settings import PAPER
+from bertknn.evaluation.facts import load_lama
+from bertknn.model.default_model import base_model_dir
+from bertknn.model.encoder import Encoder
+from bertknn.model.runtime import Runtime
+from bertknn.query.combine import interpolate
+from bertknn.query.knn import knn_distribution
+from bertknn.query.pipeline import BertKNN
+from bertknn.query.settings import PAPER
 
 
 def make_store(encoder: Encoder, docs: int, where: Path) -> BertKNN:
@@ -135,7 +135,7 @@ def main() -> None:
         titles = {t.lower() for t in knn.store.titles(list(range(knn.store.n_documents)))}
         facts = [
             f
-            for f in ev.load_lama(
+            for f in load_lama(
                 Path(os.environ.get("BERTKNN_DATA", "../shared/data")) / "lama",
                 tokenizer,
                 ("T-REx",),

@@ -33,10 +33,10 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    from bertknn import distributed
-    from bertknn.pipeline import BertKNN
-    from bertknn.runtime import Runtime
-    from bertknn.shards import ShardedDatastore
+    from bertknn.build import distributed
+    from bertknn.model.runtime import Runtime
+    from bertknn.query.pipeline import BertKNN
+    from bertknn.store.shards import ShardedDatastore
 
     work = Path(tempfile.mkdtemp(prefix="ray_build_"))
     corpus = first_documents(args.docs, work / "corpus.jsonl")

@@ -69,12 +69,13 @@ def main() -> None:
     import uvicorn
     from ray import serve
 
-    from bertknn import distributed, ray_serve
-    from bertknn.faiss_index import ShardedFaiss
-    from bertknn.pipeline import BertKNN
-    from bertknn.runtime import Runtime
-    from bertknn.service import create_app
-    from bertknn.shards import ShardedDatastore
+    from bertknn.build import distributed
+    from bertknn.index.faiss_index import ShardedFaiss
+    from bertknn.model.runtime import Runtime
+    from bertknn.query.pipeline import BertKNN
+    from bertknn.serving import ray_serve
+    from bertknn.serving.service import create_app
+    from bertknn.store.shards import ShardedDatastore
 
     work = Path(tempfile.mkdtemp(prefix="ray_serve_"))
     corpus = first_documents(args.docs, work / "corpus.jsonl")

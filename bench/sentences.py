@@ -62,7 +62,7 @@ def _temperatures(args) -> list[float]:
 
 
 def fresh(args) -> None:
-    from bertknn.pipeline import BertKNN
+    from bertknn.query.pipeline import BertKNN
 
     sets = {"several": "several_", "single": ""}
     docs = [d for prefix in sets.values() for d in _jsonl(FRESH / f"{prefix}documents.jsonl")]
@@ -117,7 +117,7 @@ def choice(args) -> None:
     import numpy as np
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-    from bertknn.sentences import SentenceMatch, without_names
+    from bertknn.model.sentences import SentenceMatch, without_names
 
     docs = {d["id"]: d for d in _jsonl(FRESH / "several_documents.jsonl")}
     questions = _jsonl(FRESH / "several_questions.jsonl")
@@ -148,28 +148,28 @@ def choice(args) -> None:
 
 
 def lama(args) -> None:
-    from bertknn import evaluation as ev
-    from bertknn.encoder import Encoder
-    from bertknn.tune import DevSplit
+    from bertknn.evaluation.facts import GROUPS, ir_subject, load_lama
+    from bertknn.evaluation.metrics import macro_metrics, rank_of
+    from bertknn.evaluation.run import lama_reader
+    from bertknn.evaluation.tune import DevSplit
+    from bertknn.model.encoder import Encoder
 
     encoder = Encoder.load(args.model, runtime="onnx")
-    facts = ev.load_lama(DATA / "lama", encoder.tokenizer, ev.GROUPS, warn=lambda m: None)
+    facts = load_lama(DATA / "lama", encoder.tokenizer, GROUPS, warn=lambda m: None)
     dev = DevSplit(per_relation=args.lama_dev, squad=0).choose(facts)
-    knn = ev.lama_knn(EVIDENCE, encoder)
+    reader = lama_reader(EVIDENCE, encoder)
     print(f"\n## LAMA dev: {len(dev)} facts ({args.lama_dev} per T-REx/Google-RE relation, seed 1); macro P@1\n")
     print("| subject | sentence_temperature | BERT | kNN | BERT-kNN | s |\n|---|---|---|---|---|---|")
     for mode in ("subject", "no subject"):
-        subjects = [ev.ir_subject(f) if mode == "subject" else None for f in dev]
+        subjects = [ir_subject(f) if mode == "subject" else None for f in dev]
         for t in _temperatures(args):
             began = time.perf_counter()
-            found = knn.predict_batch(
+            found = reader.predict_batch(
                 [f.question for f in dev], subjects, top_k=1, evidence=0, batch_size=32, sentence_temperature=t
             )
             size = encoder.vocab_size
             cells = [
-                ev.macro_metrics(
-                    dev, [ev.rank_of(getattr(p, name), f.answer_id, None, size) for p, f in zip(found, dev)]
-                )
+                macro_metrics(dev, [rank_of(getattr(p, name), f.answer_id, None, size) for p, f in zip(found, dev)])
                 for name in ("p_bert", "p_knn", "p")
             ]
             p1 = " | ".join(f"{100 * c['macro']['P@1']:.1f}" for c in cells)
@@ -177,7 +177,7 @@ def lama(args) -> None:
 
 
 def cost(args) -> None:
-    from bertknn.pipeline import BertKNN
+    from bertknn.query.pipeline import BertKNN
 
     weighted = _temperatures(args)[1]
     questions = [q["question"] for q in _jsonl(FRESH / "several_questions.jsonl")]
@@ -224,7 +224,7 @@ def main() -> None:
     parser.add_argument("--skip-lama", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")
     args = parser.parse_args()
-    from bertknn.runtime import Runtime
+    from bertknn.model.runtime import Runtime
 
     Runtime(threads=os.cpu_count() or 1).apply()
     choice(args)

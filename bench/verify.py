@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bertknn.datastore import SAMPLE_BLOCKS
-from bertknn.integrity import BLOCK, Checksums
+from bertknn.store.datastore import SAMPLE_BLOCKS
+from bertknn.store.integrity import BLOCK, Checksums
 
 
 def main() -> None:

@@ -66,8 +66,8 @@ def _share(hits: list[bool]) -> str:
 
 
 def accuracy(args) -> None:
-    from bertknn.pipeline import BertKNN
-    from bertknn.settings import WORD_BONUS
+    from bertknn.query.pipeline import BertKNN
+    from bertknn.query.settings import WORD_BONUS
 
     docs, questions = _questions()
     work = Path(tempfile.mkdtemp(prefix="words_"))
@@ -108,8 +108,8 @@ def accuracy(args) -> None:
 
 
 def cost(args) -> None:
-    from bertknn.encoder import Encoder
-    from bertknn.pipeline import BertKNN
+    from bertknn.model.encoder import Encoder
+    from bertknn.query.pipeline import BertKNN
 
     _, questions = _questions()
     texts = [q["question"] for q in questions]
@@ -156,7 +156,7 @@ def main() -> None:
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")
     args = parser.parse_args()
-    from bertknn.runtime import Runtime
+    from bertknn.model.runtime import Runtime
 
     Runtime(threads=os.cpu_count() or 1).apply()
     if not args.skip_cost:

@@ -18,7 +18,7 @@ import torch
 from threadpoolctl import threadpool_limits
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
-from bertknn.default_model import base_model_dir
+from bertknn.model.default_model import base_model_dir
 
 torch.set_num_threads(1)
 threadpool_limits(1)
@@ -93,7 +93,7 @@ def small_corpus(tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def encoder(tiny_model_dir):
     """The tiny BERT loaded as an Encoder (keys from block 3 of 4)."""
-    from bertknn.encoder import Encoder
+    from bertknn.model.encoder import Encoder
 
     return Encoder.load(str(tiny_model_dir))
 
@@ -101,7 +101,7 @@ def encoder(tiny_model_dir):
 @pytest.fixture()
 def built(tmp_path, small_corpus, encoder):
     """A BertKNN over the small corpus with the tiny BERT."""
-    from bertknn.pipeline import BertKNN
+    from bertknn.query.pipeline import BertKNN
 
     return BertKNN.build(small_corpus, tmp_path / "store", encoder)
 

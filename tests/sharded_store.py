@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bertknn import distributed
-from bertknn.atomic import write_json
-from bertknn.datastore import Datastore
-from bertknn.encoder import Encoder
-from bertknn.pipeline import BertKNN
-from bertknn.shards import SHARDS_FILE
+from bertknn.build import distributed
+from bertknn.model.encoder import Encoder
+from bertknn.query.pipeline import BertKNN
+from bertknn.store.atomic import write_json
+from bertknn.store.datastore import Datastore
+from bertknn.store.shards import SHARDS_FILE
 
 from .conftest import write_corpus
 

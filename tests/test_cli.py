@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from bertknn import BertKNN, cli
 from bertknn.cli import app
-from bertknn.datastore import Datastore
-from bertknn.runtime import Runtime
-from bertknn.settings import DEFAULT, PAPER
+from bertknn.model.runtime import Runtime
+from bertknn.query.settings import DEFAULT, PAPER
+from bertknn.store.datastore import Datastore
 
 runner = CliRunner()
 

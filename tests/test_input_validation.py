@@ -13,9 +13,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from bertknn.cli import app
-from bertknn.combine import Neighbour, Prediction, TokenScore
 from bertknn.console import render
-from bertknn.encoder import QuestionError
+from bertknn.model.encoder import QuestionError
+from bertknn.query.combine import Neighbour, Prediction, TokenScore
 from bertknn.text import CONTROL, CorpusError, Document, iter_corpus, parse_document, question_error
 
 FUZZ = settings(

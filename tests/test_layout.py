@@ -10,33 +10,55 @@ import bertknn
 SRC = Path(bertknn.__file__).parent
 
 
+def _is_module(name: str) -> bool:
+    return (SRC.parent / f"{name.replace('.', '/')}.py").exists()
+
+
 def _imports(module: str) -> set[str]:
-    tree = ast.parse((SRC / f"{module}.py").read_text(encoding="utf-8"))
-    found = {
-        node.module
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module and node.module != "bertknn"
-    }
-    found |= {  # `from bertknn import atomic` imports the module bertknn.atomic
-        f"bertknn.{alias.name}"
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module == "bertknn"
-        for alias in node.names
-    }
-    found |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    return {name for name in found if name.startswith("bertknn")}
+    """The bertknn modules that `module` ("store.datastore") imports: `from bertknn.store import atomic` imports
+    bertknn.store.atomic."""
+    tree = ast.parse((SRC / f"{module.replace('.', '/')}.py").read_text(encoding="utf-8"))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                inner = f"{node.module}.{alias.name}"
+                found.add(inner if _is_module(inner) else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return {name for name in found if name.startswith("bertknn") and name != "bertknn"}
+
+
+LAYERS = ["text", "model", "store", "index", "build", "query", "evaluation", "serving"]  # the order data flows
+
+
+def _layer(name: str) -> int | None:
+    parts = name.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_each_subpackage_imports_only_those_before_it():
+    backwards = []
+    for file in sorted(SRC.rglob("*.py")):
+        module = ".".join(file.relative_to(SRC).with_suffix("").parts)
+        own = _layer(f"bertknn.{module}")
+        if own is None:
+            continue
+        backwards += [(module, name) for name in _imports(module) if (_layer(name) or 0) > own]
+    assert backwards == []
 
 
 def test_storage_imports_neither_the_model_nor_the_tokenizer():
-    assert _imports("datastore") == {"bertknn.atomic", "bertknn.integrity"}
-    assert _imports("integrity") == {"bertknn.atomic"}
-    assert _imports("atomic") == set()
+    assert _imports("store.datastore") == {"bertknn.store.atomic", "bertknn.store.integrity"}
+    assert _imports("store.integrity") == {"bertknn.store.atomic"}
+    assert _imports("store.atomic") == set()
+    assert not any(name.startswith(("bertknn.model", "bertknn.text")) for name in _imports("store.shards"))
 
 
 def test_the_builder_sits_between_model_and_store():
-    assert {"bertknn.datastore", "bertknn.encoder", "bertknn.text"} <= _imports("builder")
-    assert not any("pipeline" in name or "cli" in name for name in _imports("builder"))
+    assert {"bertknn.store.datastore", "bertknn.model.encoder", "bertknn.text"} <= _imports("build.builder")
+    assert not any("query" in name or "cli" in name for name in _imports("build.builder"))
 
 
 def test_the_corpus_readers_know_nothing_of_the_model():
-    assert _imports("corpus") == {"bertknn.datastore", "bertknn.text"}
+    assert _imports("build.corpus") == {"bertknn.store.datastore", "bertknn.text"}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertknn.pipeline import BertKNN
+from bertknn.query.pipeline import BertKNN
 from bertknn.text import split_sentences, tokenize_sentences
 from tests.conftest import write_corpus
 from tests.test_text import reference_targets, words_of

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bertknn import BertKNN
-from bertknn.datastore import Datastore
+from bertknn.store.datastore import Datastore
 from bertknn.text import SPLITTER, split_sentences
 
 TONY = (

@@ -10,11 +10,12 @@ import faiss
 import pytest
 from typer.testing import CliRunner
 
-from bertknn import atomic, cli
+from bertknn import cli
 from bertknn.cli import app
-from bertknn.datastore import Datastore
-from bertknn.faiss_index import FaissIndex, _save
-from bertknn.integrity import Checksums
+from bertknn.index.faiss_index import FaissIndex, _save
+from bertknn.store import atomic
+from bertknn.store.datastore import Datastore
+from bertknn.store.integrity import Checksums
 
 from .conftest import full_after
 

@@ -10,27 +10,27 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bertknn.combine import Neighbour, Prediction, TokenScore
-    from bertknn.datastore import Datastore, DatastoreError
-    from bertknn.default_model import DEFAULT_MODEL
-    from bertknn.encoder import Encoder, ModelError, QuestionError
-    from bertknn.pipeline import BertKNN
-    from bertknn.settings import PAPER, Settings
+    from bertknn.model.default_model import DEFAULT_MODEL
+    from bertknn.model.encoder import Encoder, ModelError, QuestionError
+    from bertknn.query.combine import Neighbour, Prediction, TokenScore
+    from bertknn.query.pipeline import BertKNN
+    from bertknn.query.settings import PAPER, Settings
+    from bertknn.store.datastore import Datastore, DatastoreError
     from bertknn.text import CorpusError
 
 _WHERE = {
-    "Neighbour": "combine",
-    "Prediction": "combine",
-    "TokenScore": "combine",
-    "Datastore": "datastore",
-    "DatastoreError": "datastore",
-    "DEFAULT_MODEL": "default_model",
-    "Encoder": "encoder",
-    "ModelError": "encoder",
-    "QuestionError": "encoder",
-    "BertKNN": "pipeline",
-    "PAPER": "settings",
-    "Settings": "settings",
+    "Neighbour": "query.combine",
+    "Prediction": "query.combine",
+    "TokenScore": "query.combine",
+    "Datastore": "store.datastore",
+    "DatastoreError": "store.datastore",
+    "DEFAULT_MODEL": "model.default_model",
+    "Encoder": "model.encoder",
+    "ModelError": "model.encoder",
+    "QuestionError": "model.encoder",
+    "BertKNN": "query.pipeline",
+    "PAPER": "query.settings",
+    "Settings": "query.settings",
     "CorpusError": "text",
 }
 __all__ = [

@@ -16,7 +16,7 @@ from rich.table import Table
 from bertknn.text import printable
 
 if TYPE_CHECKING:
-    from bertknn.combine import Prediction
+    from bertknn.query.combine import Prediction
 
 console = Console()
 LOG_EVERY_S = 30  # a progress line this often when the output is not a terminal (a log file, CI)

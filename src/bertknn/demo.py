@@ -12,13 +12,13 @@ from pathlib import Path
 from rich.console import RenderableType
 from rich.markup import escape
 
-from bertknn.combine import Prediction
 from bertknn.console import prob, render
-from bertknn.datastore import VERSION, Datastore
-from bertknn.default_model import DEFAULT_MODEL
-from bertknn.encoder import Encoder, cache_dir
-from bertknn.pipeline import BertKNN
-from bertknn.runtime import Runtime
+from bertknn.model.default_model import DEFAULT_MODEL
+from bertknn.model.encoder import Encoder, cache_dir
+from bertknn.model.runtime import Runtime
+from bertknn.query.combine import Prediction
+from bertknn.query.pipeline import BertKNN
+from bertknn.store.datastore import VERSION, Datastore
 
 DEMO_CORPUS = Path(str(files("bertknn") / "data" / "demo_corpus.jsonl"))
 DEMO_QUESTIONS = Path(str(files("bertknn") / "data" / "demo_questions.json"))
@@ -94,7 +94,7 @@ def fresh_facts(knn: BertKNN) -> list[tuple[str, list[Prediction]]]:
         stages.append(("after add", ask()))
         fresh.remove_documents([d["id"] for d in FRESH_DOCUMENTS])
         stages.append(("after remove", ask()))
-        store.db.close()
+        store.close()
     return stages
 
 

@@ -194,7 +194,7 @@ ZYGOTE = r"""
 import json, os, sys, time
 import faiss
 import bertknn.cli as cli
-import bertknn.datastore, bertknn.faiss_index, bertknn.pipeline, bertknn.retrieval
+import bertknn.store.datastore, bertknn.index.faiss_index, bertknn.query.pipeline, bertknn.index.retrieval
 
 def steps(req):
     # Count the durable steps of writes (each fsync and rename): list their paths in req["trace"], and kill this
@@ -419,8 +419,8 @@ def entry_multiset(store: Path) -> Counter:
 
 def faiss_vectors(store: Path) -> np.ndarray | None:
     """Every vector of the FAISS index (faiss.index and the added parts, as `FaissIndex.load` reads them)."""
-    from bertknn.datastore import Datastore
-    from bertknn.faiss_index import FaissIndex
+    from bertknn.index.faiss_index import FaissIndex
+    from bertknn.store.datastore import Datastore
 
     if not (store / "faiss.index").is_file():
         return None

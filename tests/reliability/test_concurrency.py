@@ -54,7 +54,7 @@ def busy(text: str) -> bool:
 
 def answers(store: Path, docs: list[dict]) -> dict[str, str]:
     """The top kNN answer (k=1) to "TITLE was born in [MASK] ." for each document, asked in this process."""
-    from bertknn.pipeline import BertKNN
+    from bertknn.query.pipeline import BertKNN
 
     knn = BertKNN.load(store, runtime="torch")
     found = {}

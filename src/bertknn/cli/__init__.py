@@ -18,10 +18,10 @@ import typer
 from rich.markup import escape
 
 from bertknn.console import console, phase_progress, shown
-from bertknn.encoder import Encoder
-from bertknn.pipeline import BertKNN
-from bertknn.runtime import Runtime
-from bertknn.settings import (
+from bertknn.model.encoder import Encoder
+from bertknn.model.runtime import Runtime
+from bertknn.query.pipeline import BertKNN
+from bertknn.query.settings import (
     DEFAULT,
     DOC_TEMPERATURE,
     LM_WORDS,
@@ -94,7 +94,7 @@ WAIT_S = 60.0
 @contextlib.contextmanager
 def _writer_wait(datastore: Path, wait: float) -> Iterator[None]:
     """Let this command's writes wait up to `wait` seconds for another writer, and say so when one is at work."""
-    from bertknn.datastore import lock_holder, lock_wait
+    from bertknn.store.datastore import lock_holder, lock_wait
 
     holder = lock_holder(datastore) if datastore.is_dir() else None
     if holder and wait:

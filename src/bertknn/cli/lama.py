@@ -32,11 +32,11 @@ from bertknn.cli import (
     query_options,
 )
 from bertknn.console import console, p_at_1_table, phase_progress
-from bertknn.default_model import DEFAULT_MODEL, HEAD_FILE
-from bertknn.encoder import Encoder
-from bertknn.evaluation import GROUPS
-from bertknn.runtime import CLI_BACKEND
-from bertknn.settings import PAPER
+from bertknn.evaluation.facts import GROUPS
+from bertknn.model.default_model import DEFAULT_MODEL, HEAD_FILE
+from bertknn.model.encoder import Encoder
+from bertknn.model.runtime import CLI_BACKEND
+from bertknn.query.settings import PAPER
 
 
 @command(name="train-head")
@@ -54,7 +54,7 @@ def train_head_cmd(
     threads: ThreadsOption = 0,
 ) -> None:
     """Train the offline default model's MLM head, [MASK] embedding and adapters on the MiniLM-L6 encoder."""
-    from bertknn.train_head import train_head
+    from bertknn.model.train_head import train_head
 
     options = {"steps": steps, "batch_size": batch_size, "max_length": max_length, "rank": rank, "lr": lr}
     info = train_head(corpus, out, init=init, log=console.print, **options)
@@ -62,7 +62,7 @@ def train_head_cmd(
 
 
 def _lama_data_errors() -> tuple[type[Exception], ...]:
-    from bertknn.lama_data import LamaDataError  # imported when an error is handled: start-up stays light
+    from bertknn.evaluation.lama_data import LamaDataError  # imported when an error is handled: start-up stays light
 
     return (LamaDataError, OSError)
 
@@ -73,7 +73,7 @@ def data_lama(
     verify_only: Annotated[bool, typer.Option(help="only check the files against LAMA's git blob hashes")] = False,
 ) -> None:
     """Download LAMA's official data.zip and verify every file against the shipped list of git blob hashes."""
-    from bertknn.lama_data import download, report_lines, verify
+    from bertknn.evaluation.lama_data import download, report_lines, verify
 
     result = verify(dest) if verify_only else verify(download(dest, console=console))
     for line in report_lines(result):
@@ -82,26 +82,38 @@ def data_lama(
         raise typer.Exit(1)
 
 
+CorpusOption = Annotated[Path, typer.Option(help="corpus the datastore is built from, lazily (any format build reads)")]
+ModelOption = Annotated[str, typer.Option(help="HF masked LM")]
+LamaDirOption = Annotated[Path, typer.Option(help="LAMA directory (official layout)")]
+SamplePerRelationOption = Annotated[int | None, typer.Option(help="facts per relation [default: all]")]
+SamplingSeedOption = Annotated[int, typer.Option(help="sampling seed")]
+GroupsOption = Annotated[str | None, typer.Option(help=f"comma-separated LAMA groups [default: {','.join(GROUPS)}]")]
+VocabOption = Annotated[str, typer.Option(help="ranking vocabulary: full (the paper) or common (LAMA's)")]
+LayersOption = Annotated[str | None, typer.Option(help="blocks to compare, e.g. 4,5,6 [default: second-to-last]")]
+HeldoutOnlyOption = Annotated[bool, typer.Option(help="only facts whose subject the default head never saw")]
+NoSubjectOption = Annotated[
+    bool, typer.Option(help="ask without the subject: documents retrieved from the question's text, as users ask")
+]
+ReportDirOption = Annotated[Path, typer.Option(help="report directory (results there are resumed)")]
+MaxMinutesOption = Annotated[
+    float | None, typer.Option(help="stop starting new facts after this long; report those done (a random subset)")
+]
+
+
 @command(eval_app, "lama")
 def eval_lama(
-    corpus: Annotated[Path, typer.Option(help="corpus the datastore is built from, lazily (any format build reads)")],
-    model: Annotated[str, typer.Option(help="HF masked LM")] = DEFAULT_MODEL,
-    data: Annotated[Path, typer.Option(help="LAMA directory (official layout)")] = DATA_DIR,
-    sample_per_relation: Annotated[int | None, typer.Option(help="facts per relation [default: all]")] = None,
-    seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
-    groups: Annotated[
-        str | None, typer.Option(help=f"comma-separated LAMA groups [default: {','.join(GROUPS)}]")
-    ] = None,
-    vocab: Annotated[str, typer.Option(help="ranking vocabulary: full (the paper) or common (LAMA's)")] = "full",
-    layers: Annotated[str | None, typer.Option(help="blocks to compare, e.g. 4,5,6 [default: second-to-last]")] = None,
-    heldout_only: Annotated[bool, typer.Option(help="only facts whose subject the default head never saw")] = False,
-    no_subject: Annotated[
-        bool, typer.Option(help="ask without the subject: documents retrieved from the question's text, as users ask")
-    ] = False,
-    out: Annotated[Path, typer.Option(help="report directory (results there are resumed)")] = Path("lama-report"),
-    max_minutes: Annotated[
-        float | None, typer.Option(help="stop starting new facts after this long; report those done (a random subset)")
-    ] = None,
+    corpus: CorpusOption,
+    model: ModelOption = DEFAULT_MODEL,
+    data: LamaDirOption = DATA_DIR,
+    sample_per_relation: SamplePerRelationOption = None,
+    seed: SamplingSeedOption = 0,
+    groups: GroupsOption = None,
+    vocab: VocabOption = "full",
+    layers: LayersOption = None,
+    heldout_only: HeldoutOnlyOption = False,
+    no_subject: NoSubjectOption = False,
+    out: ReportDirOption = Path("lama-report"),
+    max_minutes: MaxMinutesOption = None,
     pack: PackOption = 1,
     int8_keys: Int8Option = False,
     n_docs: NDocsOption = None,
@@ -119,59 +131,36 @@ def eval_lama(
     threads: ThreadsOption = 0,
 ) -> None:
     """LAMA probe: BERT, kNN and BERT-kNN side by side; writes report.md, report.json and p_at_k.png."""
-    from bertknn import evaluation as ev
-    from bertknn.report import lama_setting, write_report
+    from bertknn.evaluation.facts import common_vocab, select_facts
+    from bertknn.evaluation.report import lama_setting, write_report
+    from bertknn.evaluation.run import evaluate_layers
 
     began = time.time()
     if vocab not in ("full", "common"):
         raise ValueError(f"--vocab must be 'full' or 'common', not {vocab!r}")
     encoder = Encoder.load(model, runtime=backend)
-    common = ev.common_vocab(data, encoder.tokenizer) if vocab == "common" else None
-    facts = ev.select_facts(
+    common = common_vocab(data, encoder.tokenizer) if vocab == "common" else None
+    facts = select_facts(
         data, encoder.tokenizer, groups, common, heldout_only, sample_per_relation, seed, console.print
     )
     given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
     given = query_options(paper, **given, lam_by=lam_by, mixture=mixture, sentence_temperature=sentence_temperature)
-    max_seconds = max_minutes * 60 if max_minutes else None
     blocks = [int(x) for x in layers.split(",")] if layers else None
-    summary, rows, knn = ev.evaluate_layers(
-        corpus,
-        encoder,
-        facts,
-        out,
-        blocks,
-        common,
-        phase_progress,
-        max_seconds,
-        seed,
-        pack,
-        int8_keys,
-        not no_subject,
-        **given,
-    )
-    setting = lama_setting(
-        encoder,
-        knn,
-        len(facts),
-        len(rows),
-        corpus,
-        sample_per_relation,
-        seed,
-        heldout_only,
-        vocab,
-        given,
-        began,
-        not no_subject,
-    )
+    options = {"phases": phase_progress, "max_seconds": max_minutes * 60 if max_minutes else None, "seed": seed}
+    options |= {"pack": pack, "int8_keys": int8_keys, "with_subject": not no_subject}
+    summary, rows, reader = evaluate_layers(corpus, encoder, facts, out, blocks, common, **options, **given)
+    asked = {"per_relation": sample_per_relation, "seed": seed, "heldout_only": heldout_only, "vocab": vocab}
+    asked |= {"given": given, "began": began, "with_subject": not no_subject}
+    setting = lama_setting(encoder, reader, len(facts), len(rows), corpus, **asked)
     console.print(f"report: {write_report(out, summary, rows, setting)}")
     console.print(p_at_1_table(summary))
 
 
 @command()
 def tune(
-    corpus: Annotated[Path, typer.Option(help="corpus the datastore is built from, lazily (any format build reads)")],
-    model: Annotated[str, typer.Option(help="HF masked LM")] = DEFAULT_MODEL,
-    data: Annotated[Path, typer.Option(help="LAMA directory (official layout)")] = DATA_DIR,
+    corpus: CorpusOption,
+    model: ModelOption = DEFAULT_MODEL,
+    data: LamaDirOption = DATA_DIR,
     dev_per_relation: Annotated[int, typer.Option(help="dev facts per T-REx/Google-RE relation")] = 10,
     squad_dev: Annotated[
         int | None, typer.Option(help="SQuAD dev questions [default: all not in the eval sample]")
@@ -189,20 +178,21 @@ def tune(
     threads: ThreadsOption = 0,
 ) -> None:
     """Grid search of n_docs, lambda, k and temperature on a dev split; the best is stored with the datastore."""
-    from bertknn import evaluation as ev
-    from bertknn.report import write_grid
-    from bertknn.tune import DevSplit, cache_facts, grid_search, store_best
+    from bertknn.evaluation.facts import load_lama
+    from bertknn.evaluation.report import write_grid
+    from bertknn.evaluation.run import lama_reader
+    from bertknn.evaluation.tune import DevSplit, cache_facts, grid_search, store_best
 
     split = DevSplit(dev_per_relation, squad_dev, exclude_sample_per_relation, seed, heldout_only, embedded_only)
     encoder = Encoder.load(model, runtime=backend)
-    facts = ev.load_lama(data, encoder.tokenizer, ev.GROUPS, warn=console.print)  # the eval sample is drawn from all
+    facts = load_lama(data, encoder.tokenizer, GROUPS, warn=console.print)  # the eval sample is drawn from all
     with phase_progress() as report:
-        knn = ev.lama_knn(corpus, encoder, progress=report, pack=pack, int8_keys=int8_keys)
-        dev = split.choose(facts, knn)
-        cache = cache_facts(knn, dev, report)
+        reader = lama_reader(corpus, encoder, progress=report, pack=pack, int8_keys=int8_keys)
+        dev = split.choose(facts, reader)
+        cache = cache_facts(reader, dev, report)
     grid = grid_search(dev, cache)
     description = split.describe(dev)
-    store_best(knn, grid, description)
+    store_best(reader, grid, description)
     grid_md = write_grid(out, description, grid)
     (best, best_scores), paper = grid[0], next((scores for s, scores in grid if s == PAPER), None)
     paper_p1 = f"{100 * paper['P@1']:.1f}" if paper else "not in the grid"
@@ -210,5 +200,5 @@ def tune(
     console.print(
         f"best: {best.tuned} P@1 {100 * best_scores['P@1']:.1f} (the paper's "
         f"{'/'.join(map(str, PAPER.tuned.values()))}: {paper_p1}); "
-        f"stored in {knn.store.path / 'manifest.json'}; whole grid in {grid_md}"
+        f"stored in {reader.store.path / 'manifest.json'}; whole grid in {grid_md}"
     )

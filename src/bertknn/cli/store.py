@@ -11,6 +11,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from bertknn.build.corpus import Corpus, open_corpus
+from bertknn.build.writer import Writer
 from bertknn.cli import (
     WAIT_S,
     BackendOption,
@@ -38,11 +40,10 @@ from bertknn.cli import (
     query_options,
 )
 from bertknn.console import console, phase_progress, render, shown
-from bertknn.corpus import Corpus, open_corpus
-from bertknn.default_model import DEFAULT_MODEL
-from bertknn.pipeline import BertKNN
-from bertknn.runtime import CLI_BACKEND
-from bertknn.settings import PAPER
+from bertknn.model.default_model import DEFAULT_MODEL
+from bertknn.model.runtime import CLI_BACKEND
+from bertknn.query.pipeline import BertKNN
+from bertknn.query.settings import PAPER
 
 SKIPPED_SHOWN = 10  # entries of no corpus format a note names; the rest are counted
 
@@ -135,7 +136,7 @@ def _build_on_ray(
     corpus: Path, out: Path, model: str, layer: int | None, workers: int, shard_docs: int, address, runtime
 ):
     """`build --engine ray`: shards on Ray, then say what the sharded datastore holds."""
-    from bertknn import distributed
+    from bertknn.build import distributed
 
     began = time.time()
     with phase_progress() as report:
@@ -209,14 +210,13 @@ def index(
     """Index every key of a datastore with FAISS (for `--retrieval faiss`). Rerun to resume."""
     import faiss
 
-    from bertknn.faiss_index import FaissIndex, ShardedFaiss
-    from bertknn.shards import ShardedDatastore, open_store
+    from bertknn.store.shards import ShardedDatastore, open_store
 
     faiss.omp_set_num_threads(threads or os.cpu_count() or 1)
     began = time.time()
-    store = open_store(datastore)
-    kind = ShardedFaiss if isinstance(store, ShardedDatastore) else FaissIndex  # sharded: one quantizer, per shard
-    if engine not in ("local", "ray") or (engine == "ray" and kind is FaissIndex):
+    writer = Writer(open_store(datastore))
+    sharded = isinstance(writer.store, ShardedDatastore)  # sharded: one quantizer, a part per shard
+    if engine not in ("local", "ray") or (engine == "ray" and not sharded):
         raise typer.BadParameter("--engine is local, or ray for a sharded datastore (its shards filled in parallel)")
     options = {"on_ray": True} if engine == "ray" else {}
     if engine == "ray":
@@ -224,11 +224,11 @@ def index(
 
         ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
     with _writer_wait(datastore, wait), phase_progress() as report:
-        report("indexing", 0, store.size)
-        built = kind.build(
-            store, factory, train_size, nprobe, progress=lambda done, total: report("indexing", done, total), **options
+        report("indexing", 0, writer.store.size)
+        built = writer.index_keys(
+            factory, train_size, nprobe, progress=lambda done, total: report("indexing", done, total), **options
         )
-    where = "the faiss.index of each shard" if kind is ShardedFaiss else datastore / "faiss.index"
+    where = "the faiss.index of each shard" if sharded else datastore / "faiss.index"
     console.print(
         f"FAISS index {built.settings['factory']!r} over {built.ntotal:,} keys in {where} "
         f"({time.time() - began:,.0f}s); ask with --retrieval faiss"
@@ -249,18 +249,18 @@ def add(
     source = open_corpus(corpus)
     _note_skipped(source)
     docs = list(source)  # the whole corpus is read first: a bad line changes nothing
-    knn = BertKNN.load(datastore, runtime=backend)
-    known = knn.store.states([d.id for d in docs])
+    writer = Writer.open(datastore, runtime=backend)
+    known = writer.store.states([d.id for d in docs])
     with _writer_wait(datastore, wait), phase_progress() as report:
-        added = knn.add_documents(docs, skip_existing=True, progress=lambda n: report("embedding", n, len(docs)))
+        added = writer.add_documents(docs, skip_existing=True, progress=lambda n: report("embedding", n, len(docs)))
     skipped = sum(state == "live" for state in known.values())
     console.print(
         f"added {len(docs) - skipped:,} documents ({added:,} contexts) to {datastore}"
         + (f"; {skipped:,} were there already" if skipped else "")
     )
-    if knn.faiss_error is not None:  # IR questions find the new documents; FAISS ones do not until it is repaired
+    if writer.faiss_error is not None:  # IR questions find the new documents; FAISS ones do not until repaired
         console.print(
-            f"[yellow]note:[/] the FAISS index was not extended ({escape(str(knn.faiss_error))}); once it is "
+            f"[yellow]note:[/] the FAISS index was not extended ({escape(str(writer.faiss_error))}); once it is "
             f"repaired, `bertknn index {escape(str(datastore))}` adds the new documents to it"
         )
 
@@ -272,11 +272,10 @@ def remove(
     wait: WaitOption = WAIT_S,
 ) -> None:
     """Remove documents: hidden from IR, kNN and FAISS search at once, all or none (their stored rows are kept)."""
-    from bertknn.shards import open_store
+    from bertknn.store.shards import open_store
 
-    store = open_store(datastore)
-    with _writer_wait(datastore, wait), store.writing():
-        removed, before = store.remove(doc)
+    with _writer_wait(datastore, wait):
+        removed, before = Writer(open_store(datastore)).remove_documents(doc)
     console.print(
         f"removed {len(removed)} document(s) from {escape(str(datastore))}"
         + (f"; already removed before: {escape(', '.join(before))}" if before else "")
@@ -291,9 +290,9 @@ def verify(
     ] = False,
 ) -> None:
     """Check a datastore: every checksum block of every file, SQLite's integrity, keys. Exit status 1 on damage."""
-    from bertknn import datastore as ds
-    from bertknn import faiss_index, retrieval
-    from bertknn.shards import ShardedDatastore, is_sharded
+    from bertknn.index import faiss_index, retrieval
+    from bertknn.store import datastore as ds
+    from bertknn.store.shards import ShardedDatastore, is_sharded
 
     paths = [s.path for s in ShardedDatastore(datastore).shards] if is_sharded(datastore) else [datastore]
     if record:

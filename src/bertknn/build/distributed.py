@@ -1,0 +1,223 @@
+"""A datastore built on a Ray cluster: shards of whole documents, each a normal bertknn datastore (`bertknn[ray]`).
+
+The driver reads the corpus once, cuts it into shards of consecutive documents and writes each shard's documents as
+a JSONL file beside the output (the output directory must be on storage every node sees). A Ray Data pipeline over
+the shards then runs the CPU stage (`builder.register`: sentences and the shard's TF-IDF index, plain tasks) and the
+key stage (`KeyStage`: an actor per worker that loads the model once and embeds its shards, on a GPU with
+`num_gpus=1`, else with a share of the CPUs). Each shard is built by bertknn's own resumable builder, so a task that
+Ray retries after its worker died goes on from what that worker committed: nothing is lost or duplicated. The top
+manifest, `shards.json`, lists the shards in order with their document and entry offsets and is written last
+(atomically); a rerun of the driver skips the shards that are complete and rebuilds only the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from collections.abc import Callable, Iterable
+from functools import partial
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+
+from bertknn.build import builder
+from bertknn.build.corpus import open_corpus
+from bertknn.build.writer import Writer
+from bertknn.model.encoder import Encoder
+from bertknn.model.runtime import Runtime
+from bertknn.store import atomic
+from bertknn.store.atomic import write_json
+from bertknn.store.datastore import Datastore, DatastoreError
+
+SHARDS_FILE = "shards.json"
+SHARD_DOCS = 50_000  # documents per shard by default: ~100 shards for English Wikipedia's 5.07M articles
+FORMAT = "bertknn-sharded"
+CPU_STAGE_CPUS = 0.5  # Ray CPUs a CPU-stage task asks for
+
+
+def shard_name(i: int) -> str:
+    return f"shard-{i:05d}"
+
+
+def plan(n_docs: int, shard_docs: int) -> list[tuple[int, int]]:
+    """The (first, stop) documents of each shard."""
+    if shard_docs < 1:
+        raise ValueError(f"shard_docs must be >= 1, not {shard_docs}")
+    return [(a, min(a + shard_docs, n_docs)) for a in range(0, n_docs, shard_docs)]
+
+
+def _complete(path: Path, documents: int) -> bool:
+    """True when the shard at `path` holds all its documents, embedded."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return manifest.get("status") == "complete" and manifest.get("documents") == documents
+
+
+def _write_inputs(corpus, out: Path, shards: list[tuple[int, int]], todo: set[int]) -> None:
+    """Each shard's documents as JSONL (`inputs/shard-i.jsonl`, written whole: `atomic.write_file`), for the shards
+    in `todo` whose input is not there yet; the corpus is read once, streaming."""
+    inputs = out / "inputs"
+    inputs.mkdir(parents=True, exist_ok=True)
+    missing = {i for i in todo if not (inputs / f"{shard_name(i)}.jsonl").is_file()}
+    docs = iter(corpus)
+    for i, (first, stop) in enumerate(shards):
+        if not missing:
+            return
+        chunk = islice(docs, stop - first)
+        if i not in missing:
+            deque(chunk, maxlen=0)  # skipped: its input is there
+            continue
+        atomic.write_file(inputs / f"{shard_name(i)}.jsonl", partial(_write_jsonl, chunk))
+        missing.discard(i)
+
+
+def _write_jsonl(docs: Iterable, handle) -> None:
+    for doc in docs:
+        handle.write((json.dumps({"id": doc.id, "title": doc.title, "text": list(doc.passages)}) + "\n").encode())
+
+
+def _register(batch: dict, manifest: dict) -> dict:
+    """The CPU stage (a Ray task): register each shard's documents and build its TF-IDF index."""
+    for source, path in zip(batch["input"], batch["out"]):
+        Writer(builder.register(str(source), str(path), manifest)).index_documents()
+    return batch
+
+
+class KeyStage:
+    """The key stage (a Ray actor: the model is loaded once per worker): embed each shard's documents."""
+
+    def __init__(self, model: str, layer: int, runtime: Runtime) -> None:
+        runtime = runtime.here()
+        runtime.apply()
+        self.encoder = Encoder.load(model, layer, runtime)
+
+    def __call__(self, batch: dict) -> dict:
+        entries = []
+        for path in batch["out"]:
+            store = Datastore(str(path))
+            Writer(store, self.encoder).embed(store.pending())
+            with store.writing():
+                builder.finish(store)
+            entries.append(store.size)
+            store.close()
+        return {**batch, "entries": np.array(entries, np.int64), "pid": np.full(len(entries), os.getpid())}
+
+
+def on_gpu(runtime: Runtime) -> bool:
+    """True when `runtime`'s model runs on the cluster's GPUs (an actor then asks Ray for one): a CUDA device, or
+    "auto" on a cluster that has GPUs; a CUDA device on a cluster without any is refused (its actors would wait for
+    one for ever). Ray is started by the caller."""
+    import ray
+
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if runtime.device.startswith("cuda") and not gpus:
+        raise ValueError(f"--device {runtime.device}: the Ray cluster has no GPU; use --device cpu or auto")
+    return runtime.device.startswith("cuda") or (runtime.device == "auto" and gpus > 0)
+
+
+def build(
+    corpus: str | Path,
+    out: str | Path,
+    model: str,
+    layer: int | None = None,
+    workers: int = 1,
+    shard_docs: int = SHARD_DOCS,
+    address: str | None = None,
+    runtime: Runtime | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict:
+    """Build (or finish building) a sharded datastore at `out` on Ray; return the top manifest.
+
+    `workers` key-stage actors, each with one GPU when `runtime` runs on CUDA, else `runtime.threads` CPUs (0: an
+    equal share of the cluster's). `address`: a running cluster's ("auto" finds one); None starts a local one
+    (or uses the Ray this process already started).
+    """
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("building on Ray needs Ray: pip install 'bertknn[ray]'") from None
+
+    out, report = Path(out), progress or (lambda phase, done, total: None)
+    runtime = runtime or Runtime()
+    source = open_corpus(corpus)
+    n_docs = builder.check_corpus(source, report)
+    # for the manifest (model, weights hash, layer, width), on this machine's CPU: the keys are made on the workers'
+    encoder = Encoder.load(model, layer, Runtime())
+    manifest = builder.manifest(encoder, source.info(n_docs), 1, False)
+    manifest |= {"key_dtype": runtime.dtype, "shard_docs": shard_docs}
+    top = out / SHARDS_FILE
+    if top.is_file():
+        known = json.loads(top.read_text(encoding="utf-8"))
+        if known.get("corpus", {}).get("sha256") != manifest["corpus"]["sha256"]:
+            raise DatastoreError(f"{out} holds a sharded datastore of another corpus; choose another --out directory")
+        return known
+    shards = plan(n_docs, shard_docs)
+    dirs = [out / "shards" / shard_name(i) for i in range(len(shards))]
+    _check_existing(out, manifest, shard_docs)
+    todo = [i for i, (a, b) in enumerate(shards) if not _complete(dirs[i], b - a)]
+    report("sharding", len(shards) - len(todo), len(shards))
+    if todo:
+        if not ray.is_initialized():
+            ray.init(address=address, log_to_driver=False)
+        gpu = on_gpu(runtime)
+    _write_inputs(source, out, shards, set(todo))
+    if todo:
+        cpus = ray.cluster_resources().get("CPU", 1.0)
+        # the CPU stage's tasks get half a CPU each, so key-stage actors holding the rest never starve them
+        share = float(runtime.threads or max(0.5, (cpus - CPU_STAGE_CPUS) / max(workers, 1)))
+        items = [
+            {"shard": i, "input": str(out / "inputs" / f"{shard_name(i)}.jsonl"), "out": str(dirs[i])} for i in todo
+        ]
+        pipeline = (
+            ray.data.from_items(items, override_num_blocks=len(items))
+            .map_batches(_register, batch_size=1, fn_kwargs={"manifest": manifest}, num_cpus=CPU_STAGE_CPUS)
+            .map_batches(
+                KeyStage,
+                batch_size=1,
+                compute=ray.data.ActorPoolStrategy(size=workers),
+                fn_constructor_kwargs={"model": model, "layer": encoder.layer, "runtime": runtime},
+                num_gpus=1 if gpu else 0,
+                num_cpus=0 if gpu else share,
+            )
+        )
+        done = len(shards) - len(todo)
+        for _ in pipeline.iter_rows():
+            done += 1
+            report("shards", done, len(shards))
+    result = _top_manifest(manifest, dirs)
+    write_json(top, result)
+    return result
+
+
+def _check_existing(out: Path, manifest: dict, shard_docs: int) -> None:
+    """Refuse to go on with shards begun for another corpus, model or shard size (a rerun must be the same build)."""
+    for path in sorted((out / "shards").glob("shard-*")):
+        try:
+            known = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # not begun: it is built anew
+        same = all(known.get(k) == manifest[k] for k in ("model_hash", "layer", "key_dtype"))
+        if not same or (known.get("corpus") or {}).get("sha256") != manifest["corpus"]["sha256"]:
+            raise DatastoreError(
+                f"{out} holds shards of another corpus or model ({path.name}); choose another --out directory"
+            )
+        if known.get("shard_docs", shard_docs) != shard_docs:
+            raise DatastoreError(f"{out} holds shards of {known['shard_docs']} documents: rerun with that --shard-docs")
+
+
+def _top_manifest(manifest: dict, dirs: list[Path]) -> dict:
+    """The shards in order with their document and entry offsets, from their own manifests."""
+    rows, docs, entries = [], 0, 0
+    for path in dirs:
+        shard = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+        if shard.get("status") != "complete":
+            raise DatastoreError(f"shard {path} is not complete; rerun the build")
+        rows.append({"path": str(path.relative_to(path.parents[1])), "first_document": docs, "first_entry": entries})
+        rows[-1] |= {"documents": shard["documents"], "entries": shard["entries"]}
+        docs, entries = docs + shard["documents"], entries + shard["entries"]
+    keep = ("model", "model_hash", "layer", "dim", "pack", "int8", "key_dtype", "splitter", "corpus", "shard_docs")
+    return {"format": FORMAT, **{k: manifest[k] for k in keep}, "documents": docs, "entries": entries, "shards": rows}

@@ -1,0 +1,262 @@
+"""The write side of a datastore: `Writer` builds a corpus into it, keeps its IR index, embeds documents on demand,
+and adds and removes documents. `BertKNN` (query.pipeline) only reads; the CLI, the service and the Ray build write
+through a `Writer` (as Lucene's IndexWriter is apart from its searcher, and kNN-LM's saver from its reader).
+
+Every write takes the datastore's writer lock (`Datastore.writing`), so one process writes at a time and a crash
+leaves the last committed state queryable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bertknn.build import builder, workers
+from bertknn.build.corpus import Corpus, digest, record
+from bertknn.index import faiss_index, retrieval
+from bertknn.index.faiss_index import AUTO, FaissIndex, ShardedFaiss
+from bertknn.index.merging import merge_plan
+from bertknn.index.retrieval import TfidfIndex, compact, feature_array
+from bertknn.model.encoder import Encoder
+from bertknn.model.runtime import Runtime
+from bertknn.store.datastore import DatastoreError, Part
+from bertknn.store.shards import ShardedDatastore, Store, open_store
+from bertknn.text import CorpusError, Document, parse_document
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+SEGMENT_DOCS = 5000  # documents per IR index segment written at a time: memory stays bounded by one segment
+
+
+class Writer:
+    """What changes a datastore: `build`, `index_documents`, `embed`, `add_documents`, `remove_documents`.
+
+    `encoder` is the model the store was built with (`builder.check_encoder`); only `remove_documents` and
+    `index_documents` work without one.
+    """
+
+    def __init__(self, store: Store, encoder: Encoder | None = None) -> None:
+        if encoder is not None:
+            builder.check_encoder(store, encoder)
+        self.store, self.encoder = store, encoder
+        self.index: TfidfIndex | None = None  # the IR index as this writer last wrote it
+        self.faiss: FaissIndex | None = None  # the FAISS index this writer extends (`add_documents`)
+        self._faiss_state: list | None = None  # `FaissIndex.disk_state` when `faiss` was loaded or written
+        self.faiss_error: DatastoreError | None = None  # why the last add could not extend the FAISS index
+        self._last: Writer | None = None  # a sharded datastore's: the writer of its last shard
+
+    @classmethod
+    def open(cls, datastore: str | Path, model: str | None = None, runtime: Runtime | str = "torch") -> Writer:
+        """A writer of the datastore at `datastore`, with the model it was built with (or `model`, the same
+        weights) loaded as `runtime` says."""
+        store = open_store(datastore)
+        return cls(store, Encoder.load(model or store.manifest["model"], store.layer, runtime))
+
+    @classmethod
+    def build(
+        cls,
+        corpus: str | Path | Corpus | Dataset,
+        out: str | Path,
+        encoder: Encoder,
+        n_workers: int = 0,
+        progress: Callable[[str, int, int], None] | None = None,
+        **options: object,
+    ) -> Writer:
+        """Embed a corpus into a datastore at `out` (resuming an interrupted build) and index it; `options` as
+        `builder.build` takes them (lazy, pack, int8_keys, whole_words, names, ...)."""
+        store = builder.build(corpus, out, encoder, progress=progress, n_workers=n_workers, **options)
+        writer = cls(store, encoder)
+        writer.index_documents(n_workers=n_workers)
+        return writer
+
+    def index_documents(self, segment_docs: int = SEGMENT_DOCS, n_workers: int = 1) -> TfidfIndex:
+        """The datastore's IR index, extended by segments of at most `segment_docs` for the documents it lacks,
+        segments merged as `retrieval.compact` says, each step committed (a rerun resumes after the last).
+
+        A new datastore's index is built the same way, segment by segment, so memory stays bounded by one segment.
+        Texts are hashed in `n_workers` processes (`workers.count`: 0 is every core for a large store). The writer
+        lock is taken only when there is something to add.
+        """
+        store = self.store
+        if self._unindexed(store.parts(retrieval.KIND)):
+            with store.writing(wait=builder.LAZY_WAIT):
+                self._extend_index(segment_docs, n_workers, commit=True)
+        self.index = TfidfIndex.load(store)
+        return self.index
+
+    def _unindexed(self, listed: list[Part] | None) -> bool:
+        """Whether the IR index lacks documents, or its segments are not merged as `merge_plan` says (a writer
+        killed between a segment and its merge), or it is not committed yet (a datastore made before lists)."""
+        if listed is None or not all(retrieval.is_written(self.store.path, part) for part in listed):
+            return True
+        sizes = [p.stop - p.first for p in listed]
+        return sum(sizes) != self.store.n_documents or merge_plan(sizes) is not None
+
+    def _extend_index(self, segment_docs: int, n_workers: int, commit: bool) -> list[Part]:
+        """Index the documents the IR index lacks; return its new list of parts, committed each segment with
+        `commit` (else the caller commits it with the documents: `add_documents`)."""
+        store = self.store
+        listed = self._committed()
+        first = listed[-1].stop if listed else 0
+        if first > store.n_documents:
+            raise DatastoreError(f"the IR index of {store.path} covers {first} documents but the store has fewer")
+        ranges = [(a, min(a + segment_docs, store.n_documents)) for a in range(first, store.n_documents, segment_docs)]
+        texts = (text for a, b in ranges for text in store.iter_document_texts(a, b))
+        hashed = workers.ordered_map(feature_array, texts, workers.count(n_workers, store.n_documents - first))
+        forget = lambda names: store.rewriting(*names)  # noqa: E731
+        for start, stop in ranges:
+            store.rewriting(*TfidfIndex.files(start))  # parts left by an interrupted run are written anew
+            listed = compact(
+                store.path,
+                [*listed, TfidfIndex.from_features(islice(hashed, stop - start), start).save(store.path, start)],
+                forget,
+            )
+            if commit:
+                store.commit_parts(tfidf=listed)
+                retrieval.retire(store)
+        listed = compact(store.path, listed, forget)  # what an interrupted writer left unmerged
+        if commit:
+            store.commit_parts(tfidf=listed)
+            retrieval.retire(store)
+        return listed
+
+    def _committed(self) -> list[Part]:
+        """The IR index's committed parts, up to the first whose files are missing; a datastore made before lists
+        gets its listing committed first (the FAISS index's too), and what no list names is retired."""
+        store = self.store
+        if store.parts(retrieval.KIND) is None:
+            store.commit_parts(tfidf=retrieval.listing(store.path), faiss=faiss_index.listing(store))
+        listed = store.parts(retrieval.KIND)
+        kept = next((i for i, part in enumerate(listed) if not retrieval.is_written(store.path, part)), len(listed))
+        if kept < len(listed):  # segments deleted by hand: indexed again from the first one missing
+            store.commit_parts(tfidf=listed[:kept])
+        retrieval.retire(store)
+        faiss_index.retire(store)
+        return listed[:kept]
+
+    def index_keys(
+        self,
+        factory: str = AUTO,
+        train_size: int | None = None,
+        nprobe: int = 16,
+        progress: Callable[[int, int], None] | None = None,
+        **options: object,
+    ) -> FaissIndex | ShardedFaiss:
+        """Train and fill the FAISS index over all keys (`bertknn index`), resuming an interrupted one; a sharded
+        datastore's has one quantizer and a part per shard (`on_ray`: shards filled on a Ray cluster)."""
+        kind = ShardedFaiss if isinstance(self.store, ShardedDatastore) else FaissIndex
+        built = kind.build(self.store, factory, train_size, nprobe, progress=progress, **options)
+        self.faiss, self._faiss_state = (
+            (built, FaissIndex.disk_state(self.store)) if kind is FaissIndex else (None, None)
+        )
+        return built
+
+    def embed(self, docs: list[int], progress: Callable[[int], None] | None = None) -> int:
+        """Embed the given documents that are not yet (a lazy datastore's, on demand); return the entries added."""
+        return builder.embed(self.store, docs, self._encoder(), progress=progress)
+
+    def _encoder(self) -> Encoder:
+        if self.encoder is None:
+            raise ValueError("this Writer was made without an encoder; give it the datastore's model to embed")
+        return self.encoder
+
+    def _faiss(self) -> FaissIndex | None:
+        """The FAISS index to extend, (re)loaded when another process wrote it since."""
+        state = FaissIndex.disk_state(self.store)
+        if state != self._faiss_state:
+            self.faiss, self._faiss_state = FaissIndex.load(self.store), state
+        return self.faiss
+
+    def add_documents(
+        self, docs: list[dict | Document], skip_existing: bool = False, progress=None, wait: float | None = None
+    ) -> int:
+        """Embed and index new documents ({id, title, text}) without rebuilding anything; return contexts added.
+
+        Under the datastore's writer lock, the documents are registered hidden, embedded (not in a lazy datastore:
+        there on demand), given an IR index segment and appended to the FAISS index, then made live in one
+        transaction: a crash at any point leaves the previous state queryable, and calling again completes the
+        pending ones. Ids already live raise DatastoreError; with `skip_existing` the same document (same text) is
+        skipped instead, while one with other text still raises. `wait`: seconds to wait for another writer (None:
+        as `datastore.lock_wait` says, else 0).
+        """
+        parsed = [d if isinstance(d, Document) else parse_document(d, f"document {i + 1}") for i, d in enumerate(docs)]
+        if isinstance(self.store, ShardedDatastore):
+            return self._add_to_last_shard(parsed, skip_existing, progress, wait)
+        ids = [d.id for d in parsed]
+        if len(set(ids)) != len(ids):
+            raise CorpusError(
+                f"duplicate document id(s) in the request: {sorted({i for i in ids if ids.count(i) > 1})}"
+            )
+        store = self.store
+        builder.require_built(store)
+        builder.check_key_dtype(store, self._encoder())  # before anything is staged
+        with store.writing(wait):
+            store.reload()
+            live = [i for i, state in store.states(ids).items() if state == "live"]
+            if live and not skip_existing:
+                raise DatastoreError(f"document id(s) already in the datastore: {live[:5]}; remove them first")
+            store.stage([record(d, store.splitter) for d in parsed])
+            if not store.lazy:
+                builder.embed(store, store.adding(), self._encoder(), progress=progress)
+            listed = {"tfidf": self._extend_index(SEGMENT_DOCS, 1, commit=False)}
+            faiss = self._faiss_or_none()
+            if faiss is not None:
+                faiss.update(commit=False)
+                listed["faiss"] = faiss.listed()
+            ranges = store.document_ranges(store.adding())  # also those an interrupted add embedded
+            store.publish(**listed)  # the documents and the index parts that hold them, in one transaction
+            retrieval.retire(store)
+            faiss_index.retire(store)
+            builder.finish(store)
+            self.index = TfidfIndex.open(store.path, listed["tfidf"])
+            self._faiss_state = FaissIndex.disk_state(store)
+        return sum(end - start for start, end in ranges if start is not None)
+
+    def _faiss_or_none(self) -> FaissIndex | None:
+        """The FAISS index to extend, or None when there is none or it is damaged (IR questions still find the new
+        documents; `bertknn index` adds them once it is repaired)."""
+        try:
+            faiss, self.faiss_error = self._faiss(), None
+        except DatastoreError as err:
+            faiss = self.faiss = self._faiss_state = None
+            self.faiss_error = err
+        return faiss
+
+    def _add_to_last_shard(self, docs: list[Document], skip_existing: bool, progress, wait: float | None) -> int:
+        """`add_documents` on a sharded datastore: the documents go to its last shard (no other shard's numbers
+        move); an id live in another shard is refused like one live in the same store."""
+        store = self.store
+        last = store.shards[-1]
+        with store.writing(wait):
+            ids = [d.id for d in docs]
+            elsewhere = set(store.states(ids)) - set(last.states(ids))
+            if elsewhere and not skip_existing:
+                raise DatastoreError(
+                    f"document id(s) already in the datastore: {sorted(elsewhere)[:5]}; remove them first"
+                )
+            held = store.live_digests(sorted(elsewhere))
+            changed = sorted(d.id for d in docs if d.id in elsewhere and held.get(d.id) not in (None, digest(d)))
+            if changed:  # as one store refuses a live id given other text (`Datastore.stage`)
+                raise DatastoreError(
+                    f"document id(s) {changed[:5]} are in {store.path} with other text; remove them first "
+                    "(`bertknn remove --doc ID`), then add the new text"
+                )
+            if self._last is None or self._last.store is not last:  # opened once, not per add
+                self._last = Writer(last, self._encoder())
+            docs = [d for d in docs if d.id not in elsewhere]
+            return self._last.add_documents(docs, skip_existing, progress, wait)
+
+    def remove_documents(self, ids: list[str], wait: float | None = None) -> tuple[list[str], list[str]]:
+        """Hide documents from every retrieval path, all in one transaction: (removed now, removed before).
+        An unknown id raises DatastoreError and nothing is removed; `wait` as in `add_documents`."""
+        with self.store.writing(wait):
+            return self.store.remove([str(i) for i in ids])
+
+    def remove_document(self, doc_id: str, wait: float | None = None) -> None:
+        """Hide one document from every retrieval path (DatastoreError for an id never held or removed before)."""
+        removed, _ = self.remove_documents([doc_id], wait)
+        if not removed:
+            raise DatastoreError(f"document {doc_id!r} was removed before from {self.store.path}")

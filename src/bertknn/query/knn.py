@@ -1,0 +1,64 @@
+"""The kNN vote (SPEC §3): p_kNN(w) = sum of exp(-d_i / T) over the neighbours whose value is w, normalised over the
+neighbours (computed after subtracting the smallest distance, so it never underflows); the retrieval-aware variant
+that weighs documents; the neighbours are found by `index.exact` or FAISS.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def neighbour_weights(sq_dist: np.ndarray, temperature: float, log_weights: np.ndarray | None = None) -> np.ndarray:
+    """exp(-d / T) (times exp(`log_weights`), a neighbour's sentence weight) normalised over the neighbours, computed
+    stably from the largest weight."""
+    score = -(np.asarray(sq_dist, np.float64) - np.min(sq_dist)) / temperature
+    if log_weights is not None:
+        score = score + log_weights
+        score -= score.max()
+    w = np.exp(score)
+    return w / w.sum()
+
+
+def knn_distribution(
+    values: np.ndarray, sq_dist: np.ndarray, temperature: float, vocab_size: int, log_weights: np.ndarray | None = None
+) -> np.ndarray:
+    """p_kNN over the vocabulary: each word gets the SUM of its neighbours' normalised weights."""
+    return np.bincount(values, weights=neighbour_weights(sq_dist, temperature, log_weights), minlength=vocab_size)
+
+
+def document_prior(scores: np.ndarray, doc_temperature: float) -> np.ndarray:
+    """p(d|q) over retrieved documents: softmax of their retrieval scores relative to the best one (so the scale of
+    TF-IDF scores, which varies from query to query, does not matter) over `doc_temperature`."""
+    scores = np.asarray(scores, np.float64)
+    best = scores.max() if len(scores) and scores.max() > 0 else 1.0
+    w = np.exp((scores / best - 1.0) / doc_temperature)
+    return w / w.sum()
+
+
+def document_vote(
+    values: np.ndarray,
+    sq_dist: np.ndarray,
+    groups: np.ndarray,
+    prior: np.ndarray,
+    temperature: float,
+    vocab_size: int,
+    log_weights: np.ndarray | None = None,
+) -> np.ndarray:
+    """Retrieval-aware p_kNN, a marginalisation over documents: p(w) = sum_d p(d|q) p_kNN(w|d), where p_kNN(w|d) is
+    the vote of document d's neighbours alone (exp(-dist/T), times exp(`log_weights`) when given, normalised within d)
+    and `groups[i]` the index into `prior` (p(d|q)) of neighbour i's document. Documents holding no neighbour drop out
+    and the prior is renormalised over the others, so a near key from a poorly retrieved document cannot outvote the
+    best document alone."""
+    sq = np.asarray(sq_dist, np.float64)
+    nearest_of = np.full(len(prior), np.inf)
+    np.minimum.at(nearest_of, groups, sq)
+    score = -(sq - nearest_of[groups]) / temperature  # from each document's nearest: never all underflow
+    if log_weights is not None:
+        score = score + log_weights
+        best_of = np.full(len(prior), -np.inf)
+        np.maximum.at(best_of, groups, score)
+        score -= best_of[groups]
+    w = np.exp(score)
+    per_doc = np.bincount(groups, weights=w, minlength=len(prior))
+    held = np.where(per_doc > 0, prior, 0.0)
+    return np.bincount(values, weights=w / per_doc[groups] * (held / held.sum())[groups], minlength=vocab_size)

@@ -1,0 +1,497 @@
+"""BERT-kNN end to end: the user-facing `BertKNN` (load or build, then `predict`), in the spirit of HF pipelines."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from bertknn.build import builder
+from bertknn.build.corpus import Corpus
+from bertknn.build.writer import Writer
+from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
+from bertknn.index.retrieval import TfidfIndex
+from bertknn.model.default_model import DEFAULT_MODEL
+from bertknn.model.encoder import Encoder, QuestionError
+from bertknn.model.runtime import Runtime
+from bertknn.model.sentences import SentenceMatch, log_weights
+from bertknn.query.combine import (
+    Neighbour,
+    Prediction,
+    TokenScore,
+    Words,
+    calibrate,
+    confident_lam,
+    interpolate,
+    ranked,
+)
+from bertknn.query.knn import document_prior, document_vote, knn_distribution, neighbour_weights
+from bertknn.query.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, RemoteShards, Search
+from bertknn.query.settings import SENTENCE_WORDS, Settings
+from bertknn.store.datastore import Datastore, DatastoreError
+from bertknn.store.shards import ShardedDatastore, open_store
+from bertknn.text import Document, unicode_error
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+
+@dataclass(frozen=True)
+class Query:
+    """A cloze question checked and encoded for the model (`BertKNN.preprocess`): its token ids and mask position."""
+
+    text: str
+    subject: str | None
+    ids: list[int]
+    mask: int
+
+
+class BertKNN:
+    """A masked LM plus a datastore: `predict("Dante was born in [MASK].", subject="Dante")`.
+
+    Settings (n_docs, k, temperature, lam, retrieval, ...: `bertknn.query.settings.Settings`) are bertknn's defaults
+    (`settings.DEFAULT`; the paper's: `settings.PAPER`) unless `bertknn tune` stored tuned values with the datastore;
+    `settings`, when given, replaces both, and keyword arguments given here (not None) replace single values. The
+    layer is the datastore's.
+    """
+
+    def __init__(
+        self,
+        encoder: Encoder,
+        store: Datastore,
+        index: TfidfIndex | None = None,
+        settings: Settings | None = None,
+        **hparams: float,
+    ) -> None:
+        if settings is None:
+            tuned = store.manifest.get("tuned", {}).get("hparams", {})  # set by `bertknn tune`
+            try:
+                settings = Settings.from_tuned(tuned)
+            except (TypeError, ValueError) as err:
+                raise DatastoreError(
+                    f"{store.path / 'manifest.json'} holds bad tuned hyperparameters ({err}); rerun `bertknn tune` or "
+                    "delete its 'tuned' field"
+                ) from None
+        self.settings = settings.replace(**hparams)
+        builder.require_built(store)
+        builder.check_encoder(store, encoder)
+        self.encoder, self.store = encoder, store
+        self.sentence_match = SentenceMatch(encoder.runtime)
+        self._writer: Writer | None = None
+        self.index = index or self._load_index()
+        self._faiss_stat: tuple | None = None  # (size, mtime) of the FAISS files when they were loaded
+        self.remote_shards: RemoteShards | None = None  # `serve_shards_on`: the shards searched elsewhere
+        self._load_faiss()
+        self._version = store.version  # the store's state that index and faiss were loaded at
+
+    @property
+    def writer(self) -> Writer:
+        """The datastore's `Writer` with this model: what `add_documents`, `remove_documents` and on-demand
+        embedding go through."""
+        if self._writer is None:
+            self._writer = Writer(self.store, self.encoder)
+        return self._writer
+
+    def _load_index(self) -> TfidfIndex:
+        """The IR index as it is on disk, extended (by the writer) only when it lacks documents that are live;
+        documents being added by another process are hidden until published, so a reader never waits for that
+        writer. A sharded datastore's is its shards' indexes read as one."""
+        store = self.store
+        if isinstance(store, ShardedDatastore):
+            return TfidfIndex.load_shards(store.shards, store.doc_starts[:-1].tolist())
+        try:
+            index = TfidfIndex.load(store)
+        except FileNotFoundError:
+            return self.writer.index_documents()
+        return index if index.n_docs >= store.live_end() else self.writer.index_documents()
+
+    @property
+    def hparams(self) -> dict:
+        """The numeric settings (n_docs, k, temperature, lam) as a dict."""
+        return self.settings.hparams
+
+    def _load_faiss(self) -> None:
+        """(Re)open the FAISS index when its file changed; a damaged one is set aside with its error, so IR
+        questions still work."""
+        sharded = isinstance(self.store, ShardedDatastore)
+        stat = [FaissIndex.disk_state(store) for store in (self.store.shards if sharded else [self.store])]
+        if stat == self._faiss_stat and not self.store.faiss_damage:
+            return
+        try:
+            loader = self.remote_shards.faiss if self.remote_shards else (ShardedFaiss if sharded else FaissIndex).load
+            self.faiss, self.faiss_error = loader(self.store), None
+        except DatastoreError as err:
+            self.faiss, self.faiss_error = None, err
+        self._faiss_stat = stat
+
+    def serve_shards_on(self, shards: RemoteShards) -> None:
+        """Search a sharded datastore's shards through `shards` from now on (`ray_serve.ServedShards`: Ray Serve
+        deployments on the machines that hold them): the IR path's exact kNN and the FAISS index."""
+        self.remote_shards, self._faiss_stat = shards, None
+        self._load_faiss()
+
+    def refresh(self) -> bool:
+        """Take in what another process committed (documents added or removed, a FAISS index built); True if any.
+
+        Cheap when nothing changed (one SQLite pragma and one stat), so a long-running service calls it per request.
+        """
+        self.store.reload()
+        if self.store.version == self._version:
+            return False
+        self.index = self._load_index()
+        self._load_faiss()
+        self._version = self.store.version
+        return True
+
+    @classmethod
+    def load(
+        cls,
+        datastore: str | Path,
+        model: str | None = None,
+        layer: int | None = None,
+        runtime: Runtime | str = "torch",
+        **hparams: float,
+    ) -> BertKNN:
+        """Open a datastore and load the model it was built with (or `model`, which must have the same weights).
+
+        `runtime` (a `Runtime` or a `--backend` name): where and how the model runs (`Encoder`).
+        """
+        store = open_store(datastore)
+        encoder = Encoder.load(model or store.manifest["model"], store.layer if layer is None else layer, runtime)
+        return cls(encoder, store, **hparams)  # the model and layer are checked against the store's here
+
+    @classmethod
+    def build(
+        cls,
+        corpus: str | Path | Corpus | Dataset,
+        out: str | Path,
+        model: str | Encoder = DEFAULT_MODEL,
+        layer: int | None = None,
+        lazy: bool = False,
+        pack: int = 1,
+        progress: Callable[[str, int, int], None] | None = None,
+        runtime: Runtime | str = "torch",
+        int8_keys: bool = False,
+        n_workers: int = 0,
+        whole_words: bool = True,
+        names: bool = False,
+        **hparams: float,
+    ) -> BertKNN:
+        """Embed a corpus into a datastore at `out` (resuming an interrupted build), index it, and load it.
+
+        `corpus`: a path (JSONL, Parquet file or directory, DrQA docs.db, Wikipedia XML dump: `corpus.open_corpus`),
+        a `datasets.Dataset` with id, title and text columns, or a `Corpus`.
+
+        With `lazy`, documents are only registered and indexed; each is embedded the first time retrieval picks it.
+        `pack` > 1 masks that many non-adjacent targets per pass, `int8_keys` computes keys with the encoder quantised
+        to int8: both faster, approximate keys (`Encoder.embed`). Without `whole_words`, only words of one token are
+        stored (format 1: the paper's targets; an answer of several wordpieces is then never a kNN answer). With
+        `names`, runs of capitalised words ("Port Elsmere") are stored as one answer too, besides their words.
+        `n_workers`: processes that split sentences and hash IR features (0: every core for a large corpus,
+        `workers.count`).
+        """
+        encoder = model if isinstance(model, Encoder) else Encoder.load(model, layer, runtime)
+        options = {"lazy": lazy, "pack": pack, "int8_keys": int8_keys, "whole_words": whole_words, "names": names}
+        writer = Writer.build(corpus, out, encoder, n_workers, progress, **options)
+        return cls(encoder, writer.store, writer.index, **hparams)
+
+    def predict(
+        self,
+        text: str,
+        subject: str | None = None,
+        top_k: int = 10,
+        evidence: int = 3,
+        retrieval: str | None = None,
+        settings: Settings | None = None,
+        **hparams: float,
+    ) -> Prediction:
+        """Predict the [MASK] of one cloze question; `subject` (knowledge-base questions) steers retrieval.
+
+        `retrieval` picks where neighbours come from: "ir" (the paper, the default: the documents IR selects), "faiss"
+        (the whole datastore through its FAISS index, `bertknn index`) or "ir+faiss" (both, merged by distance).
+        `settings` (default: this BertKNN's) and the hyperparameters given here (n_docs, k, temperature, lam, not
+        None) apply to this call only.
+        """
+        return self.predict_batch(
+            [text], [subject], top_k, evidence, retrieval=retrieval, settings=settings, **hparams
+        )[0]
+
+    def __call__(
+        self, inputs: str | list[str], top_k: int = 5, subject: str | None = None, **options
+    ) -> list[dict] | list[list[dict]]:
+        """BERT-kNN's answers as transformers' `pipeline("fill-mask")` gives them: for one question a list of
+        {score, token, token_str, sequence}, for a list of questions one such list each. `options` as in `predict`."""
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        found = self.predict_batch(texts, [subject] * len(texts), top_k, evidence=0, **options)
+        answers = [p.fill_mask(self.encoder.tokenizer) for p in found]
+        return answers[0] if isinstance(inputs, str) else answers
+
+    def predict_batch(
+        self,
+        texts: Sequence[str] | Sequence[Query],
+        subjects: Sequence[str | None] | None = None,
+        top_k: int = 10,
+        evidence: int = 3,
+        batch_size: int = 256,
+        retrieval: str | None = None,
+        settings: Settings | None = None,
+        **hparams: float,
+    ) -> list[Prediction]:
+        """Predict many questions, `batch_size` at a time; options as in `predict`.
+
+        The stages of transformers' fill-mask pipeline: options checked once, questions checked and encoded once
+        (`preprocess`; `texts` may be its output), then per batch the model (sorted by length), the search, and
+        the combined answer (`postprocess`).
+        """
+        s = self._options(top_k, evidence, retrieval, settings, hparams)
+        search = self.search(s.retrieval)
+        queries = texts if texts and isinstance(texts[0], Query) else self.preprocess(texts, subjects)
+        out = []
+        for start in range(0, len(queries), batch_size):
+            batch = queries[start : start + batch_size]
+            probs, states = self.encoder.query_ids([(q.ids, q.mask) for q in batch])
+            with self.store.sqlite_errors():  # a damaged page met by a question: an error naming the file
+                found = search.batch_search([q.text for q in batch], [q.subject for q in batch], states, s)
+                words = [self.words(f) for f in found]
+                votes = [self.vote(f, s, w) for f, w in zip(found, words)]
+                if s.sentence_temperature:
+                    weights = self.sentence_weights([q.text for q in batch], found, words, votes, s)
+                    votes = [self.vote(f, s, w, lw) for f, w, lw in zip(found, words, weights)]
+            chosen = [w.candidates(v, s.lm_words) for w, v in zip(words, votes)]
+            pieces = [[w.pieces[j] for j in c] for w, c in zip(words, chosen)]
+            scores = self.encoder.word_scores([(q.ids, q.mask) for q in batch], pieces)
+            words = [w.scored(c, lm) for w, c, lm in zip(words, chosen, scores)]
+            with self.store.sqlite_errors():
+                parts = zip(batch, probs, found, words, votes)
+                out += [self.postprocess(*part, top_k, evidence, s) for part in parts]
+        return out
+
+    def words(self, found: Neighbours) -> Words:
+        """The words a question's answers are ranked over: the vocabulary and the words of several tokens that
+        `found` holds (read from the datastore's lexicon), their LM scores not yet computed."""
+        vocab = self.encoder.vocab_size
+        values = np.unique(found.values[found.values >= vocab]).astype(np.int64)
+        if not len(values):
+            return Words(vocab)
+        rows = self.store.words(values.tolist())
+        pieces = tuple(tuple(int(t) for t in rows[v][0].split()) for v in values.tolist())
+        texts = tuple(rows[v][1] for v in values.tolist())
+        return Words(vocab, values, pieces, texts, np.zeros(len(values)))
+
+    def _options(
+        self, top_k: int, evidence: int, retrieval: str | None, settings: Settings | None, hparams
+    ) -> Settings:
+        """This call's settings, with `top_k` and `evidence` checked (ValueError)."""
+        s = (settings or self.settings).replace(retrieval=retrieval, **hparams)
+        vocab = self.encoder.vocab_size
+        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or not 1 <= top_k <= vocab:
+            raise ValueError(f"top_k must be an integer from 1 to the vocabulary size {vocab} (got {top_k!r})")
+        if isinstance(evidence, bool) or not isinstance(evidence, (int, np.integer)) or evidence < 0:
+            raise ValueError(f"evidence must be an integer >= 0 (got {evidence!r})")
+        return s
+
+    def preprocess(self, texts: Sequence[str], subjects: Sequence[str | None] | None = None) -> list[Query]:
+        """Questions checked and encoded for the model, once: QuestionError names the first bad question or
+        subject (not a cloze question with one [MASK], a [MASK] past the model's input length, invalid Unicode)."""
+        subjects = list(subjects) if subjects is not None else [None] * len(texts)
+        if len(subjects) != len(texts):
+            raise ValueError(f"{len(texts)} questions but {len(subjects)} subjects")
+        queries = []
+        for i, (text, subject) in enumerate(zip(texts, subjects)):
+            try:
+                ids, mask = self.encoder.question_ids(text)
+            except QuestionError as err:
+                raise QuestionError(f"question {i + 1} ({text!r}): {err}", index=i) from err
+            error = unicode_error(subject) if subject is not None else None
+            if error:
+                raise QuestionError(f"subject {i + 1} ({subject!r}): the subject is {error}", index=i)
+            queries.append(Query(text, subject, ids, mask))
+        return queries
+
+    def embed_retrieved(
+        self, queries: Sequence[Query], n_docs: int, progress: Callable[[int, int], None] | None = None
+    ) -> tuple[list[list[int]], int]:
+        """The documents IR picks for each question (its first `n_docs`), and how many of them were embedded now: in a
+        lazy datastore those not embedded yet are, in one run, `progress(done, total)` counting documents, so that a
+        long wait is seen rather than spent inside a question."""
+        search = self.search("ir")
+        docs = [search.documents(q.text, q.subject, n_docs) for q in queries]
+        pending = self.store.pending(sorted({d for chosen in docs for d in chosen}))
+        if pending:
+            report = progress or (lambda done, total: None)
+            report(0, len(pending))
+            self.writer.embed(pending, progress=lambda n: report(n, len(pending)))
+        return docs, len(pending)
+
+    def search(self, retrieval: str = "ir") -> Search:
+        """The searcher of a retrieval setting ("ir", "faiss" or "ir+faiss"), over the datastore as loaded now."""
+        embed = self.writer.embed if self.store.lazy else None
+        documents = DocumentSearch(self.store, self.index, embed, self.remote_shards)
+        if retrieval == "ir":
+            return documents
+        if self.faiss is None:
+            raise self.faiss_error or DatastoreError(
+                f"{self.store.path} has no FAISS index: create one with `bertknn index {self.store.path}`"
+            )
+        faiss = FaissSearch(self.store, self.faiss)
+        return faiss if retrieval == "faiss" else MergedSearch(documents, faiss, self.store)
+
+    def postprocess(
+        self,
+        query: Query,
+        p_bert: np.ndarray,
+        found: Neighbours,
+        words: Words,
+        p_knn: np.ndarray | None,
+        top_k: int,
+        n_evidence: int,
+        s: Settings,
+    ) -> Prediction:
+        """The answer to one question: the LM's distribution and the kNN's vote (`p_knn`) over `words`,
+        interpolated and ranked, with evidence."""
+        p = self.distributions(p_bert, found, s, words, p_knn, query.text)[1]
+        tok = self.encoder.tokenizer
+        knn_top = ranked(p_knn, tok, top_k, words)
+        return Prediction(
+            question=query.text,
+            subject=query.subject,
+            documents=self.store.titles(found.documents),
+            retrieval=s.retrieval,
+            bert=ranked(p_bert, tok, top_k),
+            knn=knn_top,
+            bert_knn=ranked(p, tok, top_k, words),
+            evidence=self._evidence(knn_top, found, n_evidence, s.temperature),
+            p_bert=words.lm(p_bert),
+            p_knn=p_knn,
+            p=p,
+            neighbours=found,
+            input_ids=query.ids,
+            mask_index=query.mask,
+        )
+
+    def vote(
+        self, found: Neighbours, s: Settings, words: Words, log_weights: np.ndarray | None = None
+    ) -> np.ndarray | None:
+        """p_kNN of one question over `words` (None without neighbours), as the settings say: the paper's vote or the
+        retrieval-aware one (`doc_temperature`), each neighbour also weighted by exp(`log_weights`) when given (its
+        sentence's, `sentence_weights`). Damaged neighbours raise DatastoreError."""
+        if not len(found.entries):
+            return None
+        self._check_neighbours(found, words.vocab)
+        values = words.index(found.values)
+        if s.doc_temperature and found.scores is not None:
+            position = {doc: i for i, doc in enumerate(found.documents)}
+            extra = len(found.documents)  # a neighbour from a document IR did not retrieve (ir+faiss): score 0
+            groups = np.array([position.get(int(d), extra) for d in self.store.documents_of(found.entries)])
+            prior = document_prior(np.append(found.scores, 0.0), s.doc_temperature)
+            return document_vote(values, found.distances, groups, prior, s.temperature, words.size, log_weights)
+        return knn_distribution(values, found.distances, s.temperature, words.size, log_weights)
+
+    def sentence_weights(
+        self,
+        questions: Sequence[str],
+        found: Sequence[Neighbours],
+        words: Sequence[Words],
+        votes: Sequence[np.ndarray | None],
+        s: Settings,
+    ) -> list[np.ndarray | None]:
+        """Each question's neighbours' sentence log weights (`sentences.log_weights`): the sentences of the
+        neighbours holding the vote's SENTENCE_WORDS best words compared with the question, all questions' sentences
+        embedded together (None for a question without neighbours)."""
+        chosen = [np.isin(w.index(f.values), Words.best(v, SENTENCE_WORDS)) for f, w, v in zip(found, words, votes)]
+        rows = self.store.evidence(np.concatenate([f.entries[c] for f, c in zip(found, chosen)]).tolist())
+        at = np.cumsum([0, *(int(c.sum()) for c in chosen)])
+        pairs = [[(q, e.sentence, e.title) for e in rows[a:b]] for q, a, b in zip(questions, at[:-1], at[1:])]
+        out = []
+        for c, sim in zip(chosen, self.sentence_match.similarities(pairs)):
+            full = np.zeros(len(c))
+            full[c] = sim
+            out.append(log_weights(full, c, s.sentence_temperature) if c.any() else None)
+        return out
+
+    def distributions(
+        self,
+        p_bert: np.ndarray,
+        found: Neighbours,
+        s: Settings,
+        words: Words | None = None,
+        p_knn: np.ndarray | None = None,
+        question: str = "",
+    ) -> tuple[np.ndarray | None, np.ndarray]:
+        """p_kNN (`vote`, unless given) and the interpolated p of one question over `words` (default: `words(found)`
+        unscored, so the LM gives its words of several tokens 0), from `p_bert`, the LM's distribution over the
+        vocabulary, as the settings say: a constant or an adaptive lambda (`lam_by`), the linear or the log-linear
+        mixture (`mixture`; the latter with `word_bonus` for words of several tokens that `question` does not
+        contain); a vote made here weighs the neighbours' sentences against `question` (`sentence_temperature`). The
+        result is calibrated (`combine.calibrate`: `confidence_temperature`, `lm_floor`)."""
+        if not len(found.entries):
+            return None, p_bert.astype(np.float64)
+        words = words or self.words(found)
+        if p_knn is None:
+            p_knn = self.vote(found, s, words)
+            if s.sentence_temperature and question:
+                p_knn = self.vote(found, s, words, self.sentence_weights([question], [found], [words], [p_knn], s)[0])
+        p_bert = words.lm(p_bert)
+        lam = confident_lam(p_knn, s.lam, len(found.entries)) if s.lam_by == "entropy" else s.lam
+        p_lm = p_bert.astype(np.float64)
+        if s.mixture == "linear":
+            p = interpolate(p_lm, p_knn, lam, s.mixture)
+        else:
+            held, prior = words.unscored_dropped(p_knn), words.prior(s.word_bonus, question)
+            p = interpolate(p_lm, held, lam, s.mixture, prior)
+        return p_knn, calibrate(p, p_lm, s.confidence_temperature, s.lm_floor)
+
+    def _check_neighbours(self, found: Neighbours, vocab: int) -> None:
+        """A damaged key (NaN) or value (outside the vocabulary, in a store of words of one token) must never reach
+        an answer (a value outside the lexicon is found when its word is read)."""
+        values = found.values
+        bad = ~np.isfinite(found.distances) | (values < 0) | ((values >= vocab) & (not self.store.whole_words))
+        if bad.any():
+            raise DatastoreError(
+                f"{self.store.path} is damaged: entries {found.entries[bad][:5].tolist()} hold a non-finite key or a "
+                f"value outside the model's vocabulary; `bertknn verify {self.store.path}` locates the damage"
+            )
+
+    def add_documents(
+        self, docs: list[dict | Document], skip_existing: bool = False, progress=None, wait: float | None = None
+    ) -> int:
+        """`Writer.add_documents` with this model, then taken in here: the documents are searchable at once."""
+        added = self.writer.add_documents(docs, skip_existing, progress, wait)
+        self._adopt(self.writer)
+        return added
+
+    def _adopt(self, writer: Writer) -> None:
+        """Read the indexes as `writer` just left them (what it wrote is what this reader would load)."""
+        if isinstance(self.faiss, FaissIndex) and writer.faiss is not None and self.remote_shards is None:
+            self.faiss, self._faiss_stat = writer.faiss, [FaissIndex.disk_state(self.store)]
+        self.refresh()
+
+    def remove_documents(self, ids: list[str], wait: float | None = None) -> tuple[list[str], list[str]]:
+        """`Writer.remove_documents`: hide documents from every retrieval path, all in one transaction."""
+        return self.writer.remove_documents(ids, wait)
+
+    def remove_document(self, doc_id: str, wait: float | None = None) -> None:
+        """`Writer.remove_document`: hide one document from every retrieval path."""
+        self.writer.remove_document(doc_id, wait)
+
+    def _evidence(
+        self, words: list[TokenScore], found: Neighbours, n_evidence: int, temperature: float
+    ) -> dict[str, list[Neighbour]]:
+        """For each kNN answer, its nearest `n_evidence` neighbours with their sentences."""
+        if not words:
+            return {}
+        dist = found.distances
+        weights = neighbour_weights(dist, temperature)
+        picks = [np.flatnonzero(found.values == w.id)[:n_evidence] for w in words]
+        rows = iter(self.store.evidence(found.entries[np.concatenate(picks)].tolist()))  # one query for all words
+        return {
+            word.token: [
+                Neighbour(word.token, float(dist[i]), float(weights[i]), e.doc_id, e.title, e.sentence, e.span)
+                for i, e in zip(mine, islice(rows, len(mine)))
+            ]
+            for word, mine in zip(words, picks)
+        }

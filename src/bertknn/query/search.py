@@ -1,0 +1,176 @@
+"""Search stage: a question's nearest stored contexts, through one signature whatever the source (SPEC §2-§3).
+
+As Pyserini's searchers do, every searcher answers `search(question, subject, state, settings)` and
+`batch_search(...)` with `Neighbours` records:
+- `DocumentSearch` (the paper): the document titled by the subject, else TF-IDF's top n_docs, then exact kNN over
+  their entries (a lazy datastore embeds them first);
+- `FaissSearch`: the whole datastore through its FAISS index, re-ranked by exact distance;
+- `MergedSearch(a, b)`: both, merged by distance.
+Prediction, evaluation and tuning all search through these: nothing else retrieves documents or neighbours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from bertknn.index.exact import candidates, nearest
+from bertknn.index.faiss_index import FaissIndex
+from bertknn.index.retrieval import TfidfIndex, select_documents
+from bertknn.query.settings import Settings
+from bertknn.store.datastore import Datastore
+
+
+@dataclass(frozen=True)
+class Neighbours:
+    """What a search found for one question.
+
+    documents: indices of the documents searched (FAISS: those the neighbours come from, nearest first);
+    entries, distances, values: the k nearest stored contexts, nearest first (ties by entry), their squared L2
+    distances and their words; searched: every entry compared exactly (the documents' entries; none for FAISS);
+    scores: the retrieval scores of `documents` (TF-IDF; 1 for the title shortcut's one), None for FAISS's.
+    """
+
+    documents: list[int]
+    entries: np.ndarray
+    distances: np.ndarray
+    values: np.ndarray
+    searched: np.ndarray
+    scores: list[float] | None = None
+
+    def top(self, k: int) -> Neighbours:
+        """The k nearest of these (the same documents and searched entries)."""
+        return dataclasses.replace(self, entries=self.entries[:k], distances=self.distances[:k], values=self.values[:k])
+
+
+class Search(Protocol):
+    """A source of neighbours: one question at a time, or a batch (whose work may be shared)."""
+
+    def search(self, question: str, subject: str | None, state: np.ndarray, settings: Settings) -> Neighbours: ...
+
+    def batch_search(
+        self, questions: Sequence[str], subjects: Sequence[str | None], states: np.ndarray, settings: Settings
+    ) -> list[Neighbours]: ...
+
+
+class RemoteShards(Protocol):
+    """A sharded datastore's shards searched where they are held (`ray_serve.ServedShards`, through
+    `BertKNN.serve_shards_on`): exact kNN over documents (global numbers), asking only the shards that own them, and
+    the FAISS index (None when a shard has none)."""
+
+    def nearest(self, docs: list[int], state: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def faiss(self, store: Datastore) -> object | None: ...
+
+
+def _values(store: Datastore, entries: np.ndarray) -> np.ndarray:
+    return np.asarray(store.values[entries]) if len(entries) else np.zeros(0, np.int32)
+
+
+class DocumentSearch:
+    """The paper's search: choose documents (title shortcut, else TF-IDF), then exact kNN over their entries.
+
+    `embed(docs)`, given for a lazy datastore, embeds the documents that lack keys before they are searched;
+    `shards`, given for a sharded datastore served elsewhere, searches the documents' keys where they are held.
+    """
+
+    def __init__(
+        self,
+        store: Datastore,
+        index: TfidfIndex,
+        embed: Callable[[list[int]], object] | None = None,
+        shards: RemoteShards | None = None,
+    ):
+        self.store, self.index, self.embed, self.shards = store, index, embed, shards
+
+    def scored(self, question: str, subject: str | None, n_docs: int) -> tuple[list[int], list[float]]:
+        """The documents searched for a question (the one titled `subject` if any, else TF-IDF's top n_docs) and
+        their retrieval scores."""
+        return select_documents(self.store, self.index, question, subject, int(n_docs))
+
+    def documents(self, question: str, subject: str | None, n_docs: int) -> list[int]:
+        """The documents of `scored`."""
+        return self.scored(question, subject, n_docs)[0]
+
+    def among(self, docs: list[int], state: np.ndarray, k: int, scores: list[float] | None = None) -> Neighbours:
+        """The k entries of `docs` (retrieved with `scores`) nearest to `state` (exact squared L2)."""
+        if self.embed is not None:
+            self.embed(docs)  # first: the key memmap grows
+        searched = candidates(self.store.document_ranges(docs))
+        if self.shards is not None:
+            entries, dist = self.shards.nearest(docs, state, int(k))
+        else:
+            entries, dist = nearest(self.store.keys, searched, state, int(k))
+        return Neighbours(docs, entries, dist, _values(self.store, entries), searched, scores)
+
+    def search(self, question: str, subject: str | None, state: np.ndarray, settings: Settings) -> Neighbours:
+        """The neighbours of one question."""
+        docs, scores = self.scored(question, subject, settings.n_docs)
+        return self.among(docs, state, settings.k, scores)
+
+    def batch_search(
+        self, questions: Sequence[str], subjects: Sequence[str | None], states: np.ndarray, settings: Settings
+    ) -> list[Neighbours]:
+        """The neighbours of many questions; a lazy datastore embeds all their documents in one run."""
+        chosen = [self.scored(q, s, settings.n_docs) for q, s in zip(questions, subjects)]
+        if self.embed is not None:
+            self.embed(sorted({d for docs, _ in chosen for d in docs}))
+        return [self.among(docs, state, settings.k, scores) for (docs, scores), state in zip(chosen, states)]
+
+
+def _nearest_first(entries: np.ndarray, dist: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct entries, the k nearest, nearest first with ties by entry (the order exact kNN gives)."""
+    entries, first = np.unique(entries, return_index=True)
+    dist = dist[first]
+    order = np.lexsort((entries, dist))[:k]
+    return entries[order], dist[order]
+
+
+class FaissSearch:
+    """Search the whole datastore through its FAISS index (hidden documents dropped, re-ranked exactly)."""
+
+    def __init__(self, store: Datastore, faiss: FaissIndex) -> None:
+        self.store, self.faiss = store, faiss
+
+    def search(self, question: str, subject: str | None, state: np.ndarray, settings: Settings) -> Neighbours:
+        """The neighbours of one question; documents are those they come from, nearest first."""
+        k = int(settings.k)
+        entries, dist = _nearest_first(*self.faiss.search(state, k, self.store.hidden_documents()), k)
+        documents = list(dict.fromkeys(self.store.documents_of(entries).tolist()))
+        return Neighbours(documents, entries, dist, _values(self.store, entries), np.zeros(0, np.int64))
+
+    def batch_search(
+        self, questions: Sequence[str], subjects: Sequence[str | None], states: np.ndarray, settings: Settings
+    ) -> list[Neighbours]:
+        """`search` for each question."""
+        return [self.search(q, s, state, settings) for q, s, state in zip(questions, subjects, states)]
+
+
+class MergedSearch:
+    """Two searches merged by distance (as Pyserini's hybrid searcher merges two): the k nearest of both, with the
+    first's documents and searched entries."""
+
+    def __init__(self, first: Search, second: Search, store: Datastore) -> None:
+        self.first, self.second, self.store = first, second, store
+
+    def _merged(self, a: Neighbours, b: Neighbours, k: int) -> Neighbours:
+        both = np.concatenate([a.entries, b.entries]), np.concatenate([a.distances, b.distances])
+        entries, dist = _nearest_first(*both, k)
+        return Neighbours(a.documents, entries, dist, _values(self.store, entries), a.searched, a.scores)
+
+    def search(self, question: str, subject: str | None, state: np.ndarray, settings: Settings) -> Neighbours:
+        """The k nearest of both searches' neighbours."""
+        a = self.first.search(question, subject, state, settings)
+        return self._merged(a, self.second.search(question, subject, state, settings), int(settings.k))
+
+    def batch_search(
+        self, questions: Sequence[str], subjects: Sequence[str | None], states: np.ndarray, settings: Settings
+    ) -> list[Neighbours]:
+        """`search` for each question, each search batched."""
+        a = self.first.batch_search(questions, subjects, states, settings)
+        b = self.second.batch_search(questions, subjects, states, settings)
+        return [self._merged(x, y, int(settings.k)) for x, y in zip(a, b)]

@@ -1,0 +1,1 @@
+"""The HTTP API and page, on one machine (FastAPI) or on Ray Serve."""

@@ -1,0 +1,228 @@
+"""The HTTP API's request and response models (pydantic: they make its OpenAPI schema) and the limits they and the
+service enforce: question length, batch size, request settings, body and document size, time a prediction may take.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+
+from bertknn.query.settings import LAM_RULES, MIXTURES, RETRIEVALS
+from bertknn.text import MASK, Document, parse_document, unicode_error
+
+MAX_TEXT = 1000
+MAX_BATCH = 64
+MAX_N_DOCS = 100
+MAX_K = 10_000
+MAX_BODY_BYTES = 1 << 20
+MAX_DOCUMENT_CHARS = 20_000
+REQUEST_TIMEOUT_S = 30.0
+
+
+def _utf8(value: Any) -> Any:
+    """`value` if UTF-8 can encode its strings (it, or a list's items): a lone surrogate, from a JSON escape such
+    as "\\ud800", is refused."""
+    for item in value if isinstance(value, list) else [value]:
+        error = unicode_error(item) if isinstance(item, str) else None
+        if error:
+            raise ValueError(error)
+    return value
+
+
+UTF8 = AfterValidator(_utf8)  # on a whole field, so that errors name the field, not a member of its union
+Text = Annotated[
+    str, Field(min_length=1, max_length=MAX_TEXT, description=f"cloze question with exactly one {MASK}"), UTF8
+]
+Subject = Annotated[
+    str | None,
+    Field(default=None, max_length=300, description="subject: a document with this title is searched"),
+    UTF8,
+]
+TopK = Annotated[int, Field(default=10, ge=1, le=100, description="answers per ranking")]
+EvidenceCount = Annotated[int, Field(default=3, ge=0, le=20, description="evidence sentences per kNN answer")]
+
+
+class Options(BaseModel):
+    """Per-request settings; unset ones keep the server's (the datastore's tuned values or bertknn's defaults)."""
+
+    model_config = ConfigDict(extra="forbid")
+    n_docs: int | None = Field(default=None, ge=1, le=MAX_N_DOCS, description="documents retrieved")
+    k: int | None = Field(default=None, ge=1, le=MAX_K, description="nearest neighbours")
+    temperature: float | None = Field(default=None, allow_inf_nan=False, description="l in exp(-d/l)")
+    lam: float | None = Field(default=None, allow_inf_nan=False, description="weight of p_kNN in [0, 1]")
+    retrieval: Annotated[str, WithJsonSchema({"type": "string", "enum": list(RETRIEVALS)})] | None = Field(
+        default=None,  # checked by Settings (`_checked`), so the message is the library's
+        description="neighbours from IR documents (default), the whole datastore's FAISS index, or both",
+    )
+    doc_temperature: float | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        description="retrieval-aware kNN vote: p(d|q) = softmax of retrieval scores over this; 0: the paper's vote",
+    )
+    lam_by: Annotated[str, WithJsonSchema({"type": "string", "enum": list(LAM_RULES)})] | None = Field(
+        default=None, description="lambda per question: constant (the paper) or entropy (by the kNN's confidence)"
+    )
+    mixture: Annotated[str, WithJsonSchema({"type": "string", "enum": list(MIXTURES)})] | None = Field(
+        default=None, description="p_kNN and the LM's p combined: linear (the paper) or log-linear"
+    )
+    lm_words: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_K,
+        description="the LM scores the answers of several tokens among the kNN's this many best words; 0: all",
+    )
+    word_bonus: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="the log-linear mixture's factor for answers of several tokens; 1: none",
+    )
+    sentence_temperature: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="weigh each neighbour by exp(cos / this), cos its sentence's similarity to the question; 0: none",
+    )
+
+
+FillMask = Annotated[
+    bool, Field(default=False, description="also give each ranking as transformers' fill-mask pipeline does")
+]
+
+
+class PredictRequest(BaseModel):
+    """One cloze question."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: Text
+    subject: Subject
+    top_k: TopK
+    evidence: EvidenceCount
+    options: Options | None = None
+    fill_mask: FillMask
+
+
+class Question(BaseModel):
+    """A question of a batch."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: Text
+    subject: Subject
+
+
+class BatchRequest(BaseModel):
+    """Up to 64 cloze questions answered with the same settings."""
+
+    model_config = ConfigDict(extra="forbid")
+    questions: list[Question] = Field(min_length=1, max_length=MAX_BATCH)
+    top_k: TopK
+    evidence: EvidenceCount
+    options: Options | None = None
+    fill_mask: FillMask
+
+
+Passage = Annotated[str, Field(max_length=100_000)]
+
+
+class DocumentIn(BaseModel):
+    """A document to add: the corpus format's {id, title, text}, checked by the corpus reader's rules."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: Annotated[
+        Any,  # as sent: `parse_document` decides, so that `true` or 1.5 is refused as in a corpus file
+        WithJsonSchema({"anyOf": [{"type": "string", "minLength": 1}, {"type": "integer"}]}),
+        Field(description="a string or a 64-bit integer, unique in the datastore"),
+    ]
+    title: Annotated[str, Field(min_length=1, max_length=1000), UTF8]
+    text: Annotated[Passage | Annotated[list[Passage], Field(min_length=1, max_length=1000)], UTF8] = Field(
+        description="the text, or a list of passages"
+    )
+
+    @model_validator(mode="after")
+    def _readable(self) -> DocumentIn:
+        self.document()
+        return self
+
+    def document(self) -> Document:
+        """The document as `bertknn add` reads it from a corpus file (`text.parse_document`; CorpusError)."""
+        return parse_document(self.model_dump(), "the document")
+
+
+class TokenScoreOut(BaseModel):
+    """An answer word, its probability, its id and its tokens."""
+
+    token: str = Field(description="the word")
+    probability: float
+    id: int = Field(
+        description="the word's id: its id in the model's vocabulary for a word of one token, else its number in the "
+        "datastore's lexicon (from the vocabulary's size on)"
+    )
+    pieces: list[int] = Field(description="the ids of the word's tokens in the model's vocabulary")
+
+
+class NeighbourOut(BaseModel):
+    """A stored context near the question, with its sentence and the word's span there."""
+
+    token: str
+    distance: float = Field(description="squared L2 distance to the question's state")
+    weight: float
+    doc_id: str
+    title: str
+    sentence: str
+    span: tuple[int, int] = Field(description="[start, end) of the word in `sentence`, in characters")
+
+
+class FillMaskOut(BaseModel):
+    """An answer in the format of transformers' fill-mask pipeline."""
+
+    score: float
+    token: int | list[int] = Field(description="the token's id; for a word of several tokens, the list of their ids")
+    token_str: str
+    sequence: str = Field(description="the question with its mask filled")
+
+
+class PredictionOut(BaseModel):
+    """BERT's, kNN's and BERT-kNN's rankings, and the evidence behind the kNN answers."""
+
+    question: str
+    subject: str | None
+    documents: list[str] = Field(description="titles of the documents searched")
+    retrieval: str = Field(description="where the neighbours came from: ir, faiss or ir+faiss")
+    bert: list[TokenScoreOut]
+    knn: list[TokenScoreOut]
+    bert_knn: list[TokenScoreOut]
+    evidence: dict[str, list[NeighbourOut]] = Field(description="for each kNN answer, its nearest stored contexts")
+    fill_mask: dict[str, list[FillMaskOut]] | None = Field(
+        default=None, description="with fill_mask: the rankings (bert, knn, bert_knn) as the fill-mask pipeline's"
+    )
+
+
+class BatchOut(BaseModel):
+    """The answers of a batch, in question order."""
+
+    predictions: list[PredictionOut]
+
+
+class DocumentOut(BaseModel):
+    """A document added (201), or found there already with the same text (200), and the datastore's counts."""
+
+    id: str
+    contexts_added: int
+    already_there: bool = Field(description="the same document (id and text) was there: nothing was added")
+    message: str
+    documents: int
+    contexts: int
+
+
+class Example(BaseModel):
+    """An example question for the page."""
+
+    question: str
+    subject: str | None
+
+
+def document_chars(doc: DocumentIn) -> int:
+    """A document's size as `max_document_chars` counts it: title and text together."""
+    passages = [doc.text] if isinstance(doc.text, str) else doc.text
+    return len(doc.title) + sum(len(p) for p in passages)

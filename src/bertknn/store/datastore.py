@@ -1,0 +1,1042 @@
+"""Datastore stage: (key, value) pairs with provenance, in one directory (SPEC §1). Storage only: nothing here knows
+the model or the tokenizer (builder.py turns a corpus into what is stored here).
+
+Layout of a datastore directory:
+- manifest.json: format version, model name and weights hash, layer, dimension, dtype, counts, build status;
+- keys.f16: float16 keys, one row of `dim` values per entry, append-only (read through a numpy memmap);
+- values.i32: int32 word ids, one per entry: a word of one token is its vocabulary id; a word of several tokens
+  (format 2) a number from the manifest's `words_from` on, which the `words` table of store.sqlite maps to its tokens;
+- store.sqlite: documents (each with one contiguous entry range and a state), sentences, each entry's provenance and
+  the words of several tokens.
+
+Format 1 (older datastores) stored only words of one token: it opens and answers as it did, and documents added to it
+keep that rule. It cannot be upgraded in place (its words of several tokens have no keys): build it anew.
+
+A document's state is 'live' (searched), 'adding' (registered by `bertknn add` but not yet searchable: it becomes
+live in one transaction once its keys and index entries are all written) or 'removed' (hidden from every path; its
+id moves to `removed_id`, so the id is free again).
+
+`append` stores one chunk of documents at a time: keys and values are written and fsynced first, then SQLite
+commits the chunk's rows and the new entry count in one transaction. That count is the truth: a reader and a
+resumed build ignore any bytes past it, so a build killed at any point resumes to exactly the uninterrupted result.
+
+One process writes at a time (`Datastore.writing`: an flock on write.lock); a writer first re-reads what others
+committed and, when it is done, records per-block checksums of every data file (integrity.py). Opening a store
+checks its manifest against SQLite, every file's size, and a sample of checksum blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import fcntl
+import hashlib
+import json
+import os
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bertknn.store import atomic
+from bertknn.store.atomic import write_json
+from bertknn.store.integrity import ChecksumError, Checksums, Damage
+
+FORMAT = "bertknn-datastore"
+VERSION = 2  # new datastores' format: whole words (1: words of exactly one token)
+VERSIONS = (1, 2)  # the formats this code opens
+WORDS = """CREATE TABLE IF NOT EXISTS words (value INTEGER PRIMARY KEY, pieces TEXT NOT NULL UNIQUE, word TEXT NOT NULL)
+"""  # made by the first writer that stores a word of several tokens (a read-only format 1 store has none)
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS documents (
+    idx INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, title TEXT NOT NULL, norm_title TEXT NOT NULL,
+    start INTEGER, end INTEGER,  -- the entry range [start, end); NULL until the document is embedded
+    state TEXT NOT NULL DEFAULT 'live',
+    digest TEXT,  -- sha256 of the document's title and passages: an add with other text under the same id is seen
+    removed_id TEXT);  -- a removed document's id (its `id` becomes REMOVED_PREFIX + idx, so the id is free)
+CREATE INDEX IF NOT EXISTS documents_title ON documents (norm_title);
+CREATE TABLE IF NOT EXISTS sentences (idx INTEGER PRIMARY KEY, doc INTEGER NOT NULL, text TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS sentences_doc ON sentences (doc);
+CREATE TABLE IF NOT EXISTS entries (
+    idx INTEGER PRIMARY KEY, sentence INTEGER NOT NULL, start INTEGER NOT NULL, end INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS parts (  -- the commit point: the live parts of each index, all a reader opens
+    kind TEXT NOT NULL, name TEXT NOT NULL, first INTEGER NOT NULL, stop INTEGER NOT NULL, PRIMARY KEY (kind, name));
+"""
+REMOVED_PREFIX = "\x1f"  # a control character, which document ids may not hold (text.parse_document)
+SQL_PARAMS = 900  # SQLite caps the number of parameters of one statement (999 in old builds)
+LOCK_FILE, SQLITE = "write.lock", "store.sqlite"
+RECHECK_S = 0.2  # pause before damage found on opening is looked at again
+SAMPLE_BLOCKS = 16  # checksum blocks checked at random when a store is opened (besides each file's last block)
+IDENTITY = ("model_hash", "layer", "dim", "pack", "int8")  # manifest fields SQLite keeps a copy of
+REQUIRED = {"model": str, "model_hash": str, "layer": int, "dim": int, "status": str}
+OPTIONAL = {
+    "pack": int,
+    "int8": bool,
+    "corpus": (dict, type(None)),
+    "tuned": dict,
+    "entries": int,
+    "embedded": int,
+    "words_from": int,
+    "names": bool,
+}
+APPEND_ONLY = ("keys.f16", "values.i32")  # files that only grow; bytes past the committed entries are not data
+NOT_DATA = {"manifest.json", "checksums.json", LOCK_FILE}  # files of a datastore that checksums do not cover
+
+
+@dataclass(frozen=True)
+class Part:
+    """A live part of an index (a TF-IDF segment, a FAISS file) as the datastore's commit point lists it: its name
+    (relative to the datastore) and the items it covers, first..stop (documents or entries)."""
+
+    name: str
+    first: int
+    stop: int
+
+
+class DatastoreError(ValueError):
+    """A datastore that is missing, corrupt, incomplete, or made with another model or layer."""
+
+
+class BusyError(DatastoreError):
+    """Another process holds the datastore's writer lock (and did not let go within the time given)."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """A document as the store keeps it: id, title (and its normalised form for the title shortcut), sentences, and
+    a digest of its text that tells a second add of the same document from one with other text."""
+
+    id: str
+    title: str
+    norm_title: str
+    sentences: tuple[str, ...]
+    digest: str
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Where a stored entry comes from: its document, its sentence and the target's character span there."""
+
+    entry: int
+    doc_id: str
+    title: str
+    sentence: str
+    span: tuple[int, int]
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, read in blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def sqlite_errors(what: str, hint: str) -> Iterator[None]:
+    """SQLite's errors about a damaged or foreign file as a DatastoreError naming `what` (integrity errors pass)."""
+    try:
+        yield
+    except sqlite3.IntegrityError:
+        raise
+    except sqlite3.DatabaseError as err:
+        if getattr(err, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(err):
+            raise atomic.DiskFullError(Path(what)) from None  # SQLite rolled the transaction back: nothing damaged
+        raise DatastoreError(f"{what} is damaged or unreadable ({err}); {hint}") from None
+
+
+def file_stat(path: Path) -> list[int] | None:
+    """(size, modification time in ns) of a file, None when it does not exist."""
+    with contextlib.suppress(FileNotFoundError):
+        info = path.stat()
+        return [info.st_size, info.st_mtime_ns]
+    return None
+
+
+def data_files(path: Path) -> list[str]:
+    """The files of a datastore directory that checksums cover (relative names), temporary files excluded."""
+    return sorted(
+        str(file.relative_to(path))
+        for file in [*path.iterdir(), *path.glob("tfidf_add_*/*")]
+        if file.is_file()
+        and file.name not in NOT_DATA
+        and not file.name.endswith(".tmp")
+        and not file.parent.name.endswith(".tmp")
+    )
+
+
+def _read_manifest(path: Path) -> dict:
+    """The manifest, checked: format, version and the fields every command needs, with their types."""
+    file = path / "manifest.json"
+    if not file.is_file():
+        raise DatastoreError(f"{path} is not a datastore (no manifest.json); create one with `bertknn build`")
+    try:
+        manifest = json.loads(file.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DatastoreError(f"{file} is damaged ({err}); restore it from a copy or rebuild the datastore") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") not in VERSIONS:
+        versions = " or ".join(map(str, VERSIONS))
+        raise DatastoreError(f"{file} is not a {FORMAT} manifest of version {versions}")
+    for field, kind in REQUIRED.items():
+        if not isinstance(manifest.get(field), kind) or isinstance(manifest.get(field), bool):
+            raise DatastoreError(
+                f"{file} is damaged: field {field!r} is missing or not a {kind.__name__}; restore it or rebuild"
+            )
+    for field, kind in OPTIONAL.items():
+        value = manifest.get(field)
+        if field in manifest and (not isinstance(value, kind) or (isinstance(value, bool) and kind is int)):
+            raise DatastoreError(f"{file} is damaged: field {field!r} has the wrong type; restore it or rebuild")
+    if manifest["dim"] < 1 or manifest["layer"] < 0:
+        raise DatastoreError(f"{file} is damaged: dim {manifest['dim']} / layer {manifest['layer']} are impossible")
+    return manifest
+
+
+LOCK_WAIT: contextvars.ContextVar[float] = contextvars.ContextVar("lock_wait", default=0.0)
+
+
+@contextlib.contextmanager
+def lock_wait(seconds: float) -> Iterator[None]:
+    """Within this block, writers wait up to `seconds` for another writer to finish (default: they fail at once)."""
+    token = LOCK_WAIT.set(seconds)
+    try:
+        yield
+    finally:
+        LOCK_WAIT.reset(token)
+
+
+def lock_holder(path: str | Path) -> str | None:
+    """Who holds a datastore's writer lock now ("pid N (command)"), or None when nobody does."""
+    file = Path(path) / LOCK_FILE
+    if not file.is_file():
+        return None
+    with file.open("a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            return handle.read().strip() or "another process"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
+
+
+def _acquire(path: Path, wait: float):
+    """The datastore's writer lock (an open, flocked file), waiting up to `wait` seconds for the holder."""
+    handle = (path / LOCK_FILE).open("a+", encoding="utf-8")
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                handle.seek(0)
+                holder = handle.read().strip() or "another process"
+                handle.close()
+                raise BusyError(
+                    f"{path} is being written by {holder}; one writer at a time: rerun when it has finished"
+                ) from None
+            time.sleep(0.05)
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} ({' '.join(os.path.basename(a) for a in sys.argv[:2])})")
+    handle.flush()
+    return handle
+
+
+def _damage_message(path: Path, damage: list) -> str:
+    shown = "; ".join(str(d) for d in damage[:5]) + (f"; and {len(damage) - 5} more" if len(damage) > 5 else "")
+    return (
+        f"{path} is damaged: {shown}. `bertknn verify {path}` checks every block; restore the damaged files from a "
+        "copy, or rebuild (a damaged faiss.index: delete faiss.index and faiss.json and rerun `bertknn index`)"
+    )
+
+
+class Datastore:
+    """A datastore directory opened for reading (and, under `writing()`, for appending).
+
+    `check` verifies the manifest against SQLite, the sizes of all checksummed files and `SAMPLE_BLOCKS` random
+    checksum blocks (all of them in a small store): damage found raises DatastoreError naming file and block.
+    """
+
+    def __init__(self, path: str | Path, check: bool = True) -> None:
+        self.path = Path(path)
+        self.manifest = _read_manifest(self.path)
+        self.dim = int(self.manifest["dim"])
+        self._lock = None  # the open, flocked write.lock while this object holds the writer lock
+        self._threads = threading.RLock()  # one writing thread per object; the flock is taken once per object
+        db_file = self.path / SQLITE
+        if (not db_file.is_file() or db_file.stat().st_size == 0) and self.manifest["status"] != "building":
+            raise DatastoreError(
+                f"{db_file} is missing or empty but the manifest says the datastore is {self.manifest['status']}: "
+                "restore it from a copy, or rebuild the datastore"
+            )
+        with self.sqlite_errors():
+            self.db = sqlite3.connect(db_file, check_same_thread=False, timeout=30)
+            self.db.executescript(SCHEMA)
+            columns = {row[1] for row in self.db.execute("PRAGMA table_info(documents)")}
+            for column, kind in (("state", "TEXT NOT NULL DEFAULT 'live'"), ("digest", "TEXT"), ("removed_id", "TEXT")):
+                if column not in columns:  # a datastore made before the column existed
+                    with self.db:
+                        self.db.execute(f"ALTER TABLE documents ADD COLUMN {column} {kind}")
+            self.db.execute("CREATE INDEX IF NOT EXISTS documents_state ON documents (state)")
+            self._check_identity()
+        self._owners: tuple | None = None  # (entry count, range starts, documents) cached by `documents_of`
+        self._map()
+        self.version = self._data_version()
+        self.faiss_damage: list[Damage] = []  # damage confined to the FAISS files: IR questions still work
+        if check:
+            damage = self.check(sample=SAMPLE_BLOCKS)
+            if damage:  # another process's writer may have been between two steps: look again at what was found
+                time.sleep(RECHECK_S)
+                damage = self.check(only=damage)
+            self.faiss_damage = [d for d in damage if d.file.startswith("faiss")]
+            if len(damage) > len(self.faiss_damage):
+                raise DatastoreError(_damage_message(self.path, damage))
+
+    def close(self) -> None:
+        """Close the SQLite connection (the memory maps close with the object); `with Datastore(path) as store:`
+        closes it on leaving."""
+        self.db.close()
+
+    def __enter__(self) -> Datastore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def sqlite_errors(self) -> Iterator[None]:
+        """Turn SQLite's errors about a damaged or foreign file into a DatastoreError that names the file, and a full
+        disk into a DiskFullError (any transaction left open is rolled back: a service's writer goes on)."""
+        try:
+            with sqlite_errors(str(self.path / SQLITE), f"`bertknn verify {self.path}` locates the damage"):
+                yield
+        except atomic.DiskFullError:
+            if self.db.in_transaction:
+                self.db.rollback()
+            raise
+
+    def _check_identity(self) -> None:
+        """Refuse a manifest whose model, layer or key settings disagree with the copy kept in SQLite."""
+        try:
+            known = dict(json.loads(self._meta("identity", "{}")))
+        except (ValueError, TypeError):
+            raise DatastoreError(f"{self.path / SQLITE} is damaged (its copy of the manifest is unreadable)") from None
+        for field, value in known.items():
+            if self.manifest.get(field) != value:
+                raise DatastoreError(
+                    f"{self.path / 'manifest.json'} says {field} = {self.manifest.get(field)!r} but {SQLITE} records "
+                    f"{value!r}: the manifest was edited or damaged; restore {field} = {value!r}"
+                )
+
+    def _map(self) -> None:
+        """Memory-map the committed entries; anything past the committed count is ignored."""
+        with self.sqlite_errors():
+            self.size = int(self._meta("entries", "0"))
+            self.n_documents = self.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents").fetchone()[0]
+        for name, width in (("keys.f16", 2 * self.dim), ("values.i32", 4)):
+            have = (self.path / name).stat().st_size if (self.path / name).exists() else 0
+            if have < self.size * width:
+                raise DatastoreError(
+                    f"{self.path / name} is truncated ({have:,} bytes for {self.size:,} entries): the datastore is "
+                    "damaged; restore it from a copy or rebuild it"
+                )
+        if self.size:
+            self.keys = np.memmap(self.path / "keys.f16", np.float16, "r", shape=(self.size, self.dim))
+            self.values = np.memmap(self.path / "values.i32", np.int32, "r", shape=(self.size,))
+        else:
+            self.keys = np.zeros((0, self.dim), np.float16)
+            self.values = np.zeros(0, np.int32)
+
+    def _meta(self, key: str, default: str) -> str:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def _data_version(self) -> tuple:
+        """Changes whenever another connection commits to SQLite or a checksummed file is rewritten."""
+        with self.sqlite_errors():
+            version = self.db.execute("PRAGMA data_version").fetchone()[0]
+        return version, file_stat(self.path / "checksums.json")
+
+    def reload(self) -> None:
+        """Re-read what other processes committed (entries, documents, manifest, FAISS damage mended meanwhile)."""
+        version = self._data_version()
+        if version == self.version:
+            return
+        self.version = version
+        self.manifest = _read_manifest(self.path)
+        self._map()
+        if self.faiss_damage:  # a rebuilt index is no longer damaged
+            self.faiss_damage = self.check(only=self.faiss_damage)
+
+    @contextlib.contextmanager
+    def writing(self, wait: float | None = None) -> Iterator[Datastore]:
+        """Hold the datastore's writer lock (waiting up to `wait` seconds for another writer; None: as `lock_wait`
+        says), re-read the committed state, and on success record the checksums of what was written. Re-entrant
+        within a thread; other threads of this process wait like other processes."""
+        wait = LOCK_WAIT.get() if wait is None else wait
+        began = time.monotonic()
+        got = self._threads.acquire(timeout=wait) if wait > 0 else self._threads.acquire(blocking=False)
+        if not got:
+            raise BusyError(f"{self.path} is being written by another thread of this process; rerun when it is done")
+        try:
+            if self._lock is not None:  # this thread holds it already
+                yield self
+                return
+            self._lock = _acquire(self.path, max(0.0, wait - (time.monotonic() - began)))
+            try:
+                atomic.remove_temporary(self.path)  # what an interrupted writer left half-written
+                self.reload()
+                if self._meta("identity", "") == "":  # a create killed between its manifest and this record
+                    self.record_identity()
+                self._check_tails()
+                yield self
+                self.seal()
+            finally:
+                handle, self._lock = self._lock, None
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                handle.close()
+        finally:
+            self._threads.release()
+
+    def _check_tails(self) -> None:
+        """Refuse to append to keys or values whose last, partly filled block was damaged: the seal would have to
+        hash that block again, and would take the damage for data."""
+        try:
+            damage = Checksums(self.path).verify(APPEND_ONLY, sample=0, growing=APPEND_ONLY)
+        except ChecksumError as err:
+            damage = [Damage("checksums.json", None, str(err))]
+        if damage:
+            raise DatastoreError(_damage_message(self.path, damage))
+
+    def seal(self) -> None:
+        """Record checksums: the new tail of keys and values, SQLite whole, and the data files not recorded yet (new,
+        or announced by `rewriting`). A recorded file is never re-recorded here, so damage stays visible."""
+        try:
+            sums = Checksums(self.path)
+            sums.extend("keys.f16", self.size * 2 * self.dim)
+            sums.extend("values.i32", self.size * 4)
+        except ChecksumError as err:
+            raise DatastoreError(f"{err}: damaged before this write; its checksums are kept") from None
+        if self._meta("checksummed", "0") != "1":  # from now on a missing checksums.json is damage: so it exists first
+            sums.save()
+            with self.sqlite_errors(), self.db:
+                self.db.execute("INSERT OR REPLACE INTO meta VALUES ('checksummed', '1')")
+        sums.meta["sqlite_changes"] = self._changes()
+        sums.record(SQLITE)
+        on_disk = set(data_files(self.path))
+        sums.forget(set(sums.files) - on_disk)
+        for name in sorted(on_disk - set(sums.files)):
+            sums.record(name)
+        sums.save()
+        self.version = self._data_version()
+
+    def rewriting(self, *names: str) -> None:
+        """Drop the checksums of files about to be replaced, so an interrupted rewrite is not taken for damage (the
+        writer's seal records them again)."""
+        sums = Checksums(self.path)
+        if set(names) & set(sums.files):
+            sums.forget(names)
+            sums.save()
+
+    def _changes(self) -> int:
+        """SQLite's file change counter (header bytes 24-27): it grows with every committed transaction."""
+        with (self.path / SQLITE).open("rb") as handle:
+            handle.seek(24)
+            return int.from_bytes(handle.read(4), "big")
+
+    def check(
+        self,
+        sample: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        only: list[Damage] | None = None,
+    ) -> list[Damage]:
+        """Damage found in the checksummed files: sizes always, then `sample` random blocks (None: every block).
+
+        SQLite is only compared when it has not been committed to since its checksums were recorded (a writer that
+        was interrupted seals it on its next run).
+        """
+        try:
+            sums = Checksums(self.path)
+        except ChecksumError as err:
+            return [Damage("checksums.json", None, str(err))]
+        if not sums.files and self._meta("checksummed", "0") == "1":
+            return [Damage("checksums.json", None, "missing, though the datastore had checksums recorded")]
+        with self._read_transaction():  # no writer may commit to SQLite while its blocks are compared
+            names = set(sums.files)
+            if sums.meta.get("sqlite_changes") != self._changes():
+                names.discard(SQLITE)
+            return sums.verify(names, sample, progress, growing=APPEND_ONLY, only=only)
+
+    @contextlib.contextmanager
+    def _read_transaction(self) -> Iterator[None]:
+        """Hold SQLite's shared lock (a read transaction): other connections cannot commit meanwhile."""
+        with self.sqlite_errors():
+            if self.db.in_transaction:
+                yield
+                return
+            self.db.execute("BEGIN")
+            try:
+                self.db.execute("SELECT count(*) FROM meta").fetchone()
+                yield
+            finally:
+                self.db.execute("ROLLBACK")
+
+    @property
+    def complete(self) -> bool:
+        """True once every document of the corpus is embedded."""
+        return self.manifest.get("status") == "complete"
+
+    @property
+    def lazy(self) -> bool:
+        """True for a datastore whose documents are embedded on demand (`bertknn build --lazy`)."""
+        return self.manifest.get("status") == "lazy"
+
+    @property
+    def pack(self) -> int:
+        """How many non-adjacent targets of a sentence were masked per pass when its keys were computed (1 = exact)."""
+        return int(self.manifest.get("pack", 1))
+
+    @property
+    def splitter(self) -> str:
+        """The sentence splitter its documents were split with ("pysbd" for stores that do not say)."""
+        return str(self.manifest.get("splitter", "pysbd"))
+
+    @property
+    def key_dtype(self) -> str:
+        """The precision the model ran in when the keys were computed ("float32" for stores that do not say)."""
+        return str(self.manifest.get("key_dtype", "float32"))
+
+    @property
+    def int8_keys(self) -> bool:
+        """True when keys were computed by the encoder quantised to int8 (`--int8-keys`), not in float32."""
+        return bool(self.manifest.get("int8", False))
+
+    @property
+    def layer(self) -> int:
+        """The block whose states are the keys."""
+        return int(self.manifest["layer"])
+
+    def check_model(self, name: str, weights_hash: str, dim: int, layer: int) -> None:
+        """Refuse to query or extend with a model or layer other than the one the keys were made with."""
+        want = self.manifest
+        if weights_hash != want["model_hash"] or dim != self.dim:
+            raise DatastoreError(
+                f"the datastore at {self.path} was built with model {want['model']!r} (weights sha256 "
+                f"{want['model_hash'][:12]}), but the given model {name!r} has weights "
+                f"{weights_hash[:12]}; use the same model or build a new datastore"
+            )
+        if layer != self.layer:
+            raise DatastoreError(
+                f"the datastore at {self.path} holds layer-{self.layer} keys, but the model reads layer "
+                f"{layer}; use layer={self.layer} or build a datastore for layer {layer}"
+            )
+
+    def document_ranges(self, docs: list[int]) -> list[tuple[int, int]]:
+        """The contiguous entry range [start, end) of each document index."""
+        if not docs:
+            return []
+        rows = dict(
+            (r[0], (r[1], r[2]))
+            for r in self.db.execute(
+                f"SELECT idx, start, end FROM documents WHERE idx IN ({','.join('?' * len(docs))})", docs
+            )
+        )
+        if len(rows) < len(set(docs)):
+            raise DatastoreError(f"{self.path / SQLITE} lacks documents {sorted(set(docs) - set(rows))[:5]}: damaged")
+        return [rows[d] for d in docs]
+
+    def find_title(self, norm_title: str) -> int | None:
+        """Index of the first live document whose normalised title (`text.normalize_title`) is `norm_title`."""
+        row = self.db.execute(
+            "SELECT idx FROM documents WHERE norm_title = ? AND state = 'live' ORDER BY idx LIMIT 1", (norm_title,)
+        ).fetchone()
+        return row[0] if row else None
+
+    def titles(self, docs: list[int]) -> list[str]:
+        """The titles of documents, by index."""
+        rows = [self.db.execute("SELECT title FROM documents WHERE idx = ?", (d,)).fetchone() for d in docs]
+        if None in rows:
+            raise DatastoreError(f"{self.path / SQLITE} lacks documents the IR index returns: damaged")
+        return [row[0] for row in rows]
+
+    def evidence(self, entries: list[int]) -> list[Evidence]:
+        """Provenance of stored entries (one query for all): document, sentence and the target's span."""
+        found = {
+            idx: Evidence(idx, doc_id, title, sentence, (start, end))
+            for idx, doc_id, title, sentence, start, end in self.db.execute(
+                "SELECT e.idx, d.id, d.title, s.text, e.start, e.end FROM entries e JOIN sentences s ON s.idx = "
+                "e.sentence JOIN documents d ON d.idx = s.doc WHERE e.idx IN (SELECT value FROM json_each(?))",
+                (json.dumps([int(e) for e in entries]),),
+            )
+        }
+        missing = [int(e) for e in entries if int(e) not in found]
+        if missing:
+            raise DatastoreError(
+                f"{self.path / SQLITE} has no provenance for entries {missing[:5]}: it is damaged; `bertknn verify`"
+            )
+        return [found[int(e)] for e in entries]
+
+    def iter_document_texts(self, first: int = 0, stop: int | None = None) -> Iterator[str]:
+        """Each document's sentences joined, for documents first..stop-1 in order (what the IR index is built from)."""
+        query = (
+            "SELECT group_concat(text, ' ') FROM (SELECT doc, text FROM sentences WHERE doc >= ? AND doc < ? "
+            "ORDER BY idx) GROUP BY doc ORDER BY doc"
+        )
+        for (text,) in self.db.execute(query, (first, self.n_documents if stop is None else stop)):
+            yield text
+
+    def register(self, docs: list[Record], state: str = "live") -> None:
+        """Add documents and their sentences (text only, not yet embedded) in one transaction."""
+        with self.sqlite_errors(), self.db:
+            self._insert(docs, state)
+        self.n_documents += len(docs)
+
+    def _insert(self, docs: list[Record], state: str) -> None:
+        first, sent_idx = self.db.execute(
+            "SELECT (SELECT coalesce(max(idx) + 1, 0) FROM documents), "
+            "(SELECT coalesce(max(idx) + 1, 0) FROM sentences)"
+        ).fetchone()
+        for doc_idx, doc in enumerate(docs, first):
+            self.db.execute(
+                "INSERT INTO documents VALUES (?, ?, ?, ?, NULL, NULL, ?, ?, NULL)",
+                (doc_idx, doc.id, doc.title, doc.norm_title, state, doc.digest),
+            )
+            rows = [(sent_idx + i, doc_idx, t) for i, t in enumerate(doc.sentences)]
+            self.db.executemany("INSERT INTO sentences VALUES (?, ?, ?)", rows)
+            sent_idx += len(doc.sentences)
+
+    def _rows(self, column: str, values: list) -> list[tuple]:
+        """(value, idx, state, digest) of the documents whose `column` is one of `values`."""
+        found = []
+        for i in range(0, len(values), SQL_PARAMS):
+            part = values[i : i + SQL_PARAMS]
+            marks = ",".join("?" * len(part))
+            query = f"SELECT {column}, idx, state, digest FROM documents WHERE {column} IN ({marks})"
+            found += self.db.execute(query, part).fetchall()
+        return found
+
+    def live_digests(self, ids: list[str]) -> dict[str, str | None]:
+        """The text digest (`corpus.digest`) of each of the given ids that is live; None for a document stored
+        before digests were kept."""
+        with self.sqlite_errors():
+            return {doc_id: digest for doc_id, _, state, digest in self._rows("id", ids) if state == "live"}
+
+    def states(self, ids: list[str]) -> dict[str, str]:
+        """The state of each of the given document ids that the datastore holds (removed ones are not held)."""
+        with self.sqlite_errors():
+            return {doc_id: state for doc_id, _, state, _ in self._rows("id", ids)}
+
+    def stage(self, docs: list[Record]) -> list[str]:
+        """Register the given documents as 'adding' (hidden) unless the same document is there; return the ids
+        skipped because a live document has the same id and text. In one transaction.
+
+        A live document with the same id but other text is refused (remove it first); an 'adding' one left by an
+        interrupted add with other text is replaced, so a rerun with corrected text never keeps the old one.
+        """
+        with self.sqlite_errors():
+            held = {
+                doc_id: (idx, state, digest) for doc_id, idx, state, digest in self._rows("id", [d.id for d in docs])
+            }
+        changed = [d for d in docs if d.id in held and held[d.id][2] not in (None, d.digest)]
+        conflicts = [d.id for d in changed if held[d.id][1] == "live"]
+        if conflicts:
+            raise DatastoreError(
+                f"document id(s) {conflicts[:5]} are in {self.path} with other text; remove them first "
+                "(`bertknn remove --doc ID`), then add the new text"
+            )
+        skipped = [d.id for d in docs if d.id in held and held[d.id][1] == "live"]
+        new = [d for d in docs if d.id not in held or d in changed]
+        with self.sqlite_errors(), self.db:
+            self._hide([held[d.id][0] for d in changed])
+            self._insert(new, "adding")
+        self.n_documents = self.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents").fetchone()[0]
+        return skipped
+
+    def _hide(self, docs: list[int]) -> None:
+        """Mark documents removed and free their ids (inside the caller's transaction)."""
+        self.db.executemany(
+            "UPDATE documents SET state = 'removed', removed_id = id, id = ? || idx WHERE idx = ?",
+            [(REMOVED_PREFIX, d) for d in docs],
+        )
+
+    def adding(self) -> list[int]:
+        """Documents registered by an add that has not been published yet."""
+        return [r[0] for r in self.db.execute("SELECT idx FROM documents WHERE state = 'adding' ORDER BY idx")]
+
+    def publish(self, **parts: list[Part]) -> None:
+        """Make every 'adding' document live and commit the index parts given (kind=list, as `commit_parts`), in one
+        transaction: a reader sees the documents and the parts that index them together, or neither."""
+        with self.sqlite_errors(), self.db:
+            self.db.execute("UPDATE documents SET state = 'live' WHERE state = 'adding'")
+            self._write_parts(parts)
+
+    def parts(self, kind: str) -> list[Part] | None:
+        """The committed live parts of an index (`kind`: "tfidf", "faiss"), in order; None for a datastore made
+        before parts were committed (its readers list the directory, until a writer commits the list)."""
+        with self.sqlite_errors():
+            if self._meta("parts", "0") != "1":
+                return None
+            rows = self.db.execute("SELECT name, first, stop FROM parts WHERE kind = ? ORDER BY first", (kind,))
+            return [Part(*row) for row in rows]
+
+    def commit_parts(self, **parts: list[Part]) -> None:
+        """Replace the committed list of each index kind given (kind=list of its live parts), in one transaction.
+        For the writer: files that no list names are deleted after, never before."""
+        with self.sqlite_errors(), self.db:
+            self._write_parts(parts)
+
+    def _write_parts(self, parts: dict[str, list[Part]]) -> None:
+        for kind, listed in parts.items():
+            self.db.execute("DELETE FROM parts WHERE kind = ?", (kind,))
+            self.db.executemany(
+                "INSERT INTO parts VALUES (?, ?, ?, ?)", [(kind, p.name, p.first, p.stop) for p in listed]
+            )
+        if parts:
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('parts', '1')")
+
+    def remove(self, ids: list[str]) -> tuple[list[str], list[str]]:
+        """Hide documents from every search path, all in one transaction; return (removed now, removed before).
+
+        An id the datastore never held raises DatastoreError and nothing changes, so a rerun of the same removal
+        finishes it: ids removed by the first run are reported as removed before.
+        """
+        ids = list(dict.fromkeys(str(i) for i in ids))
+        with self.sqlite_errors():
+            held = {doc_id: idx for doc_id, idx, state, _ in self._rows("id", ids) if state in ("live", "adding")}
+        before = self.removed_ids([i for i in ids if i not in held])
+        unknown = [i for i in ids if i not in held and i not in before]
+        if unknown:
+            raise DatastoreError(
+                f"no document with id {', '.join(map(repr, unknown[:5]))} in {self.path}; nothing was removed"
+            )
+        with self.sqlite_errors(), self.db:
+            self._hide(list(held.values()))
+        return list(held), [i for i in ids if i in before]
+
+    def removed_ids(self, ids: list[str]) -> set[str]:
+        """Those of the given ids whose documents were removed (and not added again since)."""
+        with self.sqlite_errors():
+            return {doc_id for doc_id, *_ in self._rows("removed_id", ids)}
+
+    def live_end(self) -> int:
+        """One past the last live document (0 when none is): what an IR index must cover."""
+        return self.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents WHERE state = 'live'").fetchone()[0]
+
+    def live_documents(self) -> int:
+        """How many documents searches can return."""
+        return self.db.execute("SELECT count(*) FROM documents WHERE state = 'live'").fetchone()[0]
+
+    def hidden_documents(self) -> np.ndarray:
+        """Indices of the documents no search may return (being added, or removed)."""
+        rows = self.db.execute("SELECT idx FROM documents WHERE state != 'live'").fetchall()
+        return np.asarray([r[0] for r in rows], dtype=np.int64)
+
+    def documents_of(self, entries: np.ndarray) -> np.ndarray:
+        """The document index of each entry (entries must be committed)."""
+        if self._owners is None or self._owners[0] != self.size:  # ranges only change when entries are committed
+            rows = self.db.execute("SELECT start, idx FROM documents WHERE end > start ORDER BY start").fetchall()
+            self._owners = (self.size, *np.asarray(rows, dtype=np.int64).reshape(-1, 2).T)
+        _, starts, docs = self._owners
+        return docs[np.searchsorted(starts, np.asarray(entries, np.int64), side="right") - 1]
+
+    def pending(self, docs: list[int] | None = None) -> list[int]:
+        """The documents (of `docs`, or all) whose entries are not embedded yet, in index order."""
+        query = "SELECT idx FROM documents WHERE start IS NULL"
+        if docs is None:
+            return [r[0] for r in self.db.execute(f"{query} ORDER BY idx")]
+        docs = sorted(set(docs))
+        found: set[int] = set()
+        for i in range(0, len(docs), SQL_PARAMS):
+            part = docs[i : i + SQL_PARAMS]
+            found |= {r[0] for r in self.db.execute(f"{query} AND idx IN ({','.join('?' * len(part))})", part)}
+        return [d for d in docs if d in found]
+
+    def sentences(self, docs: list[int]) -> list[tuple[int, int, str]]:
+        """(sentence index, document, text) of the sentences of the given documents, in document and text order."""
+        with self.sqlite_errors():
+            return self.db.execute(
+                f"SELECT idx, doc, text FROM sentences WHERE doc IN ({','.join('?' * len(docs))}) ORDER BY doc, idx",
+                docs,
+            ).fetchall()
+
+    def text_length(self, doc: int) -> int:
+        """Characters of a document's sentences (what a build sizes its chunks by)."""
+        with self.sqlite_errors():
+            return self.db.execute("SELECT sum(length(text)) FROM sentences WHERE doc = ?", (doc,)).fetchone()[0] or 0
+
+    def append(
+        self,
+        docs: list[int],
+        rows: list[tuple[int, int, str]],
+        keys: np.ndarray,
+        values: np.ndarray,
+        spans: list[np.ndarray],
+        words: Sequence[tuple[int, str, str]] = (),
+    ) -> int:
+        """Store the entries of whole documents: keys (float16) and values appended and fsynced, then in one
+        transaction each sentence's entry rows (`spans[i]`: the character spans of `rows[i]`'s targets), the new
+        `words` their values use (`word_values`), each document's [start, end) range and the new entry count.
+        Returns the entries added."""
+        keys = np.asarray(keys, np.float16)
+        if not np.isfinite(keys).all():  # float16 overflows past 65,504: such keys would poison every distance
+            raise DatastoreError(
+                f"the model gave non-finite keys (NaN, or beyond float16's range) for documents {docs[:5]}; nothing "
+                "of them was stored. Check the model, or choose another --layer"
+            )
+        start = self.size
+        for name, array, width in (("keys.f16", keys, 2 * self.dim), ("values.i32", values, 4)):
+            atomic.append(self.path / name, start * width, np.ascontiguousarray(array).data)  # past the committed
+        entry, first = start, {}
+        entry_rows = []
+        for (sent_idx, doc, _), sentence_spans in zip(rows, spans):
+            first.setdefault(doc, entry)
+            entry_rows += [(entry + j, sent_idx, int(a), int(b)) for j, (a, b) in enumerate(sentence_spans)]
+            entry += len(sentence_spans)
+        self._commit_entries(docs, first, entry_rows, start, entry, words)
+        self._map()
+        return entry - start
+
+    def _commit_entries(
+        self, docs: list[int], first: dict[int, int], rows: list, start: int, end: int, words: Sequence
+    ) -> None:
+        """One transaction: the chunk's entry rows, its new words, each document's [start, end) range and the new
+        entry count."""
+        with self.sqlite_errors(), self.db:
+            if words:
+                self.db.execute(WORDS)
+                self.db.executemany("INSERT INTO words VALUES (?, ?, ?)", words)
+            self.db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?)", rows)
+            bounds = [first.get(d, start) for d in docs]  # every document of a chunk has >= 1 sentence
+            ends = [*bounds[1:], end]
+            self.db.executemany(
+                "UPDATE documents SET start = ?, end = ? WHERE idx = ?",
+                [(a, b, d) for d, a, b in zip(docs, bounds, ends)],
+            )
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('entries', ?)", (str(end),))
+
+    @property
+    def whole_words(self) -> bool:
+        """Whether this store's targets are whole words (format 2) rather than words of one token (format 1)."""
+        return self.manifest["version"] >= 2
+
+    @property
+    def names(self) -> bool:
+        """Whether multi-word names are targets too (besides their words)."""
+        return bool(self.manifest.get("names"))
+
+    def word_values(self, words: list[tuple[str, str]]) -> tuple[list[int], list[tuple[int, str, str]]]:
+        """The values of words of several tokens, each given as (its tokens' ids as text, the word): those the store
+        holds, and new ones numbered on from the manifest's `words_from`, returned also as rows for `append` to
+        commit with the entries that use them. Only a writer asks (numbers are given out under the writer lock)."""
+        held = self._word_rows("pieces", sorted({pieces for pieces, _ in words}))  # these words only, not the lexicon
+        known = {pieces: value for value, (pieces, _) in held.items()}
+        new: list[tuple[int, str, str]] = []
+        last = self._select_words("SELECT max(value) FROM words")
+        after = self.manifest["words_from"] - 1 if not last or last[0][0] is None else last[0][0]
+        values = []
+        for pieces, word in words:
+            if pieces not in known:
+                after += 1
+                known[pieces] = after
+                new.append((after, pieces, word))
+            values.append(known[pieces])
+        return values, new
+
+    def words(self, values: Iterable[int] | None) -> dict[int, tuple[str, str]]:
+        """(tokens' ids as text, word) of the given lexicon numbers (values of words of several tokens; None: all)."""
+        if values is None:
+            return self._word_rows()
+        wanted = sorted({int(v) for v in values})
+        if not wanted:
+            return {}
+        rows = self._word_rows("value", wanted)
+        missing = [v for v in wanted if v not in rows]
+        if missing:
+            raise DatastoreError(
+                f"{self.path / SQLITE} holds no word for values {missing[:5]}: it is damaged; `bertknn verify`"
+            )
+        return rows
+
+    def _word_rows(self, column: str | None = None, keys: list | None = None) -> dict[int, tuple[str, str]]:
+        """value -> (pieces, word) of the `words` table: the rows whose `column` ("value" or "pieces") is one of
+        `keys`, or all."""
+        query, args = "SELECT value, pieces, word FROM words", ()
+        if column is not None:
+            query, args = f"{query} WHERE {column} IN (SELECT value FROM json_each(?))", (json.dumps(keys),)
+        return {value: (pieces, word) for value, pieces, word in self._select_words(query, args)}
+
+    def _select_words(self, query: str, args: tuple = ()) -> list[tuple]:
+        """The rows of a query of the `words` table; none in a store without it (format 1, or no long word yet)."""
+        with self.sqlite_errors():
+            try:
+                return self.db.execute(query, args).fetchall()
+            except sqlite3.OperationalError as err:
+                if "no such table" in str(err):
+                    return []
+                raise
+
+    def record_identity(self) -> None:
+        """Keep a copy of the manifest's model and key settings in SQLite, which opening the store compares."""
+        identity = json.dumps({field: self.manifest.get(field) for field in IDENTITY})
+        with self.sqlite_errors(), self.db:
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity,))
+
+    def set_manifest(self, **changes: object) -> None:
+        """Update the manifest atomically."""
+        self.manifest.update(changes)
+        write_json(self.path / "manifest.json", self.manifest)
+
+
+def create(path: str | Path, manifest: dict) -> Datastore:
+    """A new, empty datastore directory with this manifest (`builder.create` makes the manifest from a model).
+
+    A directory that holds only temporary files (`*.tmp`: what a create killed before its manifest was in place
+    leaves) counts as empty; anything else is refused.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise DatastoreError(f"{path} is a file, not a directory; choose a new or empty directory for the datastore")
+    leftovers = list(path.iterdir()) if path.exists() else []
+    if any(not p.name.endswith(".tmp") for p in leftovers):
+        raise DatastoreError(f"{path} exists and is not a datastore; choose an empty or new directory")
+    path.mkdir(parents=True, exist_ok=True)
+    atomic.remove_temporary(path)
+    write_json(path / "manifest.json", manifest)
+    store = Datastore(path)
+    store.record_identity()
+    store.commit_parts(tfidf=[], faiss=[])  # a new store's indexes are listed from the start
+    return store
+
+
+def copy_registration(source: str | Path, path: str | Path, manifest: dict) -> Datastore:
+    """A new datastore at `path` (with this manifest) holding the documents, sentences and IR index of `source`,
+    nothing embedded: registration does not depend on the model, so another model or layer can start from it."""
+    source, path = Path(source), Path(path)
+    src = Datastore(source)
+    tmp = atomic.new_folder(path)
+    with atomic.naming(tmp / SQLITE), contextlib.closing(sqlite3.connect(tmp / SQLITE)) as db, db:
+        src.db.backup(db)
+        db.execute("UPDATE documents SET start = NULL, end = NULL")
+        db.execute("DELETE FROM entries")
+        db.execute("DELETE FROM meta")
+        db.execute(WORDS)
+        db.execute("DELETE FROM words")
+        db.execute("DELETE FROM parts WHERE kind != 'tfidf'")  # the IR index is copied, no FAISS file is
+        if src.parts("tfidf") is not None:
+            db.execute("INSERT INTO meta VALUES ('parts', '1')")
+    for name in source.glob("tfidf_*"):
+        if not name.name.endswith(atomic.TMP):
+            atomic.copy(name, tmp / name.name)
+    write_json(tmp / "manifest.json", manifest)
+    made = Datastore(tmp, check=False)
+    made.record_identity()
+    made.close()
+    atomic.publish(tmp, path)
+    return Datastore(path)
+
+
+@dataclass
+class Report:
+    """What `verify` found: problems (damage) and notes (what could not be checked, and why)."""
+
+    problems: list[str]
+    notes: list[str]
+    blocks: int = 0
+
+
+def verify(
+    path: str | Path,
+    progress: Callable[[int, int], None] | None = None,
+    readers: Iterable[Callable[[Path], list[str]]] = (),
+) -> Report:
+    """Every check of a datastore that needs no model: manifest, SQLite's own integrity check, every checksum
+    block of every file, finite keys and entry ranges, and what each of `readers` (the indexes' own checks:
+    `retrieval.problems`, `faiss_index.problems`) finds. `progress(done, total)` follows the checksum blocks."""
+    path = Path(path)
+    try:
+        store = Datastore(path, check=False)
+    except DatastoreError as err:
+        return Report([str(err)], [])
+    report = Report([], [])
+    try:
+        rows = [r[0] for r in store.db.execute("PRAGMA integrity_check")]
+    except sqlite3.DatabaseError as err:  # too damaged for SQLite to check: that is the finding
+        rows = [str(err)]
+    if rows != ["ok"]:
+        report.problems.append(f"{path / SQLITE}: {'; '.join(rows[:5])}")
+    try:
+        sums = Checksums(path)
+    except ChecksumError as err:
+        return Report([*report.problems, str(err)], [])
+    if not sums.files:
+        report.notes.append(
+            "no checksums recorded (a datastore made before bertknn recorded them, or never "
+            "finished): `bertknn verify --record` records them"
+        )
+    unrecorded = sorted(set(data_files(path)) - set(sums.files))
+    if unrecorded:
+        report.notes.append(f"not yet checksummed (written by an interrupted command): {', '.join(unrecorded[:5])}")
+    if SQLITE in sums.files and sums.meta.get("sqlite_changes") != store._changes():
+        report.notes.append(
+            f"{SQLITE} was committed to after its checksums were recorded (an interrupted writer); "
+            "its blocks were checked by SQLite's integrity check only"
+        )
+    try:
+        damage = store.check(progress=progress)
+    except DatastoreError:  # SQLite cannot even be read: compare every file's blocks, SQLite's included
+        damage = sums.verify(progress=progress, growing=APPEND_ONLY)
+    report.blocks = sum(len(r["blocks"]) for r in sums.files.values())
+    report.problems += [str(d) for d in damage]
+    try:
+        report.problems += _entry_problems(store)
+    except DatastoreError as err:
+        report.problems.append(str(err))
+    for reader in readers:
+        report.problems += reader(path)
+    return report
+
+
+def _entry_problems(store: Datastore, rows: int = 1 << 16) -> list[str]:
+    """Non-finite keys, values that are no word (negative, or a lexicon number the lexicon lacks), and document
+    ranges that point past the committed entries."""
+    problems = []
+    lexicon = np.asarray(list(store.words(None)), np.int64)
+    first = store.manifest.get("words_from", np.iinfo(np.int32).max)  # format 1: no lexicon
+    for start in range(0, store.size, rows):
+        finite = np.isfinite(store.keys[start : start + rows]).all(axis=1)
+        if not finite.all():
+            bad = (start + np.flatnonzero(~finite))[:5].tolist()
+            problems.append(f"{store.path / 'keys.f16'}: entries {bad} hold non-finite values")
+        values = np.asarray(store.values[start : start + rows], np.int64)
+        unknown = (values < 0) | ((values >= first) & ~np.isin(values, lexicon))
+        bad = (start + np.flatnonzero(unknown))[:5].tolist()
+        if bad:
+            problems.append(f"{store.path / 'values.i32'}: entries {bad} hold values that are no word of the store")
+    with store.sqlite_errors():
+        outside = store.db.execute(
+            "SELECT count(*) FROM documents WHERE start < 0 OR end > ? OR end < start", (store.size,)
+        ).fetchone()[0]
+    if outside:
+        problems.append(f"{store.path / SQLITE}: {outside} document(s) with entry ranges outside the datastore")
+    return problems
+
+
+def record_checksums(path: str | Path) -> None:
+    """Record the checksums of a datastore's files as they are now (for a store made before checksums existed, or
+    after restoring files from a copy): only do this for files known to be sound."""
+    store = Datastore(path, check=False)
+    handle = _acquire(store.path, LOCK_WAIT.get())
+    try:
+        (store.path / "checksums.json").unlink(missing_ok=True)
+        store.seal()
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()

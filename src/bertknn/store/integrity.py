@@ -1,0 +1,173 @@
+"""Checksums of a datastore's files, per block, so that damage is found and located (`bertknn verify`).
+
+checksums.json records, for each data file, its checked length and a blake2b-128 digest of every block of
+BLOCK bytes (the last one may be shorter). Blocks are hashed by a thread pool (hashlib releases the GIL), so a large
+store is checked in parallel, and one block can be re-checked alone. Append-only files (keys, values) are extended
+by hashing only their new tail; files rewritten in place (SQLite) or whole (FAISS, IR segments) are hashed again
+when their writer finishes. Storage only: nothing here knows the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertknn.store.atomic import write_json
+
+CHECKSUMS = "checksums.json"
+ALGORITHM = "blake2b-128"
+BLOCK = 16 << 20  # bytes per checksum block: a 1 TB store has ~65k of them
+
+
+class ChecksumError(ValueError):
+    """checksums.json itself is unreadable."""
+
+
+@dataclass(frozen=True)
+class Damage:
+    """One block of one file that does not match its checksum (or a file that is missing or short)."""
+
+    file: str
+    block: int | None  # None: the whole file (missing or shorter than recorded)
+    problem: str
+
+    def __str__(self) -> str:
+        if self.block is None:
+            return f"{self.file}: {self.problem}"
+        start = self.block * BLOCK
+        return f"{self.file} block {self.block} (bytes {start:,}-{start + BLOCK - 1:,}): {self.problem}"
+
+
+def _digest(path: Path, block: int, length: int) -> str:
+    """blake2b-128 of bytes [block * BLOCK, min((block + 1) * BLOCK, length)) of a file."""
+    start = block * BLOCK
+    with path.open("rb") as handle:
+        handle.seek(start)
+        data = handle.read(min(BLOCK, length - start))
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)))
+
+
+def _hash_blocks(path: Path, length: int, first: int = 0) -> list[str]:
+    """Digests of blocks first.. of the first `length` bytes of a file, in parallel."""
+    blocks = range(first, -(-length // BLOCK))
+    with _pool() as pool:
+        return list(pool.map(lambda b: _digest(path, b, length), blocks))
+
+
+class Checksums:
+    """The checksums.json of a datastore directory: {file: {"length": bytes, "blocks": [digest, ...]}}."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.files: dict[str, dict] = {}
+        self.meta: dict[str, object] = {}  # e.g. the SQLite generation the store.sqlite record belongs to
+        file = directory / CHECKSUMS
+        if file.is_file():
+            try:
+                data = json.loads(file.read_text(encoding="utf-8"))
+                if data.get("algorithm") != ALGORITHM or data.get("block") != BLOCK:
+                    raise ValueError(f"made with {data.get('algorithm')} blocks of {data.get('block')} bytes")
+                self.files, self.meta = dict(data["files"]), dict(data.get("meta", {}))
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                raise ChecksumError(f"{file} is damaged ({err}); `bertknn verify --record` rewrites it") from None
+
+    def save(self) -> None:
+        """Write checksums.json atomically."""
+        data = {"algorithm": ALGORITHM, "block": BLOCK, "meta": self.meta, "files": self.files}
+        write_json(self.directory / CHECKSUMS, data, indent=None)
+
+    def record(self, name: str, length: int | None = None) -> None:
+        """Hash a file whole (or its first `length` bytes) and record it."""
+        path = self.directory / name
+        length = path.stat().st_size if length is None else length
+        self.files[name] = {"length": length, "blocks": _hash_blocks(path, length)}
+
+    def extend(self, name: str, length: int) -> None:
+        """Record an append-only file up to `length` bytes, hashing only blocks past the last full one recorded."""
+        known = self.files.get(name)
+        if known is None or known["length"] > length:
+            self.record(name, length)
+            return
+        full = known["length"] // BLOCK
+        if known["length"] % BLOCK and _digest(self.directory / name, full, known["length"]) != known["blocks"][full]:
+            raise ChecksumError(f"{self.directory / name}: {Damage(name, full, 'checksum mismatch')}; `bertknn verify`")
+        blocks = known["blocks"][:full] + _hash_blocks(self.directory / name, length, full)
+        self.files[name] = {"length": length, "blocks": blocks}
+
+    def forget(self, names: Iterable[str]) -> None:
+        """Drop the records of files that no longer exist or are about to be rewritten."""
+        for name in names:
+            self.files.pop(name, None)
+
+    def _dropped(self, name: str) -> bool:
+        """True when a writer dropped the file's record since this checksums.json was read: it deleted the file on
+        purpose (a merge of index parts drops their records, then deletes them), so its absence is not damage."""
+        return name not in Checksums(self.directory).files
+
+    def verify(
+        self,
+        names: Iterable[str] | None = None,
+        sample: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        seed: int | None = None,
+        growing: Iterable[str] = (),
+        only: Iterable[Damage] | None = None,
+    ) -> list[Damage]:
+        """Check recorded files (all, or `names`): every block, or `sample` random blocks plus each file's last one.
+
+        `progress(done, total)` is called as blocks are checked. A file of another length than recorded is damage,
+        except that the files named in `growing` (append-only) may be longer: their uncommitted tail is not checked.
+        `only`: look again at damage found before (those files' lengths and those blocks).
+        """
+        growing = set(growing)
+        if only is not None:
+            only = list(only)
+            names = {d.file for d in only} & set(names if names is not None else self.files)
+        damage, jobs = [], []
+        for name in sorted(self.files if names is None else set(names) & set(self.files)):
+            record = self.files[name]
+            path = self.directory / name
+            have = path.stat().st_size if path.is_file() else None
+            if have is None and self._dropped(name):
+                continue
+            if have is None or have < record["length"] or (have > record["length"] and name not in growing):
+                problem = "missing" if have is None else f"{have:,} bytes, {record['length']:,} recorded"
+                damage.append(Damage(name, None, problem))
+                continue
+            jobs += [(name, b) for b in range(len(record["blocks"]))]
+        if only is not None:
+            jobs = [job for job in jobs if job in {(d.file, d.block) for d in only}]
+        elif sample is not None and len(jobs) > sample:
+            last = {name: (name, len(self.files[name]["blocks"]) - 1) for name, _ in jobs}
+            picked = random.Random(seed).sample(jobs, sample)
+            jobs = sorted(set(picked) | set(last.values()))
+        total, done = len(jobs), 0
+
+        def check(job: tuple[str, int]) -> Damage | None:
+            name, block = job
+            record = self.files[name]
+            try:
+                if _digest(self.directory / name, block, record["length"]) != record["blocks"][block]:
+                    return Damage(name, block, "checksum mismatch")
+            except FileNotFoundError:
+                return None if self._dropped(name) else Damage(name, None, "missing")
+            return None
+
+        with _pool() as pool:
+            for found in pool.map(check, jobs):
+                done += 1
+                if found:
+                    damage.append(found)
+                if progress and (done % 64 == 0 or done == total):
+                    progress(done, total)
+        return damage

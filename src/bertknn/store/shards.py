@@ -1,0 +1,440 @@
+"""A sharded datastore read as one: the shards of a distributed build (`distributed.py`) behind the `Datastore`
+interface the query path uses (storage only: nothing here knows the model).
+
+`shards.json` lists the shards in order; document and entry indices are global, shard after shard, so a shard's
+document d is global document `first_document + d`. Offsets are taken from the shards themselves when they are
+opened (documents added to the last shard move no other shard's offsets); the counts and offsets that shards.json
+shows are rewritten by every write (`writing`), so they stay true after adds and removes. Reads (keys, values,
+document ranges, titles, evidence, hidden documents) go to the shards that hold what is asked, grouped so each shard
+is asked once.
+
+`Store` is what the query path and the service use of a datastore: both `Datastore` and `ShardedDatastore` have it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from bertknn.store.atomic import write_json
+from bertknn.store.datastore import Datastore, DatastoreError, Evidence, sqlite_errors
+
+SHARDS_FILE = "shards.json"
+
+
+def is_sharded(path: str | Path) -> bool:
+    """True for the directory of a sharded datastore."""
+    return (Path(path) / SHARDS_FILE).is_file()
+
+
+class Rows(Protocol):
+    """Rows of an array read by number (keys or values): a memory map, or `_Rows` over shards."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, rows: Any) -> Any: ...
+
+
+class Store(Protocol):
+    """What the query path (search, pipeline, FAISS) and the service use of a datastore: `Datastore` and
+    `ShardedDatastore` both have it, with the same parameter names (tests/test_store_protocol.py holds them to it)."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def manifest(self) -> dict: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def n_documents(self) -> int: ...
+
+    @property
+    def keys(self) -> Rows: ...
+
+    @property
+    def values(self) -> Rows: ...
+
+    @property
+    def version(self) -> tuple: ...
+
+    @property
+    def complete(self) -> bool: ...
+
+    @property
+    def lazy(self) -> bool: ...
+
+    @property
+    def layer(self) -> int: ...
+
+    @property
+    def splitter(self) -> str: ...
+
+    @property
+    def key_dtype(self) -> str: ...
+
+    @property
+    def faiss_damage(self) -> list: ...
+
+    def check_model(self, name: str, weights_hash: str, dim: int, layer: int) -> None: ...
+
+    def reload(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def writing(self, wait: float | None = None) -> contextlib.AbstractContextManager[Any]: ...
+
+    def sqlite_errors(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def pending(self, docs: list[int] | None = None) -> list[int]: ...
+
+    def document_ranges(self, docs: list[int]) -> list[tuple[int, int]]: ...
+
+    def documents_of(self, entries: np.ndarray) -> np.ndarray: ...
+
+    def titles(self, docs: list[int]) -> list[str]: ...
+
+    def find_title(self, norm_title: str) -> int | None: ...
+
+    def evidence(self, entries: list[int]) -> list[Evidence]: ...
+
+    def hidden_documents(self) -> np.ndarray: ...
+
+    def live_documents(self) -> int: ...
+
+    def states(self, ids: list[str]) -> dict[str, str]: ...
+
+    def live_digests(self, ids: list[str]) -> dict[str, str | None]: ...
+
+    @property
+    def whole_words(self) -> bool: ...
+
+    def words(self, values: Iterable[int] | None) -> dict[int, tuple[str, str]]: ...
+
+    def remove(self, ids: list[str]) -> tuple[list[str], list[str]]: ...
+
+
+def _renumbering(table: dict[int, int]) -> Callable[[np.ndarray], np.ndarray]:
+    """A function mapping a shard's values to the sharded store's: lexicon numbers through `table`, vocabulary ids
+    (below every lexicon number) unchanged."""
+    if all(a == b for a, b in table.items()):
+        return lambda values: values
+    local = np.asarray(sorted(table), np.int64)
+    mapped = np.asarray([table[v] for v in local.tolist()], np.int32)
+
+    def renumber(values: np.ndarray) -> np.ndarray:
+        at = np.clip(np.searchsorted(local, values), 0, len(local) - 1)
+        return np.where(local[at] == values, mapped[at], values).astype(values.dtype)
+
+    return renumber
+
+
+def open_store(path: str | Path) -> Store:
+    """The datastore at `path`, sharded or not."""
+    return ShardedDatastore(path) if is_sharded(path) else Datastore(path)
+
+
+class _Rows:
+    """Rows of one array kept in several shards (keys or values), indexed by global entry numbers; `renumber`
+    (values only) maps each shard's lexicon numbers to the sharded store's."""
+
+    def __init__(
+        self,
+        parts: list[np.ndarray],
+        starts: np.ndarray,
+        renumber: list[Callable[[np.ndarray], np.ndarray]] | None = None,
+    ) -> None:
+        self.parts, self.starts, self.renumber = parts, starts, renumber
+        self.shape = (int(starts[-1]), *parts[0].shape[1:])
+        self.dtype = parts[0].dtype
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: np.ndarray | slice) -> np.ndarray:
+        rows = np.arange(*rows.indices(len(self))) if isinstance(rows, slice) else np.asarray(rows, np.int64)
+        out = np.empty((len(rows), *self.shape[1:]), self.dtype)
+        shard = np.searchsorted(self.starts, rows, side="right") - 1
+        for s in np.unique(shard):
+            mine = shard == s
+            part = self.parts[s][rows[mine] - self.starts[s]]
+            out[mine] = self.renumber[s](part) if self.renumber else part
+        return out
+
+
+class ShardedDatastore:
+    """The shards of `path/shards.json` as one read-only datastore (global document and entry numbers)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        top = self._read_top()
+        self.manifest = {**top, "status": "complete"}
+        self.shards = [Datastore(self.path / row["path"]) for row in top["shards"]]
+        self._depth = 0  # `writing` contexts entered by the thread that holds the shards' locks
+        self._offsets()
+
+    def _read_top(self) -> dict:
+        """shards.json as written last."""
+        try:
+            top = json.loads((self.path / SHARDS_FILE).read_text(encoding="utf-8"))
+            if not [row["path"] for row in top["shards"]]:
+                raise ValueError("it lists no shards")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise DatastoreError(f"{self.path / SHARDS_FILE} is damaged ({err}); rerun the sharded build") from None
+        return top
+
+    def _offsets(self) -> None:
+        self.doc_starts = np.cumsum([0] + [s.n_documents for s in self.shards])
+        self.entry_starts = np.cumsum([0] + [s.size for s in self.shards])
+        self.keys = _Rows([s.keys for s in self.shards], self.entry_starts)
+        self.values = _Rows([s.values for s in self.shards], self.entry_starts, self._lexicon())
+
+    def _lexicon(self) -> list[Callable[[np.ndarray], np.ndarray]]:
+        """The shards' lexicons as one (a word held by several shards is one word: it keeps the number of the first
+        shard that holds it, and the words new in a later shard are numbered on), and for each shard the map of its
+        numbers to these."""
+        self._words: dict[int, tuple[str, str]] = {}
+        number: dict[str, int] = {}
+        maps = []
+        for shard in self.shards:
+            rows = shard.words(None)
+            table = {}
+            for value, (pieces, word) in sorted(rows.items()):
+                if pieces not in number:  # numbered on in the order the shard numbered them, as one store would
+                    number[pieces] = max(self._words) + 1 if self._words else value
+                    self._words[number[pieces]] = (pieces, word)
+                table[value] = number[pieces]
+            maps.append(_renumbering(table))
+        return maps
+
+    @property
+    def whole_words(self) -> bool:
+        return self.shards[0].whole_words
+
+    @property
+    def names(self) -> bool:
+        return self.shards[0].names
+
+    def words(self, values: Iterable[int] | None) -> dict[int, tuple[str, str]]:
+        """(tokens' ids as text, word) of the given lexicon numbers (None: all), across shards."""
+        if values is None:
+            return dict(self._words)
+        wanted = {int(v) for v in values}
+        missing = sorted(wanted - set(self._words))
+        if missing:
+            raise DatastoreError(f"{self.path} holds no word for values {missing[:5]}: it is damaged; `bertknn verify`")
+        return {v: self._words[v] for v in wanted}
+
+    # -- what the manifest says --
+    complete, lazy = True, False
+
+    @property
+    def layer(self) -> int:
+        return self.shards[0].layer
+
+    @property
+    def dim(self) -> int:
+        return self.shards[0].dim
+
+    @property
+    def splitter(self) -> str:
+        return self.shards[0].splitter
+
+    @property
+    def key_dtype(self) -> str:
+        return self.shards[0].key_dtype
+
+    @property
+    def size(self) -> int:
+        return int(self.entry_starts[-1])
+
+    @property
+    def n_documents(self) -> int:
+        return int(self.doc_starts[-1])
+
+    @property
+    def version(self) -> tuple:
+        return tuple(s.version for s in self.shards)
+
+    def check_model(self, name: str, weights_hash: str, dim: int, layer: int) -> None:
+        self.shards[0].check_model(name, weights_hash, dim, layer)
+
+    def close(self) -> None:
+        """Close every shard's SQLite connection."""
+        for shard in self.shards:
+            shard.close()
+
+    def __enter__(self) -> ShardedDatastore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def reload(self) -> None:
+        """Take in what other processes committed to any shard."""
+        for shard in self.shards:
+            shard.reload()
+        self._offsets()
+
+    @property
+    def faiss_damage(self) -> list:
+        """Damage confined to the shards' FAISS files (IR questions still work)."""
+        return [damage for shard in self.shards for damage in shard.faiss_damage]
+
+    def live_documents(self) -> int:
+        """How many documents searches can return, over all shards."""
+        return sum(shard.live_documents() for shard in self.shards)
+
+    def pending(self, docs: list[int] | None = None) -> list[int]:
+        """No document is pending: the shards of a sharded build are complete."""
+        return []
+
+    @contextlib.contextmanager
+    def writing(self, wait: float | None = None) -> Iterator[ShardedDatastore]:
+        """Hold every shard's writer lock (in shard order, so two writers cannot hold one each), then re-read; on
+        success, the outermost writer records the counts in shards.json (`_record_counts`). Re-entrant within a
+        thread. Should shards.json fail to be written, its error is raised once the shards have sealed their write."""
+        unrecorded: Exception | None = None
+        with contextlib.ExitStack() as held:
+            for shard in self.shards:
+                held.enter_context(shard.writing(wait))
+            self._offsets()
+            self._depth += 1
+            try:
+                yield self
+            finally:
+                self._depth -= 1
+            self._offsets()
+            if not self._depth:
+                try:
+                    self._record_counts()
+                except (OSError, DatastoreError) as err:
+                    unrecorded = err
+        if unrecorded is not None:
+            raise unrecorded
+
+    def _record_counts(self) -> None:
+        """Rewrite shards.json's counts and offsets as the shards hold them now, when a write changed them (under
+        every shard's writer lock, so no other writer rewrites it meanwhile)."""
+        top = self._read_top()
+        rows = [
+            {**row, "first_document": int(doc), "first_entry": int(at), "documents": s.n_documents, "entries": s.size}
+            for row, s, doc, at in zip(top["shards"], self.shards, self.doc_starts, self.entry_starts)
+        ]
+        now = {**top, "documents": self.n_documents, "entries": self.size, "live_documents": self.live_documents()}
+        if {**now, "shards": rows} != top:
+            write_json(self.path / SHARDS_FILE, {**now, "shards": rows})
+            self.manifest = {**now, "shards": rows, "status": "complete"}
+
+    def sqlite_errors(self) -> contextlib.AbstractContextManager[None]:
+        """SQLite's errors about a damaged shard as a DatastoreError naming the shards' directory."""
+        return sqlite_errors(
+            f"the SQLite file of a shard under {self.path}", f"`bertknn verify {self.path}` locates it"
+        )
+
+    # -- reads, by global numbers --
+    def _by_shard(self, items: list[int], starts: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """(shard, positions in `items`, local numbers) for each shard holding some of `items`."""
+        items = np.asarray(items, np.int64)
+        shard = np.searchsorted(starts, items, side="right") - 1
+        if len(items) and (items.min() < 0 or items.max() >= starts[-1]):
+            raise DatastoreError(f"{self.path} has no item {int(items.max())} (it holds {int(starts[-1])})")
+        for s in np.unique(shard):
+            where = np.flatnonzero(shard == s)
+            yield int(s), where, items[where] - starts[s]
+
+    def _gather(self, items: list[int], starts: np.ndarray, read: Callable[[Datastore, list[int], int], list]) -> list:
+        out: list = [None] * len(items)
+        for s, where, local in self._by_shard(items, starts):
+            for i, value in zip(where, read(self.shards[s], local.tolist(), s)):
+                out[i] = value
+        return out
+
+    def document_ranges(self, docs: list[int]) -> list[tuple[int, int]]:
+        def read(shard: Datastore, local: list[int], s: int) -> list:
+            base = int(self.entry_starts[s])
+            return [(a + base, b + base) for a, b in shard.document_ranges(local)]
+
+        return self._gather(docs, self.doc_starts, read)
+
+    def titles(self, docs: list[int]) -> list[str]:
+        return self._gather(docs, self.doc_starts, lambda shard, local, s: shard.titles(local))
+
+    def evidence(self, entries: list[int]) -> list[Evidence]:
+        def read(shard: Datastore, local: list[int], s: int) -> list:
+            base = int(self.entry_starts[s])
+            return [Evidence(e.entry + base, e.doc_id, e.title, e.sentence, e.span) for e in shard.evidence(local)]
+
+        return self._gather(entries, self.entry_starts, read)
+
+    def documents_of(self, entries: np.ndarray) -> np.ndarray:
+        def read(shard: Datastore, local: list[int], s: int) -> list:
+            return (shard.documents_of(np.asarray(local, np.int64)) + self.doc_starts[s]).tolist()
+
+        return np.asarray(self._gather(list(entries), self.entry_starts, read), np.int64)
+
+    def split_documents(self, docs: np.ndarray | None) -> list[np.ndarray]:
+        """Global document numbers as each shard's own numbers, shard by shard."""
+        docs = np.zeros(0, np.int64) if docs is None else np.asarray(docs, np.int64)
+        return [docs[(docs >= a) & (docs < b)] - a for a, b in zip(self.doc_starts[:-1], self.doc_starts[1:])]
+
+    def merge_nearest(self, found: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each shard's nearest (its own entry numbers, squared distances), shard by shard, merged into the k
+        nearest by global entry number, nearest first (ties: the lower entry)."""
+        entries = np.concatenate([np.asarray(e, np.int64) + a for (e, _), a in zip(found, self.entry_starts)])
+        dist = np.concatenate([np.asarray(d, np.float32) for _, d in found])
+        order = np.lexsort((entries, dist))[:k]
+        return entries[order], dist[order]
+
+    def find_title(self, norm_title: str) -> int | None:
+        for s, shard in enumerate(self.shards):
+            found = shard.find_title(norm_title)
+            if found is not None:
+                return found + int(self.doc_starts[s])
+        return None
+
+    def hidden_documents(self) -> np.ndarray:
+        return np.concatenate([s.hidden_documents() + self.doc_starts[i] for i, s in enumerate(self.shards)])
+
+    def states(self, ids: list[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for shard in self.shards:
+            found |= shard.states(ids)
+        return found
+
+    def live_digests(self, ids: list[str]) -> dict[str, str | None]:
+        found: dict[str, str | None] = {}
+        for shard in self.shards:
+            found |= shard.live_digests(ids)
+        return found
+
+    def remove(self, ids: list[str]) -> tuple[list[str], list[str]]:
+        """Remove documents from the shards holding them; return (removed now, removed before). An unknown id raises
+        DatastoreError before anything changes. Each shard removes its part in one transaction; a crash between
+        shards leaves some removed, and a rerun finishes (reporting those as removed before)."""
+        ids = list(dict.fromkeys(str(i) for i in ids))
+        owners = {i: shard for shard in self.shards for i in shard.states(ids)}
+        before = set().union(*(shard.removed_ids([i for i in ids if i not in owners]) for shard in self.shards))
+        unknown = [i for i in ids if i not in owners and i not in before]
+        if unknown:
+            raise DatastoreError(
+                f"no document with id {', '.join(map(repr, unknown[:5]))} in {self.path}; nothing was removed"
+            )
+        removed = []
+        with self.writing():  # re-entrant under the caller's `writing`; records the counts
+            for shard in dict.fromkeys(owners.values()):
+                removed += shard.remove([i for i in ids if owners.get(i) is shard])[0]
+        return removed, [i for i in ids if i in before]

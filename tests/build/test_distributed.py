@@ -1,0 +1,279 @@
+"""The datastore built on Ray (src/bertknn/build/distributed.py; a real local cluster, 2 CPUs): shards equal to a
+single-process build, the sharded datastore read as one (IR scores, predictions, add, remove), a key-stage worker
+killed mid-shard, a driver killed mid-build, FAISS filled on Ray, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ..conftest import write_corpus
+
+ray = pytest.importorskip("ray")
+
+from bertknn.build import distributed  # noqa: E402
+from bertknn.index.retrieval import TfidfIndex  # noqa: E402
+from bertknn.query.pipeline import BertKNN  # noqa: E402
+from bertknn.store.shards import ShardedDatastore  # noqa: E402
+
+from .. import ray_cluster  # noqa: E402
+from ..ray_cluster import towns  # noqa: E402
+
+cluster, built = ray_cluster.cluster, ray_cluster.built  # module-scoped: this file's Ray cluster and its build
+
+
+def key_stage_processes() -> list[int]:
+    """PIDs of the processes running a key-stage actor (Ray names them ray::MapWorker(MapBatches(KeyStage)))."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"KeyStage" in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_shards_hold_exactly_the_single_build_s_entries(built):
+    path, top, single = built
+    assert [s["documents"] for s in top["shards"]] == [15, 15, 15, 5]
+    assert [s["first_document"] for s in top["shards"]] == [0, 15, 30, 45]
+    sharded = ShardedDatastore(path / "sharded")
+    every = np.arange(single.store.size)
+    assert sharded.size == top["entries"] == single.store.size and sharded.n_documents == 50
+    np.testing.assert_array_equal(sharded.values[every], np.asarray(single.store.values))
+    # keys: the same contexts, batched per shard instead of over the whole corpus (float32 batching noise at most)
+    np.testing.assert_allclose(sharded.keys[every], np.asarray(single.store.keys), atol=2e-3)
+    assert sharded.evidence(every.tolist()) == single.store.evidence(every.tolist())
+    assert sharded.document_ranges([44, 3, 45]) == single.store.document_ranges([44, 3, 45])
+    assert sharded.find_title("town 31") == single.store.find_title("town 31") == 31
+
+
+def test_ir_scores_over_shards_equal_one_index_over_all(built):
+    path, _, single = built
+    sharded = BertKNN.load(path / "sharded")
+    assert sharded.index.n_docs == single.index.n_docs == 50
+    for query in ("Town 31", "bridge river", "Oslo", "people of Town 7 built"):
+        (d1, s1), (d2, s2) = sharded.index.scores(query), single.index.scores(query)
+        assert d1.tolist() == d2.tolist() and len(d1)
+        np.testing.assert_allclose(s1, s2, rtol=1e-9)
+        assert sharded.index.top(query, 3) == single.index.top(query, 3)
+
+
+def test_the_sharded_datastore_answers_adds_and_removes_like_one(built, tmp_path):
+    path, _, single = built
+    knn = BertKNN.load(path / "sharded")
+    for question, subject in (("Town 33 lies near [MASK] .", "Town 33"), ("The people built a [MASK] .", None)):
+        a, b = knn.predict(question, subject=subject), single.predict(question, subject=subject)
+        assert a.documents == b.documents
+        assert [(t.token, round(t.probability, 5)) for t in a.bert_knn] == [
+            (t.token, round(t.probability, 5)) for t in b.bert_knn
+        ]
+    fresh = {"id": "new", "title": "Zorblat Quenmire", "text": "Zorblat Quenmire was born in Tallinn."}
+    added = knn.add_documents([fresh])
+    assert added > 0 and knn.store.n_documents == 51 and knn.store.shards[-1].n_documents == 6
+    assert knn.predict("Zorblat Quenmire was born in [MASK] .", subject="Zorblat Quenmire").documents == [
+        "Zorblat Quenmire"
+    ]
+    with pytest.raises(Exception, match="already in the datastore"):
+        knn.add_documents([{"id": "t3", "title": "Again", "text": "Again."}])
+    with pytest.raises(Exception, match="no document with id 'nope'"):
+        knn.store.remove(["t3", "nope"])
+    assert knn.store.states(["t3"]) == {"t3": "live"}  # nothing removed
+    with knn.store.writing():
+        assert knn.store.remove(["t3", "new"]) == (["t3", "new"], [])
+    knn.refresh()
+    assert "Town 3" not in knn.predict("Town 3 lies near [MASK] .", subject="Town 3").documents
+    with knn.store.writing():
+        assert knn.store.remove(["t3"]) == ([], ["t3"])
+
+
+def test_a_rerun_after_the_build_returns_the_top_manifest_and_refuses_another_corpus(built, tiny_model_dir):
+    path, top, _ = built
+    again = distributed.build(path / "towns.jsonl", path / "sharded", str(tiny_model_dir), shard_docs=15)
+    assert again == json.loads((path / "sharded" / "shards.json").read_text(encoding="utf-8"))
+    assert [row["path"] for row in again["shards"]] == [row["path"] for row in top["shards"]]
+    now = ShardedDatastore(path / "sharded")  # with what the tests before added and removed
+    assert (again["documents"], again["entries"]) == (now.n_documents, now.size)
+    other = write_corpus(path / "other.jsonl", towns(3))
+    with pytest.raises(ValueError, match="another corpus"):
+        distributed.build(other, path / "sharded", str(tiny_model_dir), shard_docs=15)
+
+
+def test_a_key_stage_worker_killed_mid_shard_is_retried_and_nothing_is_lost(cluster, tmp_path, tiny_model_dir):
+    corpus = write_corpus(tmp_path / "towns.jsonl", towns(240, sentences=12))
+    out = tmp_path / "sharded"
+    killed: list[int] = []
+    built = threading.Event()
+
+    def kill_one_mid_shard() -> None:  # until the build returns: a loaded machine may take minutes to register
+        while not built.is_set() and not killed:
+            for shard in sorted((out / "shards").glob("shard-*")) if (out / "shards").is_dir() else []:
+                manifest = (
+                    json.loads((shard / "manifest.json").read_text()) if (shard / "manifest.json").is_file() else {}
+                )
+                keys = shard / "keys.f16"
+                if manifest.get("status") == "lazy" and keys.is_file() and keys.stat().st_size > 0:  # keys coming
+                    alive = key_stage_processes()
+                    if alive:
+                        os.kill(alive[0], signal.SIGKILL)
+                        killed.append(alive[0])
+                        return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_one_mid_shard)
+    killer.start()
+    try:
+        top = distributed.build(corpus, out, str(tiny_model_dir), workers=1, shard_docs=60)
+    finally:
+        built.set()
+        killer.join()
+    assert killed, "no key-stage worker was caught mid-shard"
+    single = BertKNN.build(corpus, tmp_path / "single", str(tiny_model_dir))
+    sharded = ShardedDatastore(out)
+    every = np.arange(single.store.size)
+    assert top["entries"] == sharded.size == single.store.size  # nothing lost, nothing duplicated
+    np.testing.assert_array_equal(sharded.values[every], np.asarray(single.store.values))
+    assert sharded.evidence(every.tolist()) == single.store.evidence(every.tolist())
+    np.testing.assert_allclose(sharded.keys[every], np.asarray(single.store.keys), atol=2e-3)
+    whole = TfidfIndex.build(single.store.iter_document_texts())
+    assert BertKNN.load(out).index.top("Town 101 bridge", 3) == whole.top("Town 101 bridge", 3)
+
+
+DRIVER = """
+import sys, ray
+from bertknn.build import distributed
+ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False, _temp_dir=sys.argv[4])
+distributed.build(sys.argv[1], sys.argv[2], sys.argv[3], workers=1, shard_docs=60)
+"""
+
+
+def kill_processes_mentioning(text: str) -> None:
+    """SIGKILL every process whose command line holds `text` (the killed driver's own Ray cluster, by its
+    temporary directory: `ray stop` would end every Ray cluster on the machine)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text.encode() in (proc / "cmdline").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+        except OSError:
+            continue
+
+
+def test_a_driver_killed_mid_build_and_rerun_redoes_only_the_shards_not_committed(cluster, tmp_path, tiny_model_dir):
+    import subprocess
+    import sys
+
+    corpus = write_corpus(tmp_path / "towns.jsonl", towns(240, sentences=12))
+    out = tmp_path / "sharded"
+    temp = tempfile.mkdtemp(prefix="rk", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(corpus), str(out), str(tiny_model_dir), temp])
+    shards = out / "shards"
+    deadline = time.time() + 300
+    while time.time() < deadline and driver.poll() is None:
+        done = [p for p in shards.glob("shard-*") if distributed._complete(p, 60)] if shards.is_dir() else []
+        if done:
+            break
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    kill_processes_mentioning(temp)
+    shutil.rmtree(temp, ignore_errors=True)
+    assert not (out / distributed.SHARDS_FILE).exists(), "the driver finished before it was killed"
+    committed = {
+        p.name: (p / "keys.f16").stat().st_mtime_ns for p in shards.glob("shard-*") if distributed._complete(p, 60)
+    }
+    assert 1 <= len(committed) < 4
+    top = distributed.build(corpus, out, str(tiny_model_dir), workers=1, shard_docs=60)
+    for name, mtime in committed.items():  # not rebuilt
+        assert (shards / name / "keys.f16").stat().st_mtime_ns == mtime
+    single = BertKNN.build(corpus, tmp_path / "single", str(tiny_model_dir))
+    sharded = ShardedDatastore(out)
+    every = np.arange(single.store.size)
+    assert top["entries"] == sharded.size == single.store.size
+    assert sharded.evidence(every.tolist()) == single.store.evidence(every.tolist())
+    np.testing.assert_array_equal(sharded.values[every], np.asarray(single.store.values))
+
+
+def test_faiss_over_shards_returns_what_one_index_over_all_keys_returns(cluster, tmp_path, tiny_model_dir):
+    from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
+
+    path = tmp_path
+    corpus = write_corpus(path / "towns.jsonl", towns(50))
+    distributed.build(corpus, path / "sharded", str(tiny_model_dir), workers=2, shard_docs=15)
+    single = BertKNN.build(corpus, path / "single", str(tiny_model_dir))
+    sharded = ShardedDatastore(path / "sharded")
+    # trained once on the same sample of all keys: the same quantizer; 2 of 4 lists probed
+    in_turn = ShardedFaiss.build(sharded, "IVF4,Flat", train_size=sharded.size, nprobe=2)
+    for shard in sharded.shards:
+        for file in shard.path.glob("faiss*"):
+            file.unlink()
+    over_shards = ShardedFaiss.build(sharded, "IVF4,Flat", train_size=sharded.size, nprobe=2, on_ray=True)
+    one = FaissIndex.build(single.store, "IVF4,Flat", train_size=single.store.size, nprobe=2)
+    for a, b in zip(in_turn.parts, over_shards.parts, strict=True):  # filled in turn or by parallel Ray tasks
+        np.testing.assert_array_equal(a.index.reconstruct_n(0, a.ntotal), b.index.reconstruct_n(0, b.ntotal))
+    assert over_shards.ntotal == one.ntotal == single.store.size
+    knn = BertKNN.load(path / "sharded")
+    _, states = knn.encoder.query(["Town 12 lies near [MASK] .", "The people built a [MASK] ."])
+    hidden = np.array([3, 20])  # documents no search may return, in two shards
+    for state in states:
+        for rerank in (0, 8):
+            got, got_d = over_shards.search(state, 10, hidden, rerank)
+            want, want_d = one.search(state, 10, hidden, rerank)
+            # one index drops hidden entries from its 10 x rerank candidates; each shard drops them from its own
+            # candidates, so the shards may fill up to k where one index returned fewer: the same, then more
+            assert got[: len(want)].tolist() == want.tolist() and len(got) >= len(want) and len(want) >= 9
+            np.testing.assert_allclose(got_d[: len(want)], want_d, rtol=1e-5)
+    assert knn.faiss is not None and knn.predict("Town 12 lies near [MASK] .", retrieval="faiss").knn
+
+
+def test_index_on_ray_needs_a_sharded_datastore_and_fills_its_shards(built):
+    from typer.testing import CliRunner
+
+    from bertknn.cli import app
+
+    path, _, single = built
+    for command in ("index", "serve"):
+        refused = CliRunner().invoke(app, [command, str(single.store.path), "--engine", "ray"])
+        assert refused.exit_code == 2 and "ray for a sharded datastore" in " ".join(refused.output.split())
+    done = CliRunner().invoke(app, ["index", str(path / "sharded"), "--engine", "ray", "--factory", "Flat"])
+    assert done.exit_code == 0, done.output
+    assert "the faiss.index of each shard" in " ".join(done.output.split())
+    assert all((path / "sharded" / s["path"] / "faiss.index").is_file() for s in built[1]["shards"])
+
+
+def test_a_rerun_with_another_corpus_or_shard_size_is_refused_before_anything_is_written(tmp_path, tiny_model_dir):
+    corpus = write_corpus(tmp_path / "towns.jsonl", towns(5))
+    begun = tmp_path / "out" / "shards" / "shard-00000"
+    begun.mkdir(parents=True)
+    (begun / "manifest.json").write_text(json.dumps({"corpus": {"sha256": "another"}}))
+    with pytest.raises(ValueError, match="holds shards of another corpus or model"):
+        distributed.build(corpus, tmp_path / "out", str(tiny_model_dir), shard_docs=2)
+    from bertknn.model.encoder import Encoder
+
+    manifest = distributed.builder.manifest(Encoder.load(str(tiny_model_dir)), None, 1, False)
+    manifest |= {"corpus": {"sha256": distributed.open_corpus(corpus).fingerprint()}, "shard_docs": 3}
+    (begun / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="holds shards of 3 documents"):
+        distributed.build(corpus, tmp_path / "out", str(tiny_model_dir), shard_docs=2)
+    assert not (tmp_path / "out" / "inputs").exists()
+
+
+def test_a_gpu_build_is_checked_against_the_cluster_not_the_driver(cluster, tmp_path, tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from bertknn.cli import app
+
+    corpus = write_corpus(tmp_path / "towns.jsonl", towns(3))
+    args = ["build", str(corpus), "--out", str(tmp_path / "out"), "--model", str(tiny_model_dir), "--engine", "ray"]
+    refused = CliRunner().invoke(app, [*args, "--device", "cuda"])  # the driver has no GPU either: not what is said
+    assert refused.exit_code == 2 and "the Ray cluster has no GPU; use --device cpu" in " ".join(refused.output.split())
+    assert not (tmp_path / "out" / "inputs").exists()

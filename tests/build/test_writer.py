@@ -1,0 +1,108 @@
+"""Adding or removing documents in place (atomic, resumable): `BertKNN.add_documents`/`remove_documents`, which
+delegate to `bertknn.build.writer.Writer`."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from bertknn import BertKNN, DatastoreError, cli
+from bertknn.build import builder
+from bertknn.cli import app
+from bertknn.index.faiss_index import FaissIndex
+from bertknn.index.retrieval import TfidfIndex
+from bertknn.text import CorpusError
+
+from ..conftest import write_corpus
+
+FRESH = {"id": "n1", "title": "Zorblat Quenmire", "text": "Zorblat Quenmire was born in Tallinn. He sells boats."}
+QUESTION, SUBJECT = "Zorblat Quenmire was born in [MASK] .", "Zorblat Quenmire"
+
+
+def _answers(knn: BertKNN, retrieval: str) -> tuple[str, list[str]]:
+    p = knn.predict(QUESTION, subject=SUBJECT, retrieval=retrieval, top_k=3)
+    return p.knn[0].token if p.knn else "", p.documents
+
+
+@pytest.mark.parametrize("retrieval", ["ir", "faiss"])
+def test_fresh_fact_answerable_after_add_and_gone_after_remove(built, retrieval):
+    FaissIndex.build(built.store, "Flat")
+    knn = BertKNN(built.encoder, built.store)
+    before, docs_before = _answers(knn, retrieval)
+    assert before != "tallinn" and "Zorblat Quenmire" not in docs_before
+    size = knn.store.size
+    added = knn.add_documents([FRESH])
+    assert added == knn.store.size - size > 0 and knn.faiss.ntotal == knn.store.size
+    after, docs_after = _answers(knn, retrieval)
+    assert after == "tallinn" and "Zorblat Quenmire" in docs_after
+    reopened = BertKNN.load(built.store.path, str(built.encoder.name))  # the change is on disk
+    assert _answers(reopened, retrieval)[0] == "tallinn"
+    knn.remove_document("n1")
+    gone, docs_gone = _answers(knn, retrieval)
+    assert gone != "tallinn" and "Zorblat Quenmire" not in docs_gone
+    knn.add_documents([FRESH])  # a removed id is free again
+    assert _answers(knn, retrieval)[0] == "tallinn"
+
+
+@pytest.mark.parametrize("crash_at", ["embed", "ir_segment", "faiss", "publish"])
+def test_a_crash_mid_add_leaves_the_old_state_and_a_rerun_completes(built, monkeypatch, crash_at):
+    FaissIndex.build(built.store, "Flat")
+    knn = BertKNN(built.encoder, built.store)
+    reference = knn.predict(QUESTION, subject=SUBJECT, top_k=3)
+    targets = {
+        "embed": (builder, "embed"),
+        "ir_segment": (TfidfIndex, "save"),
+        "faiss": (FaissIndex, "update"),
+        "publish": (type(knn.store), "publish"),
+    }
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(*targets[crash_at], crash)
+        with pytest.raises(KeyboardInterrupt):
+            knn.add_documents([FRESH])
+    for reader in (knn, BertKNN.load(built.store.path, str(built.encoder.name))):  # in process, and reopened
+        p = reader.predict(QUESTION, subject=SUBJECT, top_k=3)
+        assert p.documents == reference.documents and "Zorblat Quenmire" not in p.documents
+        assert _answers(reader, "faiss")[0] != "tallinn"
+    rerun = BertKNN.load(built.store.path, str(built.encoder.name))
+    rerun.add_documents([FRESH], skip_existing=True)
+    assert _answers(rerun, "ir")[0] == "tallinn" and _answers(rerun, "faiss")[0] == "tallinn"
+    assert rerun.faiss.ntotal == rerun.store.size and rerun.index.n_docs == rerun.store.n_documents == 6
+
+
+def test_add_refuses_duplicates_and_bad_documents_changing_nothing(built):
+    size, n = built.store.size, built.store.n_documents
+    with pytest.raises(DatastoreError, match=r"already in the datastore: \['d1'\]"):
+        built.add_documents([{"id": "d1", "title": "x", "text": "Again."}])
+    with pytest.raises(CorpusError, match="document 1: missing 'title'"):
+        built.add_documents([{"id": "n9", "text": "No title."}])
+    with pytest.raises(CorpusError, match="duplicate document id"):
+        built.add_documents([FRESH, FRESH])
+    with pytest.raises(DatastoreError, match="no document with id 'nope'"):
+        built.remove_document("nope")
+    assert (built.store.size, built.store.n_documents) == (size, n)
+
+
+def test_cli_index_add_remove(tmp_path, built, monkeypatch):
+    monkeypatch.setattr(cli.console, "width", 200)  # no wrapped lines
+    runner = CliRunner()
+    store = str(built.store.path)
+    more = write_corpus(tmp_path / "more.jsonl", [FRESH])
+    result = runner.invoke(app, ["index", store, "--factory", "Flat", "--threads", "1"])
+    assert result.exit_code == 0 and "FAISS index 'Flat'" in result.output, result.output
+    result = runner.invoke(app, ["add", store, str(more), "--threads", "1"])
+    assert result.exit_code == 0 and "added 1 documents" in result.output, result.output
+    result = runner.invoke(app, ["add", store, str(more), "--threads", "1"])
+    assert result.exit_code == 0 and "added 0 documents" in result.output and "1 were there already" in result.output
+    ask = ["ask", store, QUESTION, "--subject", SUBJECT, "--retrieval", "faiss", "--threads", "1"]
+    assert "tallinn" in runner.invoke(app, ask).output
+    result = runner.invoke(app, ["remove", store, "--doc", "n1"])
+    assert result.exit_code == 0 and "removed 1 document(s)" in result.output, result.output
+    result = runner.invoke(app, ["remove", store, "--doc", "n1"])  # a rerun finishes at once
+    assert result.exit_code == 0 and "removed 0 document(s)" in result.output and "before: n1" in result.output
+    result = runner.invoke(app, ["remove", store, "--doc", "d1", "--doc", "nope"])  # all or nothing
+    assert result.exit_code == 2 and "no document with id 'nope'" in result.output
+    assert built.store.states(["d1"]) == {"d1": "live"}

@@ -1,0 +1,272 @@
+"""The one settings record: the paper's values, replace(), checks and their messages, and that every caller uses it."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from bertknn import BertKNN, DatastoreError
+from bertknn.evaluation.results import results_name
+from bertknn.query.settings import (
+    DEFAULT,
+    DOC_TEMPERATURE,
+    HPARAMS,
+    LAM,
+    MIXTURE,
+    MIXTURES,
+    PAPER,
+    RETRIEVALS,
+    SENTENCE_TEMPERATURE,
+    TUNED,
+    Settings,
+)
+from bertknn.serving.service import create_app
+
+ROOT = Path(__file__).resolve().parents[2]
+QUESTION, SUBJECT = "Ilsa Varnhold was born in [MASK] .", "Ilsa Varnhold"
+
+
+def test_the_defaults_are_the_papers_but_the_vote_and_the_mixture():
+    bertknns = {"doc_temperature": DOC_TEMPERATURE, "mixture": MIXTURE, "lam": LAM}  # each kept on the dev split
+    bertknns |= {"confidence_temperature": 1.25, "lm_floor": 0.4}  # fitted on the dev split (bench/calibration.py)
+    assert SENTENCE_TEMPERATURE == 0  # off: it cost LAMA dev P@1 (bench/sentences.py)
+    assert Settings() == DEFAULT == PAPER.replace(**bertknns)
+    assert (DOC_TEMPERATURE, MIXTURE, LAM) == (0.2, "log-linear", 0.5) and MIXTURES == ("linear", "log-linear")
+    assert PAPER.as_dict() == {
+        "n_docs": 3,
+        "k": 128,
+        "temperature": 6.0,
+        "lam": 0.3,
+        "retrieval": "ir",
+        "doc_temperature": 0.0,  # off: the paper's vote
+        "lam_by": "constant",
+        "mixture": "linear",
+        "lm_words": 5,  # beyond the paper, which has no answers of several tokens
+        "word_bonus": 10.0,  # used by the log-linear mixture only
+        "sentence_temperature": 0.0,  # off: every sentence alike
+        "confidence_temperature": 1.0,  # the probabilities as combined
+        "lm_floor": 0.0,
+    }
+    assert (*HPARAMS, "mixture") == TUNED and PAPER.tuned == {**PAPER.hparams, "mixture": "linear"}
+    assert HPARAMS == ("n_docs", "k", "temperature", "lam") and RETRIEVALS == ("ir", "faiss", "ir+faiss")
+    assert PAPER.hparams == {name: PAPER.as_dict()[name] for name in HPARAMS}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PAPER.k = 64  # type: ignore[misc]
+
+
+def test_replace_round_trip():
+    changed = PAPER.replace(k=64, lam=0.5, retrieval="faiss")
+    assert (changed.k, changed.lam, changed.retrieval, changed.n_docs) == (64, 0.5, "faiss", PAPER.n_docs)
+    assert Settings(**changed.as_dict()) == changed == PAPER.replace(**changed.as_dict())
+    assert changed.replace(**PAPER.as_dict()) == PAPER
+    assert PAPER.replace() is PAPER and PAPER.replace(k=None, lam=None) is PAPER  # None: keep, nothing re-checked
+    assert hash(changed) == hash(PAPER.replace(k=64, lam=0.5, retrieval="faiss"))  # the service groups by settings
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"k": 0, "lam": 2.0}, "k must be a whole number >= 1 (got 0); lam must be in [0, 1] (got 2.0)"),
+        (
+            {"temperature": float("nan"), "lam": "0.5"},
+            "temperature must be a finite number (got nan); lam must be a finite number (got '0.5')",
+        ),
+        ({"k": 2.5}, "k must be a whole number >= 1 (got 2.5)"),
+        ({"n_docs": 0}, "n_docs must be a whole number >= 1 (got 0)"),
+        ({"n_docs": True}, "n_docs must be a finite number (got True)"),
+        ({"temperature": 0}, "temperature must be > 0 (got 0)"),
+        ({"temperature": -1}, "temperature must be > 0 (got -1)"),
+        ({"lam": -0.1}, "lam must be in [0, 1] (got -0.1)"),
+        ({"retrieval": "web"}, "retrieval must be one of ir, faiss, ir+faiss, not 'web'"),
+        ({"lam": 5, "retrieval": "web"}, "lam must be in [0, 1] (got 5); retrieval must be one of ir, faiss, ir+faiss"),
+        ({"k": float("inf"), "retrieval": 3}, "k must be a finite number (got inf); retrieval must be one of"),
+        ({"doc_temperature": -1}, "doc_temperature must be a number >= 0 (0: the paper's vote), not -1"),
+        ({"doc_temperature": float("nan"), "lam_by": "max"}, "doc_temperature must be a number >= 0 (0: the paper's"),
+        ({"lam_by": "max"}, "lam_by must be one of constant, entropy, not 'max'"),
+        ({"mixture": "max", "k": 0}, "k must be a whole number >= 1 (got 0); mixture must be one of linear, log-"),
+        ({"lm_words": -1}, "lm_words must be a whole number >= 0 (0: every word of several tokens), not -1"),
+        (
+            {"lm_words": 2.5, "word_bonus": 0},
+            "lm_words must be a whole number >= 0 (0: every word of several tokens), "
+            "not 2.5; word_bonus must be a number > 0 (1: none), not 0",
+        ),
+        ({"word_bonus": float("inf")}, "word_bonus must be a number > 0 (1: none), not inf"),
+    ],
+)
+def test_bad_values_are_named_together(overrides, message):
+    with pytest.raises(ValueError) as caught:
+        PAPER.replace(**overrides)
+    assert str(caught.value).startswith(message)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Settings(**{**PAPER.as_dict(), **overrides})
+
+
+def test_edge_values_are_valid():
+    assert PAPER.replace(lam=0.0).lam == 0.0 and PAPER.replace(lam=1).lam == 1
+    assert PAPER.replace(k=4.0, n_docs=1).k == 4.0  # a whole float passes, as before
+    for retrieval in RETRIEVALS:
+        assert PAPER.replace(retrieval=retrieval).retrieval == retrieval
+
+
+def test_unknown_names_are_a_type_error():
+    with pytest.raises(
+        TypeError,
+        match=r"unknown hyperparameter\(s\) \['alpha', 'lambda_'\]; known: \['confidence_temperature', 'doc_te",
+    ):
+        PAPER.replace(lambda_=0.5, alpha=1)
+    tuned = {"k": 64, "temperature": 34.51, "mixture": "log-linear"}
+    assert Settings.from_tuned(tuned) == DEFAULT.replace(k=64, temperature=34.51)
+    # a record without a mixture was tuned before there was a choice: for the linear one
+    assert Settings.from_tuned({"lam": 0.6}) == DEFAULT.replace(lam=0.6, mixture="linear")
+    assert Settings.from_tuned({}) == DEFAULT
+    with pytest.raises(TypeError, match=r"unknown hyperparameter\(s\) \['retrieval'\]"):
+        Settings.from_tuned({"retrieval": "faiss"})  # a datastore stores tuned numbers only
+    with pytest.raises(TypeError, match="unknown hyperparameter"):
+        Settings.from_tuned([3, 128])
+    with pytest.raises(ValueError, match=r"lam must be in \[0, 1\]"):
+        Settings.from_tuned({"lam": 3})
+
+
+def test_the_library_keeps_its_keyword_interface(built):
+    assert built.settings == DEFAULT and built.hparams == PAPER.hparams | {"lam": LAM}
+    chosen = PAPER.replace(n_docs=1, k=4, temperature=2.0, lam=0.5)
+    by_keywords = built.predict(QUESTION, SUBJECT, **chosen.as_dict())
+    by_settings = built.predict_batch([QUESTION], [SUBJECT], settings=chosen)[0]
+    np.testing.assert_array_equal(by_keywords.p, by_settings.p)
+    other = BertKNN(built.encoder, built.store, settings=chosen, k=8)
+    assert other.settings == chosen.replace(k=8) and other.hparams["k"] == 8
+    assert BertKNN(built.encoder, built.store, k=4).settings == DEFAULT.replace(k=4)
+    with pytest.raises(ValueError, match="retrieval must be one of ir, faiss, ir\\+faiss, not 'web'"):
+        built.predict(QUESTION, retrieval="web")
+
+
+def test_tuned_values_stored_with_the_datastore_replace_the_papers(built):
+    with built.store.writing():
+        built.store.set_manifest(tuned={"hparams": {"n_docs": 1, "k": 64, "temperature": 34.51, "lam": 0.6}})
+    tuned = BertKNN(built.encoder, built.store)  # stored before tune searched the mixture: tuned for the linear one
+    assert tuned.settings == DEFAULT.replace(n_docs=1, k=64, temperature=34.51, lam=0.6, mixture="linear")
+    assert BertKNN(built.encoder, built.store, lam=0.3).settings.lam == 0.3  # arguments replace the tuned values
+    tag = f"n1-k64-T34.51-l0.6-dt{DOC_TEMPERATURE}-ct1.25-f0.4"
+    assert results_name(tuned, "full") == f"results-L{built.store.layer}-{tag}-full.jsonl"
+    with built.store.writing():
+        built.store.set_manifest(tuned={"hparams": {"lam": 7}})
+    with pytest.raises(DatastoreError, match=r"holds bad tuned hyperparameters \(lam must be in \[0, 1\] \(got 7\)\)"):
+        BertKNN(built.encoder, built.store)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"lam": 5.0},
+        {"n_docs": 2, "temperature": -1.0},
+        {"lam": 1.5, "temperature": 0.0},
+        {"retrieval": "web"},
+        {"lam": 2.0, "retrieval": "everywhere"},
+    ],
+)
+def test_the_service_and_the_library_give_the_same_message(built, options):
+    """Floats as the service reads them (JSON 5 is 5.0 for a float option); its own bounds (k, n_docs) come first."""
+    with pytest.raises(ValueError) as caught:
+        built.predict(QUESTION, SUBJECT, **options)
+    with TestClient(create_app(built), base_url="http://localhost") as client:
+        response = client.post("/predict", json={"text": QUESTION, "subject": SUBJECT, "options": options})
+    assert response.status_code == 422 and response.json()["detail"] == str(caught.value)
+
+
+def test_the_service_passes_one_settings_down(built, monkeypatch):
+    seen = []
+    real = built.predict_batch
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(built, "predict_batch", spy)
+    with TestClient(create_app(built), base_url="http://localhost") as client:
+        options = {"k": 4, "lam": 0.5, "retrieval": "ir"}
+        response = client.post("/predict", json={"text": QUESTION, "subject": SUBJECT, "options": options})
+        assert response.status_code == 200, response.text
+        health = client.get("/health").json()
+        assert health["hparams"] == DEFAULT.hparams and health["settings"] == DEFAULT.as_dict()
+        assert health["settings"]["mixture"] == "log-linear" and health["settings"]["doc_temperature"] == 0.2
+        schema = client.get("/openapi.json").json()["components"]["schemas"]["Options"]["properties"]["retrieval"]
+    assert seen == [{"settings": DEFAULT.replace(**options)}]
+    assert list(RETRIEVALS) in (schema.get("enum"), *(s.get("enum") for s in schema.get("anyOf", [])))
+
+
+def test_result_file_names_are_unchanged():
+    assert PAPER.file_tag() == "n3-k128-T6.0-l0.3"
+    names = sorted(p.name for p in ROOT.glob("reports/*/results-*.jsonl"))
+    assert names, "no committed result files found"
+    pattern = re.compile(
+        r"results-L(\d+)-n(\d+)-k(\d+)-T([\d.]+)-l([\d.]+)(?:-dt([\d.]+))?(-loglin)?-(full|common)(-nosubject)?\.jsonl"
+    )
+    for name in names:
+        layer, n_docs, k, temperature, lam, dt, loglin, vocab, nosubject = pattern.fullmatch(name).groups()
+        numbers = {"n_docs": int(n_docs), "k": int(k), "temperature": float(temperature), "lam": float(lam)}
+        mixture = "log-linear" if loglin else "linear"
+        settings = PAPER.replace(**numbers, doc_temperature=float(dt or 0), mixture=mixture)
+        assert f"results-L{layer}-{settings.file_tag()}-{vocab}{nosubject or ''}.jsonl" == name
+    assert f"results-L5-{PAPER.file_tag()}-full.jsonl" in names
+
+
+def test_results_name_uses_the_settings(built):
+    assert results_name(built, "common") == f"results-L{built.store.layer}-{DEFAULT.file_tag()}-common.jsonl"
+    # other results, another file: calibrated probabilities rank the gold answer differently
+    assert DEFAULT.file_tag() == f"n3-k128-T6.0-l{LAM}-dt{DOC_TEMPERATURE}-loglin-ct1.25-f0.4"
+
+
+NUMBER = r"(?<![\w.]){}(?![\w.])"
+PAPER_VALUES = {
+    "n_docs": r"3",
+    "k": r"128",
+    "temperature": r"6(?:\.0*)?",
+    "lam": r"0?\.30*",
+}
+TUPLE = re.compile(r"3\s*[,/]\s*128\s*[,/]\s*6(?:\.0*)?\s*[,/]\s*0?\.3\b")
+NAMED = re.compile(
+    "|".join(rf"\b{name}\b['\"]?\s*(?::\s*\w+\s*)?[:=]\s*{value}(?![\w.])" for name, value in PAPER_VALUES.items())
+)
+
+
+def _sources():
+    for folder in ("src", "bench"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.name != "settings.py":
+                yield path
+
+
+def test_the_papers_values_are_written_only_in_settings():
+    """No copy of the defaults in src/ or bench/: not as a tuple, not as name = value, not two of them on one line."""
+    found = []
+    values = [re.compile(NUMBER.format(v)) for v in (r"128", r"6\.0", r"0\.3")]
+    for path in _sources():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            where = f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+            if TUPLE.search(line) or NAMED.search(line) or sum(bool(v.search(line)) for v in values) >= 2:
+                found.append(where)
+    assert not found, "the paper's values outside settings.py:\n" + "\n".join(found)
+    settings = (ROOT / "src" / "bertknn" / "query" / "settings.py").read_text(encoding="utf-8")
+    assert all(re.search(rf"\b{name}: \w+ = ", settings) for name in HPARAMS)
+
+
+def test_the_scan_finds_copies():
+    """The scan above would have caught the copies this settings record replaced."""
+    lines = [
+        'DEFAULTS = {"n_docs": 3, "k": 128, "temperature": 6.0, "lam": 0.3}',
+        'PAPER = {"n_docs": 3, "k": 128, "temperature": 6.0, "lam": 0.3}',
+        "if (r['n_docs'], r['k'], r['temperature'], r['lam']) == (3, 128, 6.0, 0.3):",
+        "the paper's 3/128/6/0.3",
+        "p = interpolate(p_bert, knn_distribution(values, dist[0], 6.0, len(p_bert)), 0.3)",
+        "    k: int = 128",
+        "lam=0.3",
+    ]
+    values = [re.compile(NUMBER.format(v)) for v in (r"128", r"6\.0", r"0\.3")]
+    for line in lines:
+        assert TUPLE.search(line) or NAMED.search(line) or sum(bool(v.search(line)) for v in values) >= 2, line
+    assert not NAMED.search("KEY_WINDOW = 128") and not NAMED.search("max_length: int = 128")
