@@ -10,17 +10,31 @@ from bertknn.model.encoder import Encoder
 from bertknn.query.pipeline import BertKNN
 from bertknn.store.atomic import write_json
 from bertknn.store.datastore import Datastore
-from bertknn.store.shards import SHARDS_FILE
+from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, shard_name
 
 from .conftest import write_corpus
 
 
 def make_sharded(out: Path, encoder: Encoder, groups: list[list[dict]]) -> Path:
     """A sharded datastore at `out` with one shard per group of documents, in order."""
-    dirs = [out / "shards" / distributed.shard_name(i) for i in range(len(groups))]
+    dirs = [out / "shards" / shard_name(i) for i in range(len(groups))]
     (out / "inputs").mkdir(parents=True)
     for docs, path in zip(groups, dirs):
         BertKNN.build(write_corpus(out / "inputs" / f"{path.name}.jsonl", docs), path, encoder)
     manifest = {**Datastore(dirs[0]).manifest, "shard_docs": max(map(len, groups))}
     write_json(out / SHARDS_FILE, distributed._top_manifest(manifest, dirs))
     return out
+
+
+def recorded_counts(top: dict) -> tuple:
+    """The counts shards.json records: documents, entries, live documents, and per shard its offsets and sizes."""
+    rows = [(r["first_document"], r["first_entry"], r["documents"], r["entries"]) for r in top["shards"]]
+    return top["documents"], top["entries"], top.get("live_documents"), rows
+
+
+def true_counts(store: ShardedDatastore) -> tuple:
+    """The same counts as the shards themselves hold them."""
+    rows = [
+        (int(d), int(e), s.n_documents, s.size) for d, e, s in zip(store.doc_starts, store.entry_starts, store.shards)
+    ]
+    return store.n_documents, store.size, store.live_documents(), rows

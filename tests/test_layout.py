@@ -62,3 +62,12 @@ def test_the_builder_sits_between_model_and_store():
 
 def test_the_corpus_readers_know_nothing_of_the_model():
     assert _imports("build.corpus") == {"bertknn.store.datastore", "bertknn.text"}
+
+
+def test_no_function_of_the_package_is_over_sixty_lines():
+    long = []
+    for file in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60:
+                long.append(f"{file.relative_to(SRC)}:{node.lineno} {node.name}")
+    assert long == []

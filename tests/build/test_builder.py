@@ -39,7 +39,7 @@ def test_entry_count_equals_eligible_targets(tmp_path, small_corpus, encoder, to
 def test_every_key_is_the_layer_state_of_its_masked_sentence(tmp_path, small_corpus, encoder, tokenizer):
     store = builder.build(small_corpus, tmp_path / "s", encoder)
     for entry in range(store.size):
-        (ev,) = store.evidence([entry])
+        (ev,) = store.provenance([entry])
         enc = tokenizer(ev.sentence, return_offsets_mapping=True)
         inside = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if ev.span[0] <= a < b <= ev.span[1]]
         pos, pieces = inside[0], [enc["input_ids"][i] for i in inside]

@@ -23,7 +23,7 @@ ray = pytest.importorskip("ray")
 from bertknn.build import distributed  # noqa: E402
 from bertknn.index.retrieval import TfidfIndex  # noqa: E402
 from bertknn.query.pipeline import BertKNN  # noqa: E402
-from bertknn.store.shards import ShardedDatastore  # noqa: E402
+from bertknn.store.shards import SHARDS_FILE, ShardedDatastore  # noqa: E402
 
 from .. import ray_cluster  # noqa: E402
 from ..ray_cluster import towns  # noqa: E402
@@ -53,7 +53,7 @@ def test_shards_hold_exactly_the_single_build_s_entries(built):
     np.testing.assert_array_equal(sharded.values[every], np.asarray(single.store.values))
     # keys: the same contexts, batched per shard instead of over the whole corpus (float32 batching noise at most)
     np.testing.assert_allclose(sharded.keys[every], np.asarray(single.store.keys), atol=2e-3)
-    assert sharded.evidence(every.tolist()) == single.store.evidence(every.tolist())
+    assert sharded.provenance(every.tolist()) == single.store.provenance(every.tolist())
     assert sharded.document_ranges([44, 3, 45]) == single.store.document_ranges([44, 3, 45])
     assert sharded.find_title("town 31") == single.store.find_title("town 31") == 31
 
@@ -143,7 +143,7 @@ def test_a_key_stage_worker_killed_mid_shard_is_retried_and_nothing_is_lost(clus
     every = np.arange(single.store.size)
     assert top["entries"] == sharded.size == single.store.size  # nothing lost, nothing duplicated
     np.testing.assert_array_equal(sharded.values[every], np.asarray(single.store.values))
-    assert sharded.evidence(every.tolist()) == single.store.evidence(every.tolist())
+    assert sharded.provenance(every.tolist()) == single.store.provenance(every.tolist())
     np.testing.assert_allclose(sharded.keys[every], np.asarray(single.store.keys), atol=2e-3)
     whole = TfidfIndex.build(single.store.iter_document_texts())
     assert BertKNN.load(out).index.top("Town 101 bridge", 3) == whole.top("Town 101 bridge", 3)
@@ -187,7 +187,7 @@ def test_a_driver_killed_mid_build_and_rerun_redoes_only_the_shards_not_committe
     driver.wait()
     kill_processes_mentioning(temp)
     shutil.rmtree(temp, ignore_errors=True)
-    assert not (out / distributed.SHARDS_FILE).exists(), "the driver finished before it was killed"
+    assert not (out / SHARDS_FILE).exists(), "the driver finished before it was killed"
     committed = {
         p.name: (p / "keys.f16").stat().st_mtime_ns for p in shards.glob("shard-*") if distributed._complete(p, 60)
     }
@@ -199,7 +199,7 @@ def test_a_driver_killed_mid_build_and_rerun_redoes_only_the_shards_not_committe
     sharded = ShardedDatastore(out)
     every = np.arange(single.store.size)
     assert top["entries"] == sharded.size == single.store.size
-    assert sharded.evidence(every.tolist()) == single.store.evidence(every.tolist())
+    assert sharded.provenance(every.tolist()) == single.store.provenance(every.tolist())
     np.testing.assert_array_equal(sharded.values[every], np.asarray(single.store.values))
 
 

@@ -3,6 +3,8 @@ delegate to `bertknn.build.writer.Writer`."""
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 from typer.testing import CliRunner
 
@@ -11,6 +13,7 @@ from bertknn.build import builder
 from bertknn.cli import app
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.index.retrieval import TfidfIndex
+from bertknn.store.verify import verify
 from bertknn.text import CorpusError
 
 from ..conftest import write_corpus
@@ -106,3 +109,28 @@ def test_cli_index_add_remove(tmp_path, built, monkeypatch):
     result = runner.invoke(app, ["remove", store, "--doc", "d1", "--doc", "nope"])  # all or nothing
     assert result.exit_code == 2 and "no document with id 'nope'" in result.output
     assert built.store.states(["d1"]) == {"d1": "live"}
+
+
+def test_a_store_made_before_the_commit_point_answers_unchanged_and_its_first_writer_commits_the_listing(built):
+    """A datastore whose index parts were never committed (made before SQLite listed them) is read by its listing;
+    the first write commits that listing, and what no list names is deleted only then."""
+    FaissIndex.build(built.store, "Flat")
+    built.add_documents([FRESH])  # a TF-IDF segment and a FAISS part beside the base ones
+    reference = {r: built.predict(QUESTION, subject=SUBJECT, retrieval=r, top_k=3) for r in ("ir", "faiss")}
+    path = built.store.path
+    with sqlite3.connect(path / "store.sqlite") as db:  # as a datastore made before the commit point
+        db.execute("DELETE FROM parts")
+        db.execute("DELETE FROM meta WHERE key = 'parts'")
+    (path / "tfidf_add_000000003").mkdir()  # a stray folder a merge would have replaced: not on the listing
+    old = BertKNN.load(path, str(built.encoder.name))
+    assert old.store.parts("tfidf") is None and old.store.parts("faiss") is None
+    for retrieval, expected in reference.items():
+        p = old.predict(QUESTION, subject=SUBJECT, retrieval=retrieval, top_k=3)
+        assert [t.token for t in p.bert_knn] == [t.token for t in expected.bert_knn]
+        assert p.documents == expected.documents
+    old.add_documents([{"id": "n2", "title": "Quilla Varn", "text": "Quilla Varn was born in Oslo."}])
+    assert [p.name for p in old.store.parts("tfidf")] == [".", "tfidf_add_000000005", "tfidf_add_000000006"]
+    assert old.store.parts("faiss")[0].name == "faiss.index"
+    assert not (path / "tfidf_add_000000003").exists()  # retired once the listing was committed
+    assert _answers(old, "ir")[0] == _answers(old, "faiss")[0] == "tallinn"
+    assert verify(path).problems == []

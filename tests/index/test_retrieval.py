@@ -256,7 +256,7 @@ def test_a_reader_opening_the_index_while_a_merge_commits_reads_one_consistent_l
 
 
 def test_a_datastore_given_documents_one_add_at_a_time_keeps_few_segments_and_verifies(built):
-    from bertknn.store.datastore import verify
+    from bertknn.store.verify import verify
 
     store = built.store
     for name in store.path.glob("tfidf_*"):

@@ -159,6 +159,8 @@ def test_ranked_keeps_the_k_best_with_ties_ordered_by_index(tokenizer):
     ]
     assert top[0].pieces == (rome,)  # a word of one token: its own id
     assert [t.token for t in ranked(p, tokenizer, 1)] == ["rome"]
+    assert [t.token for t in ranked(p, tokenizer, 2)] == ["rome", "paris"]  # a tie at the cut: the lower id
+    assert ranked(p, tokenizer, 0) == []
     assert ranked(None, tokenizer, 3) == []
     assert ranked(np.zeros(tokenizer.vocab_size), tokenizer, 3) == []
 

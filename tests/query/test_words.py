@@ -41,7 +41,7 @@ def _state(encoder: Encoder, ids: list[int], position: int) -> np.ndarray:
 
 def _entry_of(knn: BertKNN, word: str) -> int:
     """The entry whose evidence span is `word`."""
-    spans = knn.store.evidence(list(range(knn.store.size)))
+    spans = knn.store.provenance(list(range(knn.store.size)))
     return next(e.entry for e in spans if e.sentence[e.span[0] : e.span[1]] == word)
 
 
@@ -250,7 +250,7 @@ def test_other_tokenizer_families_answer_whole_words_end_to_end(tmp_path, small_
 
 
 def test_verify_names_a_value_that_is_no_word_of_the_store(tmp_path, encoder):
-    from bertknn.store.datastore import verify
+    from bertknn.store.verify import verify
 
     knn = BertKNN.build(write_corpus(tmp_path / "c.jsonl", [EDDA]), tmp_path / "s", encoder)
     assert verify(knn.store.path).problems == []

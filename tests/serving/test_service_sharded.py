@@ -14,7 +14,7 @@ from bertknn.store import datastore
 from bertknn.store.shards import SHARDS_FILE, ShardedDatastore
 
 from ..conftest import SMALL_DOCS
-from ..sharded_store import make_sharded
+from ..sharded_store import make_sharded, recorded_counts, true_counts
 
 BASE = "http://localhost"
 ILSA = {"text": "Ilsa Varnhold was born in [MASK] .", "subject": "Ilsa Varnhold"}
@@ -87,29 +87,19 @@ def test_every_endpoint_answers_on_a_sharded_store(client, sharded):
     assert all(code < 500 for *_, code, _ in answered), [a for a in answered if a[2] >= 500]
 
 
-def _counts(top: dict) -> tuple:
-    rows = [(r["first_document"], r["first_entry"], r["documents"], r["entries"]) for r in top["shards"]]
-    return top["documents"], top["entries"], top.get("live_documents"), rows
-
-
-def _truth(store: ShardedDatastore) -> tuple:
-    rows = [
-        (int(d), int(e), s.n_documents, s.size) for d, e, s in zip(store.doc_starts, store.entry_starts, store.shards)
-    ]
-    return store.n_documents, store.size, store.live_documents(), rows
-
-
 def test_shards_json_counts_follow_adds_and_removes(client, sharded):
     path = sharded.store.path
     assert client.post("/documents", json=FRESH).status_code == 201
     assert client.delete("/documents/d1").status_code == 200  # a document of the first shard
-    after = _counts(json.loads((path / SHARDS_FILE).read_text(encoding="utf-8")))
-    assert after == _truth(ShardedDatastore(path))
+    after = recorded_counts(json.loads((path / SHARDS_FILE).read_text(encoding="utf-8")))
+    assert after == true_counts(ShardedDatastore(path))
     assert after[:3] == (6, sharded.store.size, 5) and after[3][1][2] == 3  # d1 is hidden, not renumbered
     assert client.get("/health").json()["documents"] == 5
     sharded.remove_documents(["d2"])  # the library's (and `bertknn remove`'s) path
     sharded.add_documents([{"id": "n2", "title": "Ruxana Pell", "text": "Ruxana Pell was born in Riga."}])
-    assert _counts(json.loads((path / SHARDS_FILE).read_text(encoding="utf-8"))) == _truth(ShardedDatastore(path))
+    assert recorded_counts(json.loads((path / SHARDS_FILE).read_text(encoding="utf-8"))) == true_counts(
+        ShardedDatastore(path)
+    )
     assert ShardedDatastore(path).manifest["live_documents"] == 5
 
 

@@ -18,9 +18,9 @@ from ..conftest import SMALL_DOCS
 def test_evidence_of_many_entries_comes_in_the_order_asked(tmp_path, small_corpus, encoder):
     store = builder.build(small_corpus, tmp_path / "s", encoder)
     entries = [store.size - 1, 0, 7, 0]
-    together = store.evidence(entries)
+    together = store.provenance(entries)
     assert [e.entry for e in together] == entries
-    assert together == [store.evidence([e])[0] for e in entries]
+    assert together == [store.provenance([e])[0] for e in entries]
     assert together[0].doc_id != together[1].doc_id
 
 
@@ -30,7 +30,7 @@ def test_documents_own_contiguous_ranges(tmp_path, small_corpus, encoder):
     assert ranges[0][0] == 0 and ranges[-1][1] == store.size
     assert all(a[1] == b[0] for a, b in pairwise(ranges))
     for doc, (start, end) in enumerate(ranges):
-        titles = {e.title for e in store.evidence(list(range(start, end)))}
+        titles = {e.title for e in store.provenance(list(range(start, end)))}
         assert titles == {SMALL_DOCS[doc]["title"]}
 
 

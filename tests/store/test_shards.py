@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 
 from bertknn import BertKNN
-from bertknn.store import datastore, shards
+from bertknn.store import shards
 from bertknn.store.atomic import DiskFullError
 from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, is_sharded, open_store
+from bertknn.store.verify import verify
 
 from ..conftest import SMALL_DOCS, write_corpus
-from ..sharded_store import make_sharded
+from ..sharded_store import make_sharded, recorded_counts, true_counts
 
 # a sixth document in the last shard holds words of several wordpieces that the first shard holds too: the shards
 # number them apart, the sharded datastore as one
@@ -64,10 +65,10 @@ def test_titles_evidence_ranges_and_owners_equal_one_datastore_s(stores):
     single, sharded = stores
     every = list(range(single.size))
     assert sharded.titles([5, 0, 2, 3]) == single.titles([5, 0, 2, 3]) == [DOCS[i]["title"] for i in (5, 0, 2, 3)]
-    assert sharded.evidence(every) == single.evidence(every)
+    assert sharded.provenance(every) == single.provenance(every)
     picked = [single.size - 1, 0, sharded.entry_starts[2], sharded.entry_starts[1] - 1, 0]
-    assert sharded.evidence(picked) == single.evidence(picked)  # in the order asked, across shards
-    assert [e.entry for e in sharded.evidence(picked)] == picked
+    assert sharded.provenance(picked) == single.provenance(picked)  # in the order asked, across shards
+    assert [e.entry for e in sharded.provenance(picked)] == picked
     assert sharded.document_ranges([5, 0, 3, 2]) == single.document_ranges([5, 0, 3, 2])
     np.testing.assert_array_equal(sharded.documents_of(np.array(every)), single.documents_of(np.array(every)))
     np.testing.assert_array_equal(sharded.documents_of(np.array(picked)), single.documents_of(np.array(picked)))
@@ -75,7 +76,7 @@ def test_titles_evidence_ranges_and_owners_equal_one_datastore_s(stores):
         assert sharded.find_title(title) == single.find_title(title) == doc
     assert sharded.find_title("nobody at all") is None
     with pytest.raises(DatastoreError, match=rf"has no item {single.size} \(it holds {single.size}\)"):
-        sharded.evidence([0, single.size])
+        sharded.provenance([0, single.size])
 
 
 def test_keys_and_renumbered_values_equal_one_datastore_s(stores):
@@ -184,18 +185,6 @@ def sharded(tmp_path, encoder) -> BertKNN:
     return BertKNN(encoder, ShardedDatastore(path))
 
 
-def _counts(top: dict) -> tuple:
-    rows = [(r["first_document"], r["first_entry"], r["documents"], r["entries"]) for r in top["shards"]]
-    return top["documents"], top["entries"], top.get("live_documents"), rows
-
-
-def _truth(store: ShardedDatastore) -> tuple:
-    rows = [
-        (int(d), int(e), s.n_documents, s.size) for d, e, s in zip(store.doc_starts, store.entry_starts, store.shards)
-    ]
-    return store.n_documents, store.size, store.live_documents(), rows
-
-
 def test_a_failed_write_of_shards_json_leaves_the_shards_sealed(sharded, monkeypatch):
     """The counts are written after the shards' own write: a full disk then fails the call, but the removal stands
     and every shard's checksums record it."""
@@ -208,8 +197,10 @@ def test_a_failed_write_of_shards_json_leaves_the_shards_sealed(sharded, monkeyp
     with pytest.raises(DiskFullError, match=r"no space left for .*shards\.json"):
         sharded.remove_documents(["d4"])
     assert sharded.store.states(["d4"]) == {} and sharded.store.live_documents() == 4
-    checked = [datastore.verify(shard.path) for shard in sharded.store.shards]
+    checked = [verify(shard.path) for shard in sharded.store.shards]
     assert [(c.problems, c.notes) for c in checked] == [([], [])] * 2  # no note of "an interrupted writer" either
     monkeypatch.undo()
     sharded.remove_documents(["d5"])
-    assert _counts(json.loads((path / SHARDS_FILE).read_text(encoding="utf-8"))) == _truth(ShardedDatastore(path))
+    assert recorded_counts(json.loads((path / SHARDS_FILE).read_text(encoding="utf-8"))) == true_counts(
+        ShardedDatastore(path)
+    )

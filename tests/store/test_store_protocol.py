@@ -39,7 +39,7 @@ def _parameters(function) -> list[tuple]:
 
 def test_the_protocol_lists_what_the_service_needs():
     assert {"live_documents", "size", "n_documents", "keys", "writing", "states", "remove", "manifest"} <= set(MEMBERS)
-    assert {"live_documents", "writing", "evidence"} <= METHODS and "size" not in METHODS
+    assert {"live_documents", "writing", "provenance", "close"} <= METHODS and "size" not in METHODS
 
 
 @pytest.mark.parametrize("name", MEMBERS)

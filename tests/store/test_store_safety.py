@@ -15,7 +15,7 @@ from bertknn.build import builder
 from bertknn.cli import app
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.query.settings import PAPER
-from bertknn.store import datastore as ds
+from bertknn.store import verify as checks
 from bertknn.store.datastore import Datastore
 
 from ..conftest import write_corpus
@@ -241,11 +241,11 @@ def test_verify_reports_the_damaged_block_and_passes_a_sound_store(built, tmp_pa
     monkeypatch.setattr("bertknn.store.integrity.BLOCK", 256)  # many blocks in a small store
     path = tmp_path / "s"
     shutil.copytree(built.store.path, path)
-    ds.record_checksums(path)
-    found = ds.verify(path)
+    checks.record_checksums(path)
+    found = checks.verify(path)
     assert found.problems == [] and found.blocks > 10
     _damage(path / "keys.f16", 3 * 256 + 4, bytes([(path / "keys.f16").read_bytes()[3 * 256 + 4] ^ 1]))
-    found = ds.verify(path)
+    found = checks.verify(path)
     assert found.problems == ["keys.f16 block 3 (bytes 768-1,023): checksum mismatch"]
     result = CliRunner().invoke(app, ["verify", str(path)])
     assert result.exit_code == 1 and "keys.f16 block 3" in result.output
@@ -256,10 +256,10 @@ def test_non_finite_keys_and_foreign_values_never_reach_an_answer(built, tmp_pat
     docs = Datastore(path).find_title("dante alighieri")
     start, _ = Datastore(path).document_ranges([docs])[0]
     _damage(path / "keys.f16", start * 2 * 32, np.float16(np.nan).tobytes())
-    ds.record_checksums(path)  # damage the checksums cannot see: it happened before they were recorded
+    checks.record_checksums(path)  # damage the checksums cannot see: it happened before they were recorded
     with pytest.raises(DatastoreError, match=rf"entries \[{start}\] hold a non-finite key"):
         BertKNN.load(path).predict("Dante was born in [MASK] .", subject="Dante Alighieri")
-    assert any("non-finite" in p for p in ds.verify(path).problems)
+    assert any("non-finite" in p for p in checks.verify(path).problems)
 
 
 def test_an_interrupted_writer_is_not_taken_for_damage(built, monkeypatch):
@@ -268,11 +268,11 @@ def test_an_interrupted_writer_is_not_taken_for_damage(built, monkeypatch):
         patch.setattr(Datastore, "publish", lambda self, **parts: (_ for _ in ()).throw(KeyboardInterrupt))
         with pytest.raises(KeyboardInterrupt):
             built.add_documents([FRESH])
-    found = ds.verify(built.store.path)
+    found = checks.verify(built.store.path)
     assert found.problems == [] and any("interrupted" in note for note in found.notes)
     rerun = BertKNN.load(built.store.path, str(built.encoder.name))
     rerun.add_documents([FRESH], skip_existing=True)
-    assert ds.verify(built.store.path).notes == [] and _top(rerun, "faiss") == "tallinn"
+    assert checks.verify(built.store.path).notes == [] and _top(rerun, "faiss") == "tallinn"
 
 
 def test_a_writer_never_records_damage_as_sound(built, tmp_path):
@@ -282,7 +282,7 @@ def test_a_writer_never_records_damage_as_sound(built, tmp_path):
     writer = Datastore(path, check=False)
     with writer.writing():
         writer.remove(["d5"])
-    assert any("tfidf_logtf.npy block 0" in p for p in ds.verify(path).problems)  # still reported
+    assert any("tfidf_logtf.npy block 0" in p for p in checks.verify(path).problems)  # still reported
     keys = path / "keys.f16"
     _damage(keys, 6, bytes([keys.read_bytes()[6] ^ 4]))  # inside the last, partly filled block
     writer = BertKNN(built.encoder, Datastore(path, check=False))

@@ -30,15 +30,11 @@ from bertknn.model.runtime import Runtime
 from bertknn.store import atomic
 from bertknn.store.atomic import write_json
 from bertknn.store.datastore import Datastore, DatastoreError
+from bertknn.store.shards import SHARDS_FILE, shard_name
 
-SHARDS_FILE = "shards.json"
 SHARD_DOCS = 50_000  # documents per shard by default: ~100 shards for English Wikipedia's 5.07M articles
 FORMAT = "bertknn-sharded"
 CPU_STAGE_CPUS = 0.5  # Ray CPUs a CPU-stage task asks for
-
-
-def shard_name(i: int) -> str:
-    return f"shard-{i:05d}"
 
 
 def plan(n_docs: int, shard_docs: int) -> list[tuple[int, int]]:
@@ -160,37 +156,52 @@ def build(
     _check_existing(out, manifest, shard_docs)
     todo = [i for i, (a, b) in enumerate(shards) if not _complete(dirs[i], b - a)]
     report("sharding", len(shards) - len(todo), len(shards))
-    if todo:
-        if not ray.is_initialized():
-            ray.init(address=address, log_to_driver=False)
-        gpu = on_gpu(runtime)
+    if todo and not ray.is_initialized():
+        ray.init(address=address, log_to_driver=False)
     _write_inputs(source, out, shards, set(todo))
     if todo:
-        cpus = ray.cluster_resources().get("CPU", 1.0)
-        # the CPU stage's tasks get half a CPU each, so key-stage actors holding the rest never starve them
-        share = float(runtime.threads or max(0.5, (cpus - CPU_STAGE_CPUS) / max(workers, 1)))
-        items = [
-            {"shard": i, "input": str(out / "inputs" / f"{shard_name(i)}.jsonl"), "out": str(dirs[i])} for i in todo
-        ]
-        pipeline = (
-            ray.data.from_items(items, override_num_blocks=len(items))
-            .map_batches(_register, batch_size=1, fn_kwargs={"manifest": manifest}, num_cpus=CPU_STAGE_CPUS)
-            .map_batches(
-                KeyStage,
-                batch_size=1,
-                compute=ray.data.ActorPoolStrategy(size=workers),
-                fn_constructor_kwargs={"model": model, "layer": encoder.layer, "runtime": runtime},
-                num_gpus=1 if gpu else 0,
-                num_cpus=0 if gpu else share,
-            )
+        before = len(shards) - len(todo)
+        stage = {"model": model, "layer": encoder.layer, "runtime": runtime}
+        _run_stages(
+            out,
+            [(i, dirs[i]) for i in todo],
+            manifest,
+            stage,
+            workers,
+            lambda d: report("shards", before + d, len(shards)),
         )
-        done = len(shards) - len(todo)
-        for _ in pipeline.iter_rows():
-            done += 1
-            report("shards", done, len(shards))
     result = _top_manifest(manifest, dirs)
     write_json(top, result)
     return result
+
+
+def _run_stages(
+    out: Path, todo: list[tuple[int, Path]], manifest: dict, stage: dict, workers: int, done: Callable[[int], None]
+) -> None:
+    """The Ray Data pipeline over the shards in `todo` ((number, directory)): the CPU stage (`_register`) in tasks,
+    then the key stage (`KeyStage`, built from `stage`) in `workers` actors; `done(n)` after each shard."""
+    import ray
+
+    runtime = stage["runtime"]
+    gpu = on_gpu(runtime)
+    cpus = ray.cluster_resources().get("CPU", 1.0)
+    # the CPU stage's tasks get half a CPU each, so key-stage actors holding the rest never starve them
+    share = float(runtime.threads or max(0.5, (cpus - CPU_STAGE_CPUS) / max(workers, 1)))
+    items = [{"shard": i, "input": str(out / "inputs" / f"{shard_name(i)}.jsonl"), "out": str(d)} for i, d in todo]
+    pipeline = (
+        ray.data.from_items(items, override_num_blocks=len(items))
+        .map_batches(_register, batch_size=1, fn_kwargs={"manifest": manifest}, num_cpus=CPU_STAGE_CPUS)
+        .map_batches(
+            KeyStage,
+            batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=workers),
+            fn_constructor_kwargs=stage,
+            num_gpus=1 if gpu else 0,
+            num_cpus=0 if gpu else share,
+        )
+    )
+    for n, _ in enumerate(pipeline.iter_rows(), 1):
+        done(n)
 
 
 def _check_existing(out: Path, manifest: dict, shard_docs: int) -> None:

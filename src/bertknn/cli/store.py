@@ -48,56 +48,64 @@ from bertknn.query.settings import PAPER
 SKIPPED_SHOWN = 10  # entries of no corpus format a note names; the rest are counted
 
 
+CorpusArg = Annotated[
+    Path,
+    typer.Argument(
+        help="corpus: a JSONL file ({id, title, text} per line), a .parquet file or a directory of them (columns "
+        "id, title, text: the layout of wikimedia/wikipedia), DrQA's docs.db (SQLite) or a Wikipedia XML dump "
+        "(.xml, .xml.bz2; needs pip install 'bertknn[wikipedia]')"
+    ),
+]
+OneTokenWordsOption = Annotated[
+    bool,
+    typer.Option(
+        "--one-token-words",
+        help="store only words of one wordpiece, as the paper does (datastore format 1): a word of several, such "
+        "as most names, is then never a kNN answer",
+    ),
+]
+NamesOption = Annotated[
+    bool,
+    typer.Option(
+        "--names",
+        help="store each run of 2-4 capitalised words (Port Elsmere, Ada Lovelace) as one answer too, besides its "
+        "words (more contexts: bench/README.md gives the cost and what it gains)",
+    ),
+]
+WorkersOption = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        help="local: processes that split sentences and hash IR features [default: every core for 5,000+ "
+        "documents]; ray: key-stage workers (one GPU each on CUDA) [default: 1]",
+    ),
+]
+EngineOption = Annotated[
+    str, typer.Option(help="local: this process; ray: shards built on a Ray cluster (pip install 'bertknn[ray]')")
+]
+AddressOption = Annotated[
+    str | None, typer.Option(help="ray: the cluster's address ('auto': the running one) [default: a local one]")
+]
+
+
 @command(interrupted="what was committed is kept; rerun the same command to resume {out}")
 def build(
-    corpus: Annotated[
-        Path,
-        typer.Argument(
-            help="corpus: a JSONL file ({id, title, text} per line), a .parquet file or a directory of them (columns "
-            "id, title, text: the layout of wikimedia/wikipedia), DrQA's docs.db (SQLite) or a Wikipedia XML dump "
-            "(.xml, .xml.bz2; needs pip install 'bertknn[wikipedia]')"
-        ),
-    ],
+    corpus: CorpusArg,
     out: Annotated[Path, typer.Option("--out", "-o", help="datastore directory to create (or resume)")],
     model: Annotated[str, typer.Option(help="HF masked LM: hub name or local directory")] = DEFAULT_MODEL,
     layer: Annotated[int | None, typer.Option(help="block whose states are keys [default: second-to-last]")] = None,
     lazy: Annotated[bool, typer.Option(help="embed each document only when retrieval first picks it")] = False,
     pack: PackOption = 1,
     int8_keys: Int8Option = False,
-    one_token_words: Annotated[
-        bool,
-        typer.Option(
-            "--one-token-words",
-            help="store only words of one wordpiece, as the paper does (datastore format 1): a word of several, such "
-            "as most names, is then never a kNN answer",
-        ),
-    ] = False,
-    names: Annotated[
-        bool,
-        typer.Option(
-            "--names",
-            help="store each run of 2-4 capitalised words (Port Elsmere, Ada Lovelace) as one answer too, besides its "
-            "words (more contexts: bench/README.md gives the cost and what it gains)",
-        ),
-    ] = False,
+    one_token_words: OneTokenWordsOption = False,
+    names: NamesOption = False,
     backend: BackendOption = CLI_BACKEND,
     device: DeviceOption = "auto",
     dtype: DtypeOption = "float32",
     threads: ThreadsOption = 0,
-    workers: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            help="local: processes that split sentences and hash IR features [default: every core for 5,000+ "
-            "documents]; ray: key-stage workers (one GPU each on CUDA) [default: 1]",
-        ),
-    ] = 0,
-    engine: Annotated[
-        str, typer.Option(help="local: this process; ray: shards built on a Ray cluster (pip install 'bertknn[ray]')")
-    ] = "local",
-    address: Annotated[
-        str | None, typer.Option(help="ray: the cluster's address ('auto': the running one) [default: a local one]")
-    ] = None,
+    workers: WorkersOption = 0,
+    engine: EngineOption = "local",
+    address: AddressOption = None,
     shard_docs: Annotated[int, typer.Option(min=1, help="ray: documents per shard")] = 50_000,
     wait: WaitOption = WAIT_S,
 ) -> None:
@@ -291,17 +299,17 @@ def verify(
 ) -> None:
     """Check a datastore: every checksum block of every file, SQLite's integrity, keys. Exit status 1 on damage."""
     from bertknn.index import faiss_index, retrieval
-    from bertknn.store import datastore as ds
+    from bertknn.store import verify as checks
     from bertknn.store.shards import ShardedDatastore, is_sharded
 
     paths = [s.path for s in ShardedDatastore(datastore).shards] if is_sharded(datastore) else [datastore]
     if record:
         for path in paths:
-            ds.record_checksums(path)
-    found = ds.Report([], [])
+            checks.record_checksums(path)
+    found = checks.Report([], [])
     with phase_progress() as report:
         for path in paths:
-            one = ds.verify(
+            one = checks.verify(
                 path,
                 progress=lambda done, total: report("verifying", done, total),
                 readers=(retrieval.problems, faiss_index.problems),

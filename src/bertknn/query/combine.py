@@ -246,11 +246,11 @@ def calibrate(p: np.ndarray, p_lm: np.ndarray, temperature: float = 1.0, floor: 
 def ranked(p: np.ndarray | None, tokenizer, k: int, words: Words | None = None) -> list[TokenScore]:
     """The k most probable words (`words`; default: the vocabulary of `p`) with non-zero probability, best first
     (ties by index)."""
-    if p is None:
+    if p is None or k < 1 or not len(p):
         return []
     words = words or Words(len(p))
-    top = torch.topk(torch.from_numpy(p), min(k, len(p))).indices.numpy()  # torch.topk: faster than np.argpartition
-    top = top[np.lexsort((top, -p[top]))]
-    top = top[p[top] > 0]
+    kth = torch.topk(torch.from_numpy(p), min(k, len(p))).values[-1].item()  # torch.topk: faster than np.argpartition
+    top = np.flatnonzero(p >= kth) if kth > 0 else np.flatnonzero(p > 0)  # every word tied with the k-th too
+    top = top[np.lexsort((top, -p[top]))][:k]
     found = words.describe(top.tolist(), tokenizer)
     return [TokenScore(text, float(p[i]), word_id, pieces) for i, (text, word_id, pieces) in zip(top, found)]

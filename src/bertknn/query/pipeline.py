@@ -403,7 +403,7 @@ class BertKNN:
         neighbours holding the vote's SENTENCE_WORDS best words compared with the question, all questions' sentences
         embedded together (None for a question without neighbours)."""
         chosen = [np.isin(w.index(f.values), Words.best(v, SENTENCE_WORDS)) for f, w, v in zip(found, words, votes)]
-        rows = self.store.evidence(np.concatenate([f.entries[c] for f, c in zip(found, chosen)]).tolist())
+        rows = self.store.provenance(np.concatenate([f.entries[c] for f, c in zip(found, chosen)]).tolist())
         at = np.cumsum([0, *(int(c.sum()) for c in chosen)])
         pairs = [[(q, e.sentence, e.title) for e in rows[a:b]] for q, a, b in zip(questions, at[:-1], at[1:])]
         out = []
@@ -487,7 +487,7 @@ class BertKNN:
         dist = found.distances
         weights = neighbour_weights(dist, temperature)
         picks = [np.flatnonzero(found.values == w.id)[:n_evidence] for w in words]
-        rows = iter(self.store.evidence(found.entries[np.concatenate(picks)].tolist()))  # one query for all words
+        rows = iter(self.store.provenance(found.entries[np.concatenate(picks)].tolist()))  # one query for all words
         return {
             word.token: [
                 Neighbour(word.token, float(dist[i]), float(weights[i]), e.doc_id, e.title, e.sentence, e.span)

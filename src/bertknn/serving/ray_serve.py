@@ -18,7 +18,7 @@ from bertknn.index.exact import candidates, nearest
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.model.runtime import Runtime
 from bertknn.store.datastore import Datastore, DatastoreError
-from bertknn.store.shards import ShardedDatastore
+from bertknn.store.shards import ShardedDatastore, shard_name
 
 APP_NAME = "bertknn"
 SHARD_CPUS = 0.5  # Ray CPUs a shard replica asks for (searching is light next to the ingress's model)
@@ -27,8 +27,8 @@ NONE_FOUND = (np.zeros(0, np.int64), np.zeros(0, np.float32))
 
 
 def shard_deployment(i: int) -> str:
-    """The Serve deployment name of shard i."""
-    return f"shard-{i:05d}"
+    """The Serve deployment name of shard i (its folder's name)."""
+    return shard_name(i)
 
 
 class ShardServer:

@@ -45,7 +45,7 @@ import numpy as np
 
 from bertknn.store import atomic
 from bertknn.store.atomic import write_json
-from bertknn.store.integrity import ChecksumError, Checksums, Damage
+from bertknn.store.integrity import ChecksumError, Checksums, Damage, seal
 
 FORMAT = "bertknn-datastore"
 VERSION = 2  # new datastores' format: whole words (1: words of exactly one token)
@@ -120,7 +120,7 @@ class Record:
 
 
 @dataclass(frozen=True)
-class Evidence:
+class Provenance:
     """Where a stored entry comes from: its document, its sentence and the target's character span there."""
 
     entry: int
@@ -226,7 +226,7 @@ def lock_holder(path: str | Path) -> str | None:
     return None
 
 
-def _acquire(path: Path, wait: float):
+def acquire_lock(path: Path, wait: float):
     """The datastore's writer lock (an open, flocked file), waiting up to `wait` seconds for the holder."""
     handle = (path / LOCK_FILE).open("a+", encoding="utf-8")
     deadline = time.monotonic() + wait
@@ -390,7 +390,7 @@ class Datastore:
             if self._lock is not None:  # this thread holds it already
                 yield self
                 return
-            self._lock = _acquire(self.path, max(0.0, wait - (time.monotonic() - began)))
+            self._lock = acquire_lock(self.path, max(0.0, wait - (time.monotonic() - began)))
             try:
                 atomic.remove_temporary(self.path)  # what an interrupted writer left half-written
                 self.reload()
@@ -417,8 +417,9 @@ class Datastore:
             raise DatastoreError(_damage_message(self.path, damage))
 
     def seal(self) -> None:
-        """Record checksums: the new tail of keys and values, SQLite whole, and the data files not recorded yet (new,
-        or announced by `rewriting`). A recorded file is never re-recorded here, so damage stays visible."""
+        """Record checksums (`integrity.seal`): the new tail of keys and values, SQLite whole, and the data files not
+        recorded yet (new, or announced by `rewriting`). A recorded file is never re-recorded here, so damage stays
+        visible."""
         try:
             sums = Checksums(self.path)
             sums.extend("keys.f16", self.size * 2 * self.dim)
@@ -429,13 +430,7 @@ class Datastore:
             sums.save()
             with self.sqlite_errors(), self.db:
                 self.db.execute("INSERT OR REPLACE INTO meta VALUES ('checksummed', '1')")
-        sums.meta["sqlite_changes"] = self._changes()
-        sums.record(SQLITE)
-        on_disk = set(data_files(self.path))
-        sums.forget(set(sums.files) - on_disk)
-        for name in sorted(on_disk - set(sums.files)):
-            sums.record(name)
-        sums.save()
+        seal(sums, data_files(self.path), changed=[SQLITE], sqlite_changes=self._changes())
         self.version = self._data_version()
 
     def rewriting(self, *names: str) -> None:
@@ -567,10 +562,10 @@ class Datastore:
             raise DatastoreError(f"{self.path / SQLITE} lacks documents the IR index returns: damaged")
         return [row[0] for row in rows]
 
-    def evidence(self, entries: list[int]) -> list[Evidence]:
+    def provenance(self, entries: list[int]) -> list[Provenance]:
         """Provenance of stored entries (one query for all): document, sentence and the target's span."""
         found = {
-            idx: Evidence(idx, doc_id, title, sentence, (start, end))
+            idx: Provenance(idx, doc_id, title, sentence, (start, end))
             for idx, doc_id, title, sentence, start, end in self.db.execute(
                 "SELECT e.idx, d.id, d.title, s.text, e.start, e.end FROM entries e JOIN sentences s ON s.idx = "
                 "e.sentence JOIN documents d ON d.idx = s.doc WHERE e.idx IN (SELECT value FROM json_each(?))",
@@ -941,102 +936,3 @@ def copy_registration(source: str | Path, path: str | Path, manifest: dict) -> D
     made.close()
     atomic.publish(tmp, path)
     return Datastore(path)
-
-
-@dataclass
-class Report:
-    """What `verify` found: problems (damage) and notes (what could not be checked, and why)."""
-
-    problems: list[str]
-    notes: list[str]
-    blocks: int = 0
-
-
-def verify(
-    path: str | Path,
-    progress: Callable[[int, int], None] | None = None,
-    readers: Iterable[Callable[[Path], list[str]]] = (),
-) -> Report:
-    """Every check of a datastore that needs no model: manifest, SQLite's own integrity check, every checksum
-    block of every file, finite keys and entry ranges, and what each of `readers` (the indexes' own checks:
-    `retrieval.problems`, `faiss_index.problems`) finds. `progress(done, total)` follows the checksum blocks."""
-    path = Path(path)
-    try:
-        store = Datastore(path, check=False)
-    except DatastoreError as err:
-        return Report([str(err)], [])
-    report = Report([], [])
-    try:
-        rows = [r[0] for r in store.db.execute("PRAGMA integrity_check")]
-    except sqlite3.DatabaseError as err:  # too damaged for SQLite to check: that is the finding
-        rows = [str(err)]
-    if rows != ["ok"]:
-        report.problems.append(f"{path / SQLITE}: {'; '.join(rows[:5])}")
-    try:
-        sums = Checksums(path)
-    except ChecksumError as err:
-        return Report([*report.problems, str(err)], [])
-    if not sums.files:
-        report.notes.append(
-            "no checksums recorded (a datastore made before bertknn recorded them, or never "
-            "finished): `bertknn verify --record` records them"
-        )
-    unrecorded = sorted(set(data_files(path)) - set(sums.files))
-    if unrecorded:
-        report.notes.append(f"not yet checksummed (written by an interrupted command): {', '.join(unrecorded[:5])}")
-    if SQLITE in sums.files and sums.meta.get("sqlite_changes") != store._changes():
-        report.notes.append(
-            f"{SQLITE} was committed to after its checksums were recorded (an interrupted writer); "
-            "its blocks were checked by SQLite's integrity check only"
-        )
-    try:
-        damage = store.check(progress=progress)
-    except DatastoreError:  # SQLite cannot even be read: compare every file's blocks, SQLite's included
-        damage = sums.verify(progress=progress, growing=APPEND_ONLY)
-    report.blocks = sum(len(r["blocks"]) for r in sums.files.values())
-    report.problems += [str(d) for d in damage]
-    try:
-        report.problems += _entry_problems(store)
-    except DatastoreError as err:
-        report.problems.append(str(err))
-    for reader in readers:
-        report.problems += reader(path)
-    return report
-
-
-def _entry_problems(store: Datastore, rows: int = 1 << 16) -> list[str]:
-    """Non-finite keys, values that are no word (negative, or a lexicon number the lexicon lacks), and document
-    ranges that point past the committed entries."""
-    problems = []
-    lexicon = np.asarray(list(store.words(None)), np.int64)
-    first = store.manifest.get("words_from", np.iinfo(np.int32).max)  # format 1: no lexicon
-    for start in range(0, store.size, rows):
-        finite = np.isfinite(store.keys[start : start + rows]).all(axis=1)
-        if not finite.all():
-            bad = (start + np.flatnonzero(~finite))[:5].tolist()
-            problems.append(f"{store.path / 'keys.f16'}: entries {bad} hold non-finite values")
-        values = np.asarray(store.values[start : start + rows], np.int64)
-        unknown = (values < 0) | ((values >= first) & ~np.isin(values, lexicon))
-        bad = (start + np.flatnonzero(unknown))[:5].tolist()
-        if bad:
-            problems.append(f"{store.path / 'values.i32'}: entries {bad} hold values that are no word of the store")
-    with store.sqlite_errors():
-        outside = store.db.execute(
-            "SELECT count(*) FROM documents WHERE start < 0 OR end > ? OR end < start", (store.size,)
-        ).fetchone()[0]
-    if outside:
-        problems.append(f"{store.path / SQLITE}: {outside} document(s) with entry ranges outside the datastore")
-    return problems
-
-
-def record_checksums(path: str | Path) -> None:
-    """Record the checksums of a datastore's files as they are now (for a store made before checksums existed, or
-    after restoring files from a copy): only do this for files known to be sound."""
-    store = Datastore(path, check=False)
-    handle = _acquire(store.path, LOCK_WAIT.get())
-    try:
-        (store.path / "checksums.json").unlink(missing_ok=True)
-        store.seal()
-    finally:
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()

@@ -171,3 +171,18 @@ class Checksums:
                 if progress and (done % 64 == 0 or done == total):
                     progress(done, total)
         return damage
+
+
+def seal(sums: Checksums, files: Iterable[str], changed: Iterable[str] = (), **meta: object) -> None:
+    """Record what a writer left: the files in `changed` anew (a file rewritten in place, as SQLite), the files
+    among `files` not recorded yet (new, or dropped by `forget` before their rewrite), the records of files gone
+    dropped, and `meta` kept with them. A file recorded before is never recorded again here, so damage stays
+    visible."""
+    sums.meta.update(meta)
+    for name in changed:
+        sums.record(name)
+    on_disk = set(files)
+    sums.forget(set(sums.files) - on_disk)
+    for name in sorted(on_disk - set(sums.files)):
+        sums.record(name)
+    sums.save()

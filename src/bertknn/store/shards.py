@@ -22,9 +22,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from bertknn.store.atomic import write_json
-from bertknn.store.datastore import Datastore, DatastoreError, Evidence, sqlite_errors
+from bertknn.store.datastore import Datastore, DatastoreError, Provenance, sqlite_errors
 
 SHARDS_FILE = "shards.json"
+
+
+def shard_name(i: int) -> str:
+    """The name of shard i: its folder under `shards/` and its Serve deployment."""
+    return f"shard-{i:05d}"
 
 
 def is_sharded(path: str | Path) -> bool:
@@ -109,7 +114,7 @@ class Store(Protocol):
 
     def find_title(self, norm_title: str) -> int | None: ...
 
-    def evidence(self, entries: list[int]) -> list[Evidence]: ...
+    def provenance(self, entries: list[int]) -> list[Provenance]: ...
 
     def hidden_documents(self) -> np.ndarray: ...
 
@@ -373,10 +378,10 @@ class ShardedDatastore:
     def titles(self, docs: list[int]) -> list[str]:
         return self._gather(docs, self.doc_starts, lambda shard, local, s: shard.titles(local))
 
-    def evidence(self, entries: list[int]) -> list[Evidence]:
+    def provenance(self, entries: list[int]) -> list[Provenance]:
         def read(shard: Datastore, local: list[int], s: int) -> list:
             base = int(self.entry_starts[s])
-            return [Evidence(e.entry + base, e.doc_id, e.title, e.sentence, e.span) for e in shard.evidence(local)]
+            return [Provenance(e.entry + base, e.doc_id, e.title, e.sentence, e.span) for e in shard.provenance(local)]
 
         return self._gather(entries, self.entry_starts, read)
 

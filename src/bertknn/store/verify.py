@@ -1,0 +1,123 @@
+"""`bertknn verify`: every check of a datastore that needs no model, beside the checksums it compares (integrity.py):
+the manifest, SQLite's own integrity check, every checksum block, keys and entry ranges, and the indexes' own checks.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import sqlite3
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bertknn.store.datastore import (
+    APPEND_ONLY,
+    LOCK_WAIT,
+    SQLITE,
+    Datastore,
+    DatastoreError,
+    acquire_lock,
+    data_files,
+)
+from bertknn.store.integrity import ChecksumError, Checksums
+
+
+@dataclass
+class Report:
+    """What `verify` found: problems (damage) and notes (what could not be checked, and why)."""
+
+    problems: list[str]
+    notes: list[str]
+    blocks: int = 0
+
+
+def verify(
+    path: str | Path,
+    progress: Callable[[int, int], None] | None = None,
+    readers: Iterable[Callable[[Path], list[str]]] = (),
+) -> Report:
+    """Every check of a datastore that needs no model: manifest, SQLite's own integrity check, every checksum
+    block of every file, finite keys and entry ranges, and what each of `readers` (the indexes' own checks:
+    `retrieval.problems`, `faiss_index.problems`) finds. `progress(done, total)` follows the checksum blocks."""
+    path = Path(path)
+    try:
+        store = Datastore(path, check=False)
+    except DatastoreError as err:
+        return Report([str(err)], [])
+    report = Report([], [])
+    try:
+        rows = [r[0] for r in store.db.execute("PRAGMA integrity_check")]
+    except sqlite3.DatabaseError as err:  # too damaged for SQLite to check: that is the finding
+        rows = [str(err)]
+    if rows != ["ok"]:
+        report.problems.append(f"{path / SQLITE}: {'; '.join(rows[:5])}")
+    try:
+        sums = Checksums(path)
+    except ChecksumError as err:
+        return Report([*report.problems, str(err)], [])
+    if not sums.files:
+        report.notes.append(
+            "no checksums recorded (a datastore made before bertknn recorded them, or never "
+            "finished): `bertknn verify --record` records them"
+        )
+    unrecorded = sorted(set(data_files(path)) - set(sums.files))
+    if unrecorded:
+        report.notes.append(f"not yet checksummed (written by an interrupted command): {', '.join(unrecorded[:5])}")
+    if SQLITE in sums.files and sums.meta.get("sqlite_changes") != store._changes():
+        report.notes.append(
+            f"{SQLITE} was committed to after its checksums were recorded (an interrupted writer); "
+            "its blocks were checked by SQLite's integrity check only"
+        )
+    try:
+        damage = store.check(progress=progress)
+    except DatastoreError:  # SQLite cannot even be read: compare every file's blocks, SQLite's included
+        damage = sums.verify(progress=progress, growing=APPEND_ONLY)
+    report.blocks = sum(len(r["blocks"]) for r in sums.files.values())
+    report.problems += [str(d) for d in damage]
+    try:
+        report.problems += _entry_problems(store)
+    except DatastoreError as err:
+        report.problems.append(str(err))
+    for reader in readers:
+        report.problems += reader(path)
+    return report
+
+
+def _entry_problems(store: Datastore, rows: int = 1 << 16) -> list[str]:
+    """Non-finite keys, values that are no word (negative, or a lexicon number the lexicon lacks), and document
+    ranges that point past the committed entries."""
+    problems = []
+    lexicon = np.asarray(list(store.words(None)), np.int64)
+    first = store.manifest.get("words_from", np.iinfo(np.int32).max)  # format 1: no lexicon
+    for start in range(0, store.size, rows):
+        finite = np.isfinite(store.keys[start : start + rows]).all(axis=1)
+        if not finite.all():
+            bad = (start + np.flatnonzero(~finite))[:5].tolist()
+            problems.append(f"{store.path / 'keys.f16'}: entries {bad} hold non-finite values")
+        values = np.asarray(store.values[start : start + rows], np.int64)
+        unknown = (values < 0) | ((values >= first) & ~np.isin(values, lexicon))
+        bad = (start + np.flatnonzero(unknown))[:5].tolist()
+        if bad:
+            problems.append(f"{store.path / 'values.i32'}: entries {bad} hold values that are no word of the store")
+    with store.sqlite_errors():
+        outside = store.db.execute(
+            "SELECT count(*) FROM documents WHERE start < 0 OR end > ? OR end < start", (store.size,)
+        ).fetchone()[0]
+    if outside:
+        problems.append(f"{store.path / SQLITE}: {outside} document(s) with entry ranges outside the datastore")
+    return problems
+
+
+def record_checksums(path: str | Path) -> None:
+    """Record the checksums of a datastore's files as they are now (for a store made before checksums existed, or
+    after restoring files from a copy): only do this for files known to be sound."""
+    store = Datastore(path, check=False)
+    handle = acquire_lock(store.path, LOCK_WAIT.get())
+    try:
+        (store.path / "checksums.json").unlink(missing_ok=True)
+        store.seal()
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
