@@ -22,9 +22,14 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 import bertknn
-from bertknn.model.default_model import base_model_dir
-from bertknn.model.encoder import Encoder
 from bertknn.text import iter_corpus, split_sentences, tokenize_sentences
+
+try:
+    from bertknn.model.default_model import base_model_dir
+    from bertknn.model.encoder import Encoder
+except ImportError:  # a version from before the subpackages
+    from bertknn.default_model import base_model_dir
+    from bertknn.encoder import Encoder
 
 
 def main() -> None:

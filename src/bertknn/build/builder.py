@@ -20,6 +20,7 @@ import numpy as np
 
 from bertknn.build import workers
 from bertknn.build.corpus import Corpus, open_corpus, record_located
+from bertknn.index import retrieval
 from bertknn.model.encoder import TOKEN_BUDGET, Encoder
 from bertknn.store.datastore import FORMAT, VERSION, Datastore, DatastoreError, Record
 from bertknn.store.datastore import copy_registration as copy_store
@@ -163,8 +164,11 @@ def copy_registration(
     source: str | Path, path: str | Path, encoder: Encoder, pack: int = 1, int8_keys: bool = False
 ) -> Datastore:
     """A new, empty datastore for `encoder` at `path` with the documents, sentences and IR index of `source`."""
-    known = Datastore(source)  # its sentences are copied: so is the splitter that made them
-    return copy_store(source, path, manifest(encoder, known.manifest.get("corpus"), pack, int8_keys, known.splitter))
+    with Datastore(source) as known:  # its sentences are copied: so is the splitter that made them
+        made = manifest(encoder, known.manifest.get("corpus"), pack, int8_keys, known.splitter)
+        listed = known.parts(retrieval.KIND)
+        listed = retrieval.listing(known.path) if listed is None else listed
+    return copy_store(source, path, made, {retrieval.KIND: listed}, retrieval.top_names(listed))
 
 
 def embed(

@@ -173,6 +173,11 @@ def is_written(directory: Path, part: Part) -> bool:
     return (_path(directory, part.name) / NDOCS).is_file()
 
 
+def top_names(listed: list[Part]) -> list[str]:
+    """The files and folders of the datastore directory that hold the listed segments (what a copy takes)."""
+    return [name for part in listed for name in ([*FILES, NDOCS] if part.name == BASE else [part.name])]
+
+
 def _path(directory: Path, name: str) -> Path:
     return directory if name == BASE else directory / name
 

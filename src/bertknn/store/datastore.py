@@ -6,8 +6,9 @@ Layout of a datastore directory:
 - keys.f16: float16 keys, one row of `dim` values per entry, append-only (read through a numpy memmap);
 - values.i32: int32 word ids, one per entry: a word of one token is its vocabulary id; a word of several tokens
   (format 2) a number from the manifest's `words_from` on, which the `words` table of store.sqlite maps to its tokens;
-- store.sqlite: documents (each with one contiguous entry range and a state), sentences, each entry's provenance and
-  the words of several tokens.
+- store.sqlite: documents (each with one contiguous entry range and a state), sentences, each entry's provenance,
+  the words of several tokens, and the commit point of the indexes: the live parts of each (`parts`), which the
+  indexes (index/) write and readers open, named here only by kind, name and range.
 
 Format 1 (older datastores) stored only words of one token: it opens and answers as it did, and documents added to it
 keep that rule. It cannot be upgraded in place (its words of several tokens have no keys): build it anew.
@@ -22,7 +23,8 @@ resumed build ignore any bytes past it, so a build killed at any point resumes t
 
 One process writes at a time (`Datastore.writing`: an flock on write.lock); a writer first re-reads what others
 committed and, when it is done, records per-block checksums of every data file (integrity.py). Opening a store
-checks its manifest against SQLite, every file's size, and a sample of checksum blocks.
+checks its manifest against SQLite, every file's size, and a sample of checksum blocks (damage confined to the
+optional FAISS files is set aside in `faiss_damage`, so IR questions still work); `bertknn verify` is verify.py.
 """
 
 from __future__ import annotations
@@ -911,9 +913,12 @@ def create(path: str | Path, manifest: dict) -> Datastore:
     return store
 
 
-def copy_registration(source: str | Path, path: str | Path, manifest: dict) -> Datastore:
-    """A new datastore at `path` (with this manifest) holding the documents, sentences and IR index of `source`,
-    nothing embedded: registration does not depend on the model, so another model or layer can start from it."""
+def copy_registration(
+    source: str | Path, path: str | Path, manifest: dict, parts: dict[str, list[Part]], files: list[str]
+) -> Datastore:
+    """A new datastore at `path` (with this manifest) holding the documents and sentences of `source`, nothing
+    embedded, and the index parts given (`parts`: kind -> list, committed in the copy; `files`: their files and
+    folders, copied): registration does not depend on the model, so another model or layer can start from it."""
     source, path = Path(source), Path(path)
     src = Datastore(source)
     tmp = atomic.new_folder(path)
@@ -924,12 +929,13 @@ def copy_registration(source: str | Path, path: str | Path, manifest: dict) -> D
         db.execute("DELETE FROM meta")
         db.execute(WORDS)
         db.execute("DELETE FROM words")
-        db.execute("DELETE FROM parts WHERE kind != 'tfidf'")  # the IR index is copied, no FAISS file is
-        if src.parts("tfidf") is not None:
-            db.execute("INSERT INTO meta VALUES ('parts', '1')")
-    for name in source.glob("tfidf_*"):
-        if not name.name.endswith(atomic.TMP):
-            atomic.copy(name, tmp / name.name)
+        db.execute("DELETE FROM parts")
+        rows = [(kind, p.name, p.first, p.stop) for kind, listed in parts.items() for p in listed]
+        db.executemany("INSERT INTO parts VALUES (?, ?, ?, ?)", rows)
+        db.execute("INSERT INTO meta VALUES ('parts', '1')")
+    src.close()
+    for name in files:
+        atomic.copy(source / name, tmp / name)
     write_json(tmp / "manifest.json", manifest)
     made = Datastore(tmp, check=False)
     made.record_identity()
