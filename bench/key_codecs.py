@@ -1,5 +1,5 @@
 """Compressed keys, measured before they become a datastore option: bytes per key, LAMA P@1 and question time when
-the exact search reads each form's codes (`index.codec`) instead of the float16 keys.
+the exact search reads each form's codes (`store/codec.py`) instead of the float16 keys.
 
     python bench/key_codecs.py [--dev 5] [--forms "float16;SQ8;SQ4;PCA96,SQ8;PQ96;PQ48"] [--train 50000]
 
@@ -71,9 +71,9 @@ def main() -> None:
     from bertknn.evaluation.facts import GROUPS, load_lama
     from bertknn.evaluation.run import lama_reader
     from bertknn.evaluation.tune import DevSplit
-    from bertknn.index.codec import Decoded, KeyCodec
     from bertknn.model.encoder import Encoder
     from bertknn.model.runtime import Runtime
+    from bertknn.store.codec import Decoded, KeyCodec
 
     Runtime(threads=os.cpu_count() or 1).apply()
     encoder = Encoder.load(args.model, runtime="onnx")

@@ -279,3 +279,19 @@ def test_add_takes_documents_in_any_corpus_format(store_dir, tmp_path):
     assert "added 1 documents" in result.output
     answer = BertKNN.load(store_dir).predict("Tamsin Orwhey was born in [MASK] .", "Tamsin Orwhey")
     assert answer.documents == ["Tamsin Orwhey"]
+
+
+def test_build_with_a_key_codec_stores_codes_and_refuses_a_lazy_one(tmp_path, small_corpus, tiny_model_dir):
+    base = ["build", str(small_corpus), "--model", str(tiny_model_dir), "--threads", "1", "--key-codec", "SQ8"]
+    result = runner.invoke(app, [*base, "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["key_codec"] == "SQ8" and "key_codec_pending" not in manifest
+    assert (tmp_path / "c" / "keys.codes").stat().st_size == manifest["entries"] * 32  # tiny BERT: 32 dimensions
+    asked = runner.invoke(app, ["ask", str(tmp_path / "c"), "Quellbrook is a town in [MASK] .", "--threads", "1"])
+    assert asked.exit_code == 0 and "kNN" in asked.output, asked.output
+    lazy = runner.invoke(app, [*base, "--out", str(tmp_path / "l"), "--lazy"])
+    assert lazy.exit_code == 2 and "a lazy datastore has no keys to train a codec on" in lazy.output
+    assert not (tmp_path / "l").exists()
+    bad = runner.invoke(app, ["convert-keys", str(tmp_path / "c"), "--key-codec", "PQ8"])
+    assert bad.exit_code == 2 and "holds its keys as SQ8; only float16 keys convert" in bad.output

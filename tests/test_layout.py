@@ -49,7 +49,8 @@ def test_each_subpackage_imports_only_those_before_it():
 
 
 def test_storage_imports_neither_the_model_nor_the_tokenizer():
-    assert _imports("store.datastore") == {"bertknn.store.atomic", "bertknn.store.integrity"}
+    assert _imports("store.datastore") == {"bertknn.store.atomic", "bertknn.store.codec", "bertknn.store.integrity"}
+    assert _imports("store.codec") == {"bertknn.store.atomic"}
     assert _imports("store.integrity") == {"bertknn.store.atomic"}
     assert _imports("store.atomic") == set()
     assert not any(name.startswith(("bertknn.model", "bertknn.text")) for name in _imports("store.shards"))

@@ -3,16 +3,22 @@ delegate to `bertknn.build.writer.Writer`."""
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from bertknn import BertKNN, DatastoreError, cli
 from bertknn.build import builder
+from bertknn.build import writer as writer_module
+from bertknn.build.writer import Writer
 from bertknn.cli import app
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.index.retrieval import TfidfIndex
+from bertknn.store import atomic
+from bertknn.store.datastore import Datastore
 from bertknn.store.verify import verify
 from bertknn.text import CorpusError
 
@@ -134,3 +140,47 @@ def test_a_store_made_before_the_commit_point_answers_unchanged_and_its_first_wr
     assert not (path / "tfidf_add_000000003").exists()  # retired once the listing was committed
     assert _answers(old, "ir")[0] == _answers(old, "faiss")[0] == "tallinn"
     assert verify(path).problems == []
+
+
+def test_keys_converted_to_a_codec_are_read_from_the_codes_and_take_adds_removes_and_faiss(built):
+    path, size, dim = built.store.path, built.store.size, built.store.dim
+    before = np.asarray(built.store.keys[:], np.float32)
+    assert Writer(built.store).convert_keys("SQ8") == size
+    reader = BertKNN.load(path, str(built.encoder.name))
+    assert reader.store.key_codec == "SQ8" and reader.store.keys_file() == ("keys.codes", dim)
+    assert not (path / "keys.f16").exists() and (path / "keys.codes").stat().st_size == size * dim
+    step = (before.max(axis=0) - before.min(axis=0)) / 255  # SQ8, trained on every key of this small store
+    assert (np.abs(reader.store.keys[np.arange(size)] - before) <= step / 2 + 1e-3).all()
+    FaissIndex.build(reader.store, "Flat")  # FAISS reads the keys through the codec
+    reader = BertKNN.load(path, str(built.encoder.name))
+    added = reader.add_documents([FRESH])  # new keys encoded with the stored codec
+    assert (path / "keys.codes").stat().st_size == (size + added) * dim
+    assert _answers(reader, "ir")[0] == _answers(reader, "faiss")[0] == "tallinn"
+    reader.remove_document("n1")
+    assert _answers(reader, "ir")[0] != "tallinn"
+    assert verify(path).problems == []
+    assert Writer(reader.store).convert_keys("SQ8") == 0  # done already: nothing to do
+
+
+def test_an_interrupted_conversion_leaves_float16_keys_and_a_rerun_gives_the_same_codes(built, tmp_path, monkeypatch):
+    whole = shutil.copytree(built.store.path, tmp_path / "whole")
+    with Datastore(whole) as store:
+        Writer(store).convert_keys("SQ8")
+    monkeypatch.setattr(writer_module, "CONVERT_CHUNK", 8)
+    real, calls = atomic.append, []
+
+    def dies(*args):
+        calls.append(args[1])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(*args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(atomic, "append", dies)
+        with pytest.raises(KeyboardInterrupt):
+            Writer(built.store).convert_keys("SQ8")
+    reopened = BertKNN.load(built.store.path, str(built.encoder.name))
+    assert reopened.store.key_codec == "float16" and _answers(reopened, "ir")[0] != "tallinn"
+    assert Writer(reopened.store).convert_keys("SQ8") == reopened.store.size - 8  # goes on after the first chunk
+    assert (built.store.path / "keys.codes").read_bytes() == (whole / "keys.codes").read_bytes()
+    assert verify(built.store.path).problems == []

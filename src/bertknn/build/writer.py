@@ -13,6 +13,8 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from bertknn.build import builder, workers
 from bertknn.build.corpus import Corpus, digest, record
 from bertknn.index import faiss_index, retrieval
@@ -21,7 +23,9 @@ from bertknn.index.merging import merge_plan
 from bertknn.index.retrieval import TfidfIndex, compact, feature_array
 from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime
-from bertknn.store.datastore import DatastoreError, Part
+from bertknn.store import atomic
+from bertknn.store.codec import FLOAT16, KeyCodec
+from bertknn.store.datastore import CODEC, CODES, KEYS, DatastoreError, Part
 from bertknn.store.shards import ShardedDatastore, Store, open_store
 from bertknn.text import CorpusError, Document, parse_document
 
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
     from datasets import Dataset
 
 SEGMENT_DOCS = 5000  # documents per IR index segment written at a time: memory stays bounded by one segment
+CONVERT_CHUNK = 1 << 16  # keys encoded and appended at a time by `convert_keys`
 
 
 class Writer:
@@ -63,13 +68,20 @@ class Writer:
         encoder: Encoder,
         n_workers: int = 0,
         progress: Callable[[str, int, int], None] | None = None,
+        key_codec: str = FLOAT16,
         **options: object,
     ) -> Writer:
         """Embed a corpus into a datastore at `out` (resuming an interrupted build) and index it; `options` as
-        `builder.build` takes them (lazy, pack, int8_keys, whole_words, names, ...)."""
+        `builder.build` takes them (lazy, pack, int8_keys, whole_words, names, ...). With a `key_codec` other than
+        float16 the keys are then converted (`convert_keys`; not for a lazy store, whose keys come later)."""
+        if key_codec != FLOAT16 and options.get("lazy"):
+            raise ValueError("a lazy datastore has no keys to train a codec on: build it without --lazy or --key-codec")
         store = builder.build(corpus, out, encoder, progress=progress, n_workers=n_workers, **options)
         writer = cls(store, encoder)
         writer.index_documents(n_workers=n_workers)
+        if key_codec != FLOAT16:
+            report = progress or (lambda phase, done, total: None)
+            writer.convert_keys(key_codec, progress=lambda done, total: report("encoding keys", done, total))
         return writer
 
     def index_documents(self, segment_docs: int = SEGMENT_DOCS, n_workers: int = 1) -> TfidfIndex:
@@ -153,6 +165,50 @@ class Writer:
             (built, FaissIndex.disk_state(self.store)) if kind is FaissIndex else (None, None)
         )
         return built
+
+    def convert_keys(
+        self, name: str, train_size: int = 50_000, seed: int = 0, progress: Callable[[int, int], None] | None = None
+    ) -> int:
+        """Store the keys compressed by the codec `name` (a FAISS factory string: `store.codec`), resumably: the
+        codec trained on `train_size` keys drawn at random (`seed`) and kept as keys.codec, every key encoded into
+        keys.codes (a rerun goes on from the codes written), then the manifest switched (readers read the codes
+        from then on) and keys.f16 deleted. Returns the keys encoded now."""
+        store = self.store
+        if isinstance(store, ShardedDatastore):
+            raise ValueError(f"{store.path} is sharded: convert each shard's directory (under shards/) in turn")
+        with store.writing():
+            if store.key_codec == name:
+                return 0
+            if store.key_codec != FLOAT16:
+                raise DatastoreError(f"{store.path} holds its keys as {store.key_codec}; only float16 keys convert")
+            codec = self._pending_codec(name, train_size, seed)
+            written = (store.path / CODES).stat().st_size if (store.path / CODES).exists() else 0
+            done = start = min(written // codec.code_size, store.size)
+            while done < store.size:
+                stop = min(done + CONVERT_CHUNK, store.size)
+                codes = codec.encode(np.asarray(store.keys[done:stop], np.float32))
+                atomic.append(store.path / CODES, done * codec.code_size, codes.data)
+                done = stop
+                if progress:
+                    progress(done, store.size)
+            store.manifest.pop("key_codec_pending", None)
+            store.set_manifest(key_codec=name)  # the switch
+            store.rewriting(KEYS)
+            (store.path / KEYS).unlink(missing_ok=True)
+            return done - start
+
+    def _pending_codec(self, name: str, train_size: int, seed: int) -> KeyCodec:
+        """The codec of a conversion to `name`: the one an interrupted run trained, else trained now on a sample."""
+        store = self.store
+        if store.manifest.get("key_codec_pending") == name and (store.path / CODEC).is_file():
+            return KeyCodec.load(store.path / CODEC, name)
+        rows = np.sort(np.random.default_rng(seed).permutation(store.size)[:train_size])
+        codec = KeyCodec.train(name, np.asarray(store.keys[rows], np.float32))
+        store.rewriting(CODEC, CODES)  # what a conversion to another codec left is written anew
+        (store.path / CODES).unlink(missing_ok=True)
+        codec.save(store.path / CODEC)
+        store.set_manifest(key_codec_pending=name)
+        return codec
 
     def embed(self, docs: list[int], progress: Callable[[int], None] | None = None) -> int:
         """Embed the given documents that are not yet (a lazy datastore's, on demand); return the entries added."""

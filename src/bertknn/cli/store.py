@@ -83,6 +83,13 @@ WorkersOption = Annotated[
 EngineOption = Annotated[
     str, typer.Option(help="local: this process; ray: shards built on a Ray cluster (pip install 'bertknn[ray]')")
 ]
+KeyCodecOption = Annotated[
+    str,
+    typer.Option(
+        help="how keys are stored: float16, or a FAISS codec (SQ8: 1 byte per dimension, SQ4, PCA{d},SQ8, PQ{m}: m "
+        "bytes), trained on the built keys (`bertknn convert-keys` converts a store later; bench/README.md compares)"
+    ),
+]
 AddressOption = Annotated[
     str | None, typer.Option(help="ray: the cluster's address ('auto': the running one) [default: a local one]")
 ]
@@ -107,6 +114,7 @@ def build(
     engine: EngineOption = "local",
     address: AddressOption = None,
     shard_docs: Annotated[int, typer.Option(min=1, help="ray: documents per shard")] = 50_000,
+    key_codec: KeyCodecOption = "float16",
     wait: WaitOption = WAIT_S,
 ) -> None:
     """Embed every content word of a corpus (whole words, of any number of wordpieces) into a datastore and index its
@@ -115,16 +123,16 @@ def build(
         raise typer.BadParameter(f"--engine must be local or ray, not {engine!r}")
     _note_skipped(open_corpus(corpus))
     if engine == "ray":
-        if lazy or pack != 1 or int8_keys or one_token_words or names:
+        if lazy or pack != 1 or int8_keys or one_token_words or names or key_codec != "float16":
             raise typer.BadParameter(
                 "--engine ray builds exact, complete shards of whole words: drop --lazy, --pack, --int8-keys, "
-                "--one-token-words and --names"
+                "--one-token-words, --names and --key-codec (convert each shard with `bertknn convert-keys`)"
             )
         _build_on_ray(corpus, out, model, layer, workers or 1, shard_docs, address, backend)
         return
     with _writer_wait(out, wait):
         options = {"lazy": lazy, "pack": pack, "runtime": backend, "int8_keys": int8_keys, "n_workers": workers}
-        options.update(whole_words=not one_token_words, names=names)
+        options.update(whole_words=not one_token_words, names=names, key_codec=key_codec)
         _build(corpus, out, model, layer, **options)
 
 
@@ -240,6 +248,34 @@ def index(
     console.print(
         f"FAISS index {built.settings['factory']!r} over {built.ntotal:,} keys in {where} "
         f"({time.time() - began:,.0f}s); ask with --retrieval faiss"
+    )
+
+
+@command(interrupted="the keys are still read as they were; rerun the same command to resume {datastore}")
+def convert_keys(
+    datastore: DatastoreArg,
+    key_codec: Annotated[
+        str,
+        typer.Option(
+            help="FAISS factory string of the codec: SQ8 (1 byte per dimension), SQ4, PCA{d},SQ8, PQ{m} (m bytes); "
+            "bench/README.md compares them"
+        ),
+    ],
+    train_size: Annotated[int, typer.Option(min=1, help="keys the codec is trained on, drawn at random")] = 50_000,
+    wait: WaitOption = WAIT_S,
+) -> None:
+    """Store a datastore's float16 keys compressed by a codec (resumable): questions read the codes from then on."""
+    from bertknn.store.shards import open_store
+
+    writer = Writer(open_store(datastore))
+    began, before = time.time(), writer.store.keys_file()
+    with _writer_wait(datastore, wait), phase_progress() as report:
+        report("encoding", 0, writer.store.size)
+        writer.convert_keys(key_codec, train_size, progress=lambda done, total: report("encoding", done, total))
+    name, width = writer.store.keys_file()
+    console.print(
+        f"keys of {escape(str(datastore))} as {escape(key_codec)}: {width} bytes per key in {name} (were {before[1]} "
+        f"in {before[0]}; {time.time() - began:,.0f}s)"
     )
 
 

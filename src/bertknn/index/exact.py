@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from bertknn.store.codec import Decoded, KeyCodec
+
 
 def candidates(ranges: list[tuple[int, int]]) -> np.ndarray:
     """Entry indices of the given [start, end) ranges, concatenated."""
@@ -27,3 +29,11 @@ def nearest(keys: np.ndarray, entries: np.ndarray, query: np.ndarray, k: int) ->
     part = np.argpartition(dist, k - 1)[:k] if len(dist) > k else np.arange(len(dist))
     order = part[np.lexsort((entries[part], dist[part]))]
     return entries[order], dist[order]
+
+
+def nearest_codes(
+    codec: KeyCodec, codes: np.ndarray, entries: np.ndarray, query: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`exact.nearest` over compressed keys: the candidate rows decoded, the (at most) k nearest to `query` by
+    squared L2, nearest first (ties by entry)."""
+    return nearest(Decoded(codec, codes), entries, query, k)

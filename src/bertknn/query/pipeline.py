@@ -179,6 +179,7 @@ class BertKNN:
         n_workers: int = 0,
         whole_words: bool = True,
         names: bool = False,
+        key_codec: str = "float16",
         **hparams: float,
     ) -> BertKNN:
         """Embed a corpus into a datastore at `out` (resuming an interrupted build), index it, and load it.
@@ -192,11 +193,12 @@ class BertKNN:
         stored (format 1: the paper's targets; an answer of several wordpieces is then never a kNN answer). With
         `names`, runs of capitalised words ("Port Elsmere") are stored as one answer too, besides their words.
         `n_workers`: processes that split sentences and hash IR features (0: every core for a large corpus,
-        `workers.count`).
+        `workers.count`). `key_codec` (a FAISS factory string: SQ8, PQ96, ...) stores the keys compressed
+        (`Writer.convert_keys`).
         """
         encoder = model if isinstance(model, Encoder) else Encoder.load(model, layer, runtime)
         options = {"lazy": lazy, "pack": pack, "int8_keys": int8_keys, "whole_words": whole_words, "names": names}
-        writer = Writer.build(corpus, out, encoder, n_workers, progress, **options)
+        writer = Writer.build(corpus, out, encoder, n_workers, progress, key_codec, **options)
         return cls(encoder, writer.store, writer.index, **hparams)
 
     def predict(

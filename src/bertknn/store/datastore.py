@@ -3,7 +3,9 @@ the model or the tokenizer (builder.py turns a corpus into what is stored here).
 
 Layout of a datastore directory:
 - manifest.json: format version, model name and weights hash, layer, dimension, dtype, counts, build status;
-- keys.f16: float16 keys, one row of `dim` values per entry, append-only (read through a numpy memmap);
+- keys.f16: float16 keys, one row of `dim` values per entry, append-only (read through a numpy memmap); or, in a
+  store whose keys are compressed (manifest `key_codec`), keys.codes (one code per entry, append-only) and the
+  trained codec keys.codec (codec.py), read as keys through the codec;
 - values.i32: int32 word ids, one per entry: a word of one token is its vocabulary id; a word of several tokens
   (format 2) a number from the manifest's `words_from` on, which the `words` table of store.sqlite maps to its tokens;
 - store.sqlite: documents (each with one contiguous entry range and a state), sentences, each entry's provenance,
@@ -47,6 +49,7 @@ import numpy as np
 
 from bertknn.store import atomic
 from bertknn.store.atomic import write_json
+from bertknn.store.codec import FLOAT16, Decoded, KeyCodec
 from bertknn.store.integrity import ChecksumError, Checksums, Damage, seal
 
 FORMAT = "bertknn-datastore"
@@ -86,8 +89,11 @@ OPTIONAL = {
     "embedded": int,
     "words_from": int,
     "names": bool,
+    "key_codec": str,
+    "key_codec_pending": str,
 }
-APPEND_ONLY = ("keys.f16", "values.i32")  # files that only grow; bytes past the committed entries are not data
+KEYS, CODES, CODEC = "keys.f16", "keys.codes", "keys.codec"  # float16 keys; or their codes and the codec (codec.py)
+APPEND_ONLY = (KEYS, CODES, "values.i32")  # files that only grow; bytes past the committed entries are not data
 NOT_DATA = {"manifest.json", "checksums.json", LOCK_FILE}  # files of a datastore that checksums do not cover
 
 
@@ -290,6 +296,7 @@ class Datastore:
             self.db.execute("CREATE INDEX IF NOT EXISTS documents_state ON documents (state)")
             self._check_identity()
         self._owners: tuple | None = None  # (entry count, range starts, documents) cached by `documents_of`
+        self._codec: KeyCodec | None = None  # loaded by `codec` for compressed keys
         self._map()
         self.version = self._data_version()
         self.faiss_damage: list[Damage] = []  # damage confined to the FAISS files: IR questions still work
@@ -343,7 +350,7 @@ class Datastore:
         with self.sqlite_errors():
             self.size = int(self._meta("entries", "0"))
             self.n_documents = self.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents").fetchone()[0]
-        for name, width in (("keys.f16", 2 * self.dim), ("values.i32", 4)):
+        for name, width in (self.keys_file(), ("values.i32", 4)):
             have = (self.path / name).stat().st_size if (self.path / name).exists() else 0
             if have < self.size * width:
                 raise DatastoreError(
@@ -351,11 +358,42 @@ class Datastore:
                     "damaged; restore it from a copy or rebuild it"
                 )
         if self.size:
-            self.keys = np.memmap(self.path / "keys.f16", np.float16, "r", shape=(self.size, self.dim))
+            self.keys = self._map_keys()
             self.values = np.memmap(self.path / "values.i32", np.int32, "r", shape=(self.size,))
         else:
             self.keys = np.zeros((0, self.dim), np.float16)
             self.values = np.zeros(0, np.int32)
+
+    @property
+    def key_codec(self) -> str:
+        """How keys are stored: "float16", or the FAISS factory string of their codec (`bertknn convert-keys`)."""
+        return str(self.manifest.get("key_codec", FLOAT16))
+
+    @property
+    def codec(self) -> KeyCodec | None:
+        """The trained codec of compressed keys (keys.codec), None for float16 keys."""
+        if self.key_codec == FLOAT16:
+            return None
+        if self._codec is None or self._codec.name != self.key_codec:
+            try:
+                self._codec = KeyCodec.load(self.path / CODEC, self.key_codec)
+            except RuntimeError as err:
+                raise DatastoreError(
+                    f"{self.path / CODEC} is damaged or missing ({str(err).splitlines()[-1]})"
+                ) from None
+        return self._codec
+
+    def keys_file(self) -> tuple[str, int]:
+        """The file of the keys and its bytes per entry."""
+        codec = self.codec
+        return (KEYS, 2 * self.dim) if codec is None else (CODES, codec.code_size)
+
+    def _map_keys(self) -> np.ndarray | Decoded:
+        """The committed keys: the float16 memmap, or the codes memmap read through the codec."""
+        codec = self.codec
+        if codec is None:
+            return np.memmap(self.path / KEYS, np.float16, "r", shape=(self.size, self.dim))
+        return Decoded(codec, np.memmap(self.path / CODES, np.uint8, "r", shape=(self.size, codec.code_size)))
 
     def _meta(self, key: str, default: str) -> str:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -424,7 +462,8 @@ class Datastore:
         visible."""
         try:
             sums = Checksums(self.path)
-            sums.extend("keys.f16", self.size * 2 * self.dim)
+            name, width = self.keys_file()
+            sums.extend(name, self.size * width)
             sums.extend("values.i32", self.size * 4)
         except ChecksumError as err:
             raise DatastoreError(f"{err}: damaged before this write; its checksums are kept") from None
@@ -789,7 +828,10 @@ class Datastore:
                 "of them was stored. Check the model, or choose another --layer"
             )
         start = self.size
-        for name, array, width in (("keys.f16", keys, 2 * self.dim), ("values.i32", values, 4)):
+        codec, (key_file, key_width) = self.codec, self.keys_file()
+        if codec is not None:
+            keys = codec.encode(keys)
+        for name, array, width in ((key_file, keys, key_width), ("values.i32", values, 4)):
             atomic.append(self.path / name, start * width, np.ascontiguousarray(array).data)  # past the committed
         entry, first = start, {}
         entry_rows = []
@@ -887,9 +929,11 @@ class Datastore:
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity,))
 
     def set_manifest(self, **changes: object) -> None:
-        """Update the manifest atomically."""
+        """Update the manifest atomically (a change of `key_codec` re-maps the keys)."""
         self.manifest.update(changes)
         write_json(self.path / "manifest.json", self.manifest)
+        if "key_codec" in changes:
+            self._map()
 
 
 def create(path: str | Path, manifest: dict) -> Datastore:

@@ -95,7 +95,7 @@ def _entry_problems(store: Datastore, rows: int = 1 << 16) -> list[str]:
         finite = np.isfinite(store.keys[start : start + rows]).all(axis=1)
         if not finite.all():
             bad = (start + np.flatnonzero(~finite))[:5].tolist()
-            problems.append(f"{store.path / 'keys.f16'}: entries {bad} hold non-finite values")
+            problems.append(f"{store.path / store.keys_file()[0]}: entries {bad} hold non-finite values")
         values = np.asarray(store.values[start : start + rows], np.int64)
         unknown = (values < 0) | ((values >= first) & ~np.isin(values, lexicon))
         bad = (start + np.flatnonzero(unknown))[:5].tolist()

@@ -1,10 +1,10 @@
 """Compressed keys: a FAISS standalone codec (`sa_encode` / `sa_decode`) named by a factory string, trained on a
-sample of a datastore's keys, and the exact search over codes.
+sample of a datastore's keys (a storage format of the keys, like float16: nothing here knows the model).
 
 `float16` is the datastore's own form (2 bytes per dimension). The compressed forms are FAISS's encoders, named as
 its factory strings name them: `SQ8` (one byte per dimension, a scale per dimension), `SQ4`, `PCA96,SQ8` (a PCA to
-96 dimensions, then one byte each), `PQ48` (48 bytes: product quantisation, 256 centroids per sub-vector), ... The
-exact search decodes the candidate rows and ranks them by squared L2 to the question, as it does over float16 keys.
+96 dimensions, then one byte each), `PQ48` (48 bytes: product quantisation, 256 centroids per sub-vector), ...
+`Decoded` reads codes as keys, so the exact search (`index.exact`) and FAISS read a compressed store unchanged.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from bertknn.index.exact import nearest
 from bertknn.store import atomic
 
 FLOAT16 = "float16"  # the keys as they are stored today: no codec
@@ -77,11 +76,3 @@ class Decoded:
 
     def __getitem__(self, rows: np.ndarray | slice) -> np.ndarray:
         return self.codec.decode(np.asarray(self.codes[rows]))
-
-
-def nearest_codes(
-    codec: KeyCodec, codes: np.ndarray, entries: np.ndarray, query: np.ndarray, k: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """`exact.nearest` over compressed keys: the candidate rows decoded, the (at most) k nearest to `query` by
-    squared L2, nearest first (ties by entry)."""
-    return nearest(Decoded(codec, codes), entries, query, k)

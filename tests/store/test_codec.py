@@ -7,7 +7,8 @@ import faiss
 import numpy as np
 import pytest
 
-from bertknn.index.codec import Decoded, KeyCodec, nearest_codes
+from bertknn.index.exact import nearest_codes
+from bertknn.store.codec import Decoded, KeyCodec
 
 
 @pytest.fixture(scope="module")
