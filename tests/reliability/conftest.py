@@ -397,8 +397,14 @@ def dim(store: Path) -> int:
 
 
 def keys_values(store: Path) -> tuple[np.ndarray, bytes]:
-    """The committed keys (a float16 memmap) and the committed bytes of values.i32."""
+    """The committed keys (a float16 memmap, or the codes of compressed keys) and the committed bytes of values.i32."""
     n, d = committed(store), dim(store)
+    if json.loads((store / "manifest.json").read_text(encoding="utf-8")).get("key_codec", "float16") != "float16":
+        import faiss
+
+        size = faiss.read_index(str(store / "keys.codec")).sa_code_size()
+        keys = np.fromfile(store / "keys.codes", np.uint8)[: n * size].reshape(n, size)
+        return keys, (store / "values.i32").read_bytes()[: 4 * n] if n else b""
     keys = np.memmap(store / "keys.f16", np.float16, "r", shape=(n, d)) if n else np.zeros((0, d), np.float16)
     values = (store / "values.i32").read_bytes()[: 4 * n] if n else b""
     return keys, values
@@ -422,13 +428,10 @@ def faiss_vectors(store: Path) -> np.ndarray | None:
     from bertknn.index.faiss_index import FaissIndex
     from bertknn.store.datastore import Datastore
 
-    if not (store / "faiss.index").is_file():
+    if not (store / "faiss.json").is_file():
         return None
-    opened = Datastore(store)
-    try:
+    with Datastore(store) as opened:
         parts = [p.index for p in FaissIndex.load(opened).parts]
-    finally:
-        opened.db.close()
     return np.concatenate([p.reconstruct_n(0, p.ntotal) if p.ntotal else np.zeros((0, p.d), np.float32) for p in parts])
 
 
@@ -517,7 +520,8 @@ class Setup:
         self.base_faiss = root / "base-faiss"  # with a Flat FAISS index (what `add` and `remove` start from)
         shutil.copytree(self.base, self.base_faiss)
         self._ok(cli.run(["index", self.base_faiss, "--factory", "Flat", "--threads", "1"]))
-        for command, start in (("add", self.base_faiss), ("remove", self.base_faiss), ("index", self.base)):
+        starts = (("add", self.base_faiss), ("remove", self.base_faiss), ("index", self.base))
+        for command, start in (*starts, ("convert-keys", self.base_faiss)):
             self._reference(command, start, root / f"ref-{command}")
 
     @staticmethod
@@ -531,11 +535,12 @@ class Setup:
             "add": ["add", store, self.more, *TORCH],
             "remove": ["remove", store, *(a for d in REMOVED for a in ("--doc", d))],
             "index": ["index", store, "--factory", "Flat", "--threads", "1"],
+            "convert-keys": ["convert-keys", store, "--key-codec", "SQ8"],
         }[command]
 
     def start_state(self, command: str, store: Path) -> None:
         """Put the store a trial of `command` starts from at `store` (nothing for a build)."""
-        if command in ("add", "remove"):
+        if command in ("add", "remove", "convert-keys"):
             shutil.copytree(self.base_faiss, store)
         elif command == "index":
             shutil.copytree(self.base, store)

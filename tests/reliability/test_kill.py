@@ -26,7 +26,7 @@ import pytest
 
 from .conftest import REMOVED, Setup, connect_ro, entry_multiset, faiss_vectors, keys_values, tables
 
-COMMANDS = ("build", "add", "remove", "index")
+COMMANDS = ("build", "add", "remove", "index", "convert-keys")
 SHORT_STEPS = 6  # exact kill points per command in the default mode
 STATS: dict[str, dict] = {}
 EXACT: dict[str, dict] = {}
@@ -94,7 +94,7 @@ def _compare(setup: Setup, command: str, store: Path, stats: dict, problems: lis
     if keys.shape != ref_keys.shape:
         problems.append(f"{keys.shape[0]} entries, the uninterrupted run has {ref_keys.shape[0]}")
     elif not np.array_equal(keys, ref_keys):
-        problems.append("keys.f16 differs from the uninterrupted run's")
+        problems.append("the keys differ from the uninterrupted run's")
     if values != ref_values:
         problems.append("values.i32 differs from the uninterrupted run's")
     want_tables, got_tables = tables(ref), tables(store)
