@@ -184,3 +184,15 @@ def test_an_interrupted_conversion_leaves_float16_keys_and_a_rerun_gives_the_sam
     assert Writer(reopened.store).convert_keys("SQ8") == reopened.store.size - 8  # goes on after the first chunk
     assert (built.store.path / "keys.codes").read_bytes() == (whole / "keys.codes").read_bytes()
     assert verify(built.store.path).problems == []
+
+
+@pytest.mark.parametrize("name", ["keys.codes", "keys.codec"])
+def test_damage_to_compressed_keys_is_named_on_opening_and_by_verify(built, name):
+    Writer(built.store).convert_keys("SQ8")
+    path = built.store.path / name
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(DatastoreError, match=name):
+        BertKNN.load(built.store.path, str(built.encoder.name))
+    assert any(name in problem for problem in verify(built.store.path).problems)
