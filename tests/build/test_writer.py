@@ -19,10 +19,12 @@ from bertknn.index.faiss_index import FaissIndex
 from bertknn.index.retrieval import TfidfIndex
 from bertknn.store import atomic
 from bertknn.store.datastore import Datastore
+from bertknn.store.shards import ShardedDatastore
 from bertknn.store.verify import verify
 from bertknn.text import CorpusError
 
-from ..conftest import write_corpus
+from ..conftest import SMALL_DOCS, write_corpus
+from ..sharded_store import make_sharded
 
 FRESH = {"id": "n1", "title": "Zorblat Quenmire", "text": "Zorblat Quenmire was born in Tallinn. He sells boats."}
 QUESTION, SUBJECT = "Zorblat Quenmire was born in [MASK] .", "Zorblat Quenmire"
@@ -196,3 +198,19 @@ def test_damage_to_compressed_keys_is_named_on_opening_and_by_verify(built, name
     with pytest.raises(DatastoreError, match=name):
         BertKNN.load(built.store.path, str(built.encoder.name))
     assert any(name in problem for problem in verify(built.store.path).problems)
+
+
+def test_a_sharded_store_converts_shard_by_shard_and_reads_the_codes_as_one(tmp_path, encoder):
+    path = make_sharded(tmp_path / "sharded", encoder, [SMALL_DOCS[:3], SMALL_DOCS[3:]])
+    store = ShardedDatastore(path)
+    before = np.asarray(store.keys[np.arange(store.size)], np.float32)
+    assert Writer(store).convert_keys("SQ8") == store.size
+    assert [s.key_codec for s in store.shards] == ["SQ8", "SQ8"] and all(s.codec for s in store.shards)
+    after = ShardedDatastore(path).keys[np.arange(store.size)]
+    for shard, first in zip(store.shards, store.entry_starts[:-1]):  # each shard's codec, trained on its own keys
+        mine = before[first : first + shard.size]
+        step = (mine.max(axis=0) - mine.min(axis=0)) / 255
+        assert (np.abs(after[first : first + shard.size] - mine) <= step / 2 + 1e-3).all()
+    reader = BertKNN(encoder, ShardedDatastore(path))
+    assert reader.predict("Quellbrook is a town in [MASK] .", top_k=3).knn
+    assert all(verify(shard.path).problems == [] for shard in store.shards)

@@ -172,10 +172,15 @@ class Writer:
         """Store the keys compressed by the codec `name` (a FAISS factory string: `store.codec`), resumably: the
         codec trained on `train_size` keys drawn at random (`seed`) and kept as keys.codec, every key encoded into
         keys.codes (a rerun goes on from the codes written), then the manifest switched (readers read the codes
-        from then on) and keys.f16 deleted. Returns the keys encoded now."""
+        from then on) and keys.f16 deleted; a sharded datastore's shards in turn. Returns the keys encoded now."""
         store = self.store
-        if isinstance(store, ShardedDatastore):
-            raise ValueError(f"{store.path} is sharded: convert each shard's directory (under shards/) in turn")
+        if isinstance(store, ShardedDatastore):  # each shard its own codec, trained on its own keys
+            done = 0
+            for shard, first in zip(store.shards, store.entry_starts[:-1].tolist()):
+                step = (lambda d, t, base=first: progress(base + d, store.size)) if progress else None
+                done += Writer(shard).convert_keys(name, train_size, seed, step)
+            store.reload()
+            return done
         with store.writing():
             if store.key_codec == name:
                 return 0

@@ -126,7 +126,7 @@ def build(
         if lazy or pack != 1 or int8_keys or one_token_words or names or key_codec != "float16":
             raise typer.BadParameter(
                 "--engine ray builds exact, complete shards of whole words: drop --lazy, --pack, --int8-keys, "
-                "--one-token-words, --names and --key-codec (convert each shard with `bertknn convert-keys`)"
+                "--one-token-words, --names and --key-codec (convert the built store with `bertknn convert-keys`)"
             )
         _build_on_ray(corpus, out, model, layer, workers or 1, shard_docs, address, backend)
         return

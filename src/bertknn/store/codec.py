@@ -67,6 +67,8 @@ class Decoded:
     """Compressed keys read as keys: rows indexed as `keys[rows]` are decoded on the fly (what `exact.nearest` and
     FAISS's re-ranking read)."""
 
+    dtype = np.dtype(np.float32)  # what a read gives
+
     def __init__(self, codec: KeyCodec, codes: np.ndarray) -> None:
         self.codec, self.codes = codec, codes
         self.shape = (len(codes), codec.dim)
