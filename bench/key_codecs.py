@@ -80,7 +80,8 @@ def main() -> None:
     facts = load_lama(DATA / "lama", encoder.tokenizer, GROUPS, warn=lambda m: None)
     dev = DevSplit(per_relation=args.dev, squad=0).choose([f for f in facts if f.group in ("T-REx", "Google-RE")])
     reader = lama_reader(EVIDENCE, encoder)
-    _p_at_1(reader, dev, True), _p_at_1(reader, dev, False)  # embeds what the questions retrieve, once
+    for with_subject in (True, False):  # embeds what the questions retrieve, once
+        _p_at_1(reader, dev, with_subject)
     store = reader.store
     keys, dim = store.keys, store.dim
     rng = np.random.default_rng(0)

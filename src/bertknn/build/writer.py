@@ -126,14 +126,16 @@ class Writer:
                 [*listed, TfidfIndex.from_features(islice(hashed, stop - start), start).save(store.path, start)],
                 forget,
             )
-            if commit:
-                store.commit_parts(tfidf=listed)
-                retrieval.retire(store)
+            self._commit_ir(listed, commit)
         listed = compact(store.path, listed, forget)  # what an interrupted writer left unmerged
-        if commit:
-            store.commit_parts(tfidf=listed)
-            retrieval.retire(store)
+        self._commit_ir(listed, commit)
         return listed
+
+    def _commit_ir(self, listed: list[Part], commit: bool) -> None:
+        """With `commit`, the IR index's parts committed and what they replaced retired."""
+        if commit:
+            self.store.commit_parts(tfidf=listed)
+            retrieval.retire(self.store)
 
     def _committed(self) -> list[Part]:
         """The IR index's committed parts, up to the first whose files are missing; a datastore made before lists

@@ -24,15 +24,15 @@ def open_listed(store: Datastore, kind: str, open_parts: Callable[[list[Part]], 
     listed = store.parts(kind)
     if listed is None:
         return legacy()
-    for attempt in range(RETRIES):
+    for _ in range(RETRIES - 1):
         try:
             return open_parts(listed)
         except (FileNotFoundError, DatastoreError):
             now = store.parts(kind)
-            if now == listed or attempt == RETRIES - 1:
+            if now == listed:
                 raise
             listed = now
-    raise AssertionError("unreachable")
+    return open_parts(listed)
 
 
 def retire(store: Datastore, kind: str, on_disk: Iterable[str], delete: Callable[[str], None]) -> list[str]:
