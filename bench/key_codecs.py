@@ -23,7 +23,7 @@ import numpy as np
 from evidence import DATA, EVIDENCE
 
 
-def _p_at_1(reader, facts, with_subject: bool) -> tuple[float, float]:
+def p_at_1(reader, facts, with_subject: bool) -> tuple[float, float]:
     """P@1 (%) of the kNN ranking and of BERT-kNN's over `facts`."""
     from bertknn.evaluation.facts import ir_subject
 
@@ -34,7 +34,7 @@ def _p_at_1(reader, facts, with_subject: bool) -> tuple[float, float]:
     return 100 * knn, 100 * both
 
 
-def _p50_ms(reader, facts) -> float:
+def p50_ms(reader, facts) -> float:
     from bertknn.evaluation.facts import ir_subject
 
     times = []
@@ -81,7 +81,7 @@ def main() -> None:
     dev = DevSplit(per_relation=args.dev, squad=0).choose([f for f in facts if f.group in ("T-REx", "Google-RE")])
     reader = lama_reader(EVIDENCE, encoder)
     for with_subject in (True, False):  # embeds what the questions retrieve, once
-        _p_at_1(reader, dev, with_subject)
+        p_at_1(reader, dev, with_subject)
     store = reader.store
     keys, dim = store.keys, store.dim
     rng = np.random.default_rng(0)
@@ -103,8 +103,8 @@ def main() -> None:
             codes = _encoded(codec, keys)
             encode_s, size, error = time.perf_counter() - began, codec.code_size, _error(codec, keys, check_rows)
             store.keys = Decoded(codec, codes)
-        subj, none = _p_at_1(reader, dev, True), _p_at_1(reader, dev, False)
-        p50 = _p50_ms(reader, dev[: args.timed])
+        subj, none = p_at_1(reader, dev, True), p_at_1(reader, dev, False)
+        p50 = p50_ms(reader, dev[: args.timed])
         print(
             f"| {form} | {size} | 1/{2 * dim / size:.0f} | {train_s:.1f} | {encode_s:.1f} | {error:.3f} | "
             f"{subj[0]:.1f} | {subj[1]:.1f} | {none[0]:.1f} | {none[1]:.1f} | {p50:.1f} |",

@@ -91,7 +91,8 @@ def render(prediction: Prediction, top_k: int = 10, evidence_words: int = 3) -> 
         for n in neighbours:
             a, b = n.span
             sentence = f"{shown(n.sentence[:a])}[bold yellow]{shown(n.sentence[a:b])}[/]{shown(n.sentence[b:])}"
-            lines.append(f"[bold]{shown(word)}[/] d²={n.distance:.1f} [dim]{shown(n.title)}:[/] {sentence}")
+            merged = f" [dim](stands for {n.count} contexts)[/]" if n.count > 1 else ""
+            lines.append(f"[bold]{shown(word)}[/] d²={n.distance:.1f} [dim]{shown(n.title)}:[/] {sentence}{merged}")
     return Group(table, Panel("\n".join(lines), title="evidence", title_align="left"))
 
 

@@ -410,6 +410,12 @@ def keys_values(store: Path) -> tuple[np.ndarray, bytes]:
     return keys, values
 
 
+def counts(store: Path) -> bytes:
+    """The committed bytes of a pruned store's counts.i32 (b"" where there is none)."""
+    n = committed(store)
+    return (store / "counts.i32").read_bytes()[: 4 * n] if (store / "counts.i32").exists() else b""
+
+
 def entry_multiset(store: Path) -> Counter:
     """Each committed entry as (document id, sentence, span, value): what `lost` and `duplicated` count."""
     n = committed(store)
@@ -500,6 +506,7 @@ def figures(pytestconfig, tmp_path_factory) -> Figures:
 # --- the commands' start states and uninterrupted references (test_kill.py, test_disk_full.py) ---------------------
 
 REMOVED = ("doc3", "doc7")  # `remove --doc doc3 --doc doc7`: both or neither
+PRUNE_RADIUS = "inf"  # every document's entries of one word merged into its first: the most a pruning rewrites
 
 
 class Setup:
@@ -516,12 +523,12 @@ class Setup:
         self.durations: dict[str, float] = {}
         self.answers: dict[tuple, Result] = {}
         self.base = root / "base"  # built, no FAISS index (what `index` starts from)
-        self._reference("build", None, self.base)
         self.base_faiss = root / "base-faiss"  # with a Flat FAISS index (what `add` and `remove` start from)
+        self._reference("build", None, self.base)
         shutil.copytree(self.base, self.base_faiss)
         self._ok(cli.run(["index", self.base_faiss, "--factory", "Flat", "--threads", "1"]))
         starts = (("add", self.base_faiss), ("remove", self.base_faiss), ("index", self.base))
-        for command, start in (*starts, ("convert-keys", self.base_faiss)):
+        for command, start in (*starts, ("convert-keys", self.base_faiss), ("prune", None)):
             self._reference(command, start, root / f"ref-{command}")
 
     @staticmethod
@@ -536,6 +543,7 @@ class Setup:
             "remove": ["remove", store, *(a for d in REMOVED for a in ("--doc", d))],
             "index": ["index", store, "--factory", "Flat", "--threads", "1"],
             "convert-keys": ["convert-keys", store, "--key-codec", "SQ8"],
+            "prune": ["prune", self.base_faiss, store, "--radius", PRUNE_RADIUS],  # a copy: the source stays
         }[command]
 
     def start_state(self, command: str, store: Path) -> None:
@@ -563,7 +571,7 @@ class Setup:
         """The `bertknn ask` questions whose answers a trial must reproduce."""
         doc = self.more_docs[4] if command == "add" else self.docs[3 if command == "remove" else 5]
         ask = [f"{doc['title']} was born in [MASK] .", "--subject", doc["title"], *TORCH]
-        faiss = [[*ask, "--retrieval", "faiss"]] if command != "build" else []
+        faiss = [[*ask, "--retrieval", "faiss"]] if command not in ("build", "prune") else []  # no FAISS copied
         return [ask, *faiss]
 
 

@@ -2,7 +2,8 @@
 one-line error naming the damaged file (or the datastore directory), never with a traceback and never with a
 silently wrong answer; `verify` must find (exit 1, naming the file) every damage of a checksummed file.
 
-The datastore has a FAISS index (`index --factory Flat`) and one `add` (so a tfidf_add_ segment exists). Every case
+The datastore has a FAISS index (`index --factory Flat`) and one `add` (so a tfidf_add_ segment exists); a second one,
+pruned and with SQ8 keys, has the files of compressed keys and counts (keys.codes, keys.codec, counts.i32). Every case
 damages a fresh copy. Default: one kind of damage per file, and only `ask` (plus `ask --retrieval faiss` for the
 FAISS files) and `verify`; `--long`: every kind on every file, and `add`, `remove` and `index` too (each on its own
 copy, followed by the `ask` that shows its effect).
@@ -60,6 +61,13 @@ DEFAULT_CASES = [
     ("manifest.json", "dim:string"),
     ("checksums.json", "trunc_half"),
 ]
+COMPRESSED_FILES = ["keys.codes", "keys.codec", "counts.i32"]  # a pruned store with SQ8 keys (`Store(compressed=True)`)
+COMPRESSED_CASES = [
+    ("keys.codes", "flip"),
+    ("keys.codes", "append"),
+    ("keys.codec", "trunc_half"),
+    ("counts.i32", "zero4k"),
+]
 READERS = ["ask", "ask-faiss", "verify"]
 WRITERS = ["add", "remove", "index"]
 RESULTS: list[dict] = []
@@ -72,23 +80,32 @@ def cases(long: bool) -> list[tuple[str, str]]:
 
 
 def pytest_generate_tests(metafunc):
+    long = long_mode(metafunc.config)
     if "case" in metafunc.fixturenames:
-        metafunc.parametrize("case", cases(long_mode(metafunc.config)), ids=lambda c: f"{c[0]}:{c[1]}")
+        metafunc.parametrize("case", cases(long), ids=lambda c: f"{c[0]}:{c[1]}")
+    if "compressed_case" in metafunc.fixturenames:
+        chosen = [(f, k) for f in COMPRESSED_FILES for k in KINDS] if long else COMPRESSED_CASES
+        metafunc.parametrize("compressed_case", chosen, ids=lambda c: f"{c[0]}:{c[1]}")
 
 
 def harmless(file: str, kind: str) -> bool:
     """Garbage past the committed length of an append-only file: what a killed writer leaves, not damage."""
-    return kind == "append" and file in ("keys.f16", "values.i32")
+    return kind == "append" and file in ("keys.f16", "values.i32", "keys.codes", "counts.i32")
 
 
 class Store:
     """The undamaged datastore and what each command answers on it."""
 
-    def __init__(self, root: Path, cli, model: Path) -> None:
+    def __init__(self, root: Path, cli, model: Path, compressed: bool = False) -> None:
+        """`compressed`: the store is a pruning of the built one (`prune --radius inf`) with SQ8 keys."""
         self.cli, self.path = cli, root / "store"
         docs = make_docs(BASE_DOCS, 20, seed=3, prefix="doc")
         corpus = write_corpus(root / "corpus.jsonl", docs)
-        self._ok(cli.run(["build", corpus, "--out", self.path, "--model", model, *TORCH]))
+        built = root / "built" if compressed else self.path
+        self._ok(cli.run(["build", corpus, "--out", built, "--model", model, *TORCH]))
+        if compressed:
+            self._ok(cli.run(["prune", built, self.path, "--radius", "inf"]))
+            self._ok(cli.run(["convert-keys", self.path, "--key-codec", "SQ8"]))
         self._ok(cli.run(["index", self.path, "--factory", "Flat", "--threads", "1"]))
         self._ok(cli.run(["add", self.path, write_corpus(root / "fresh.jsonl", born_docs([1, 2, 3], "Fresh")), *TORCH]))
         assert (self.path / SEGMENT).is_dir(), sorted(p.name for p in self.path.iterdir())
@@ -128,6 +145,11 @@ class Store:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, cli, tiny_model_dir) -> Store:
     return Store(tmp_path_factory.mktemp("damage"), cli, tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def compressed_store(tmp_path_factory, cli, tiny_model_dir) -> Store:
+    return Store(tmp_path_factory.mktemp("damage-compressed"), cli, tiny_model_dir, compressed=True)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -264,6 +286,17 @@ def judge(
 
 
 def test_damaged_file_is_reported_never_answered_wrong(store, case, long, rng, tmp_path):
+    _damage_and_run(store, case, long, rng, tmp_path)
+
+
+def test_damaged_file_of_a_pruned_compressed_store_is_reported_never_answered_wrong(
+    compressed_store, compressed_case, long, rng, tmp_path
+):
+    _damage_and_run(compressed_store, compressed_case, long, rng, tmp_path)
+
+
+def _damage_and_run(store: Store, case: tuple[str, str], long: bool, rng, tmp_path: Path) -> None:
+    """Damage a copy of `store` as `case` says, run the commands on it and judge each (`judge`)."""
     file, kind = case
     commands = ["ask", "verify"] + (["ask-faiss"] if long or file.startswith("faiss") else [])
     commands += WRITERS if long else []

@@ -1,8 +1,8 @@
-"""A full disk during `bertknn build`, `add`, `remove` and `index`: the store lives on a tmpfs of a size made too
-small for the command (made by the test itself with `mount -t tmpfs`; skipped, with the reason, where the machine
-forbids mounting). Each run must end with exit 0, or exit 2 and one line naming the file ("no space left for ...")
-with no traceback and no temporary file left; `verify` must find the store sound; after the file system is grown,
-the same command, rerun, must give exactly the uninterrupted run's result.
+"""A full disk during `bertknn build`, `add`, `remove`, `index`, `convert-keys` and `prune`: the store lives on a tmpfs
+of a size made too small for the command (made by the test itself with `mount -t tmpfs`; skipped, with the reason,
+where the machine forbids mounting). Each run must end with exit 0, or exit 2 and one line naming the file ("no
+space left for ...") with no traceback and no temporary file left; `verify` must find the store sound; after the file
+system is grown, the same command, rerun, must give exactly the uninterrupted run's result.
 
 Sizes: the start state's bytes plus a fraction of what the uninterrupted run adds (default: 2 fractions per command;
 `--long`: 10).

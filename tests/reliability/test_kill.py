@@ -1,5 +1,5 @@
-"""kill -9 at random moments of `bertknn build`, `add`, `remove` and `index`, then a rerun to completion: the result
-must equal an uninterrupted run of the same commands in another directory, byte for byte.
+"""kill -9 at random moments of `bertknn build`, `add`, `remove`, `index`, `convert-keys` and `prune`, then a rerun to
+completion: the result must equal an uninterrupted run of the same commands in another directory, byte for byte.
 
 Each command runs as its own process (conftest.Spawner). Kill delays are drawn uniformly between the process's start
 and the duration of the uninterrupted run (measured once); every other kill is drawn from the second half of that
@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import REMOVED, Setup, connect_ro, entry_multiset, faiss_vectors, keys_values, tables
+from .conftest import REMOVED, Setup, connect_ro, counts, entry_multiset, faiss_vectors, keys_values, tables
 
-COMMANDS = ("build", "add", "remove", "index", "convert-keys")
+COMMANDS = ("build", "add", "remove", "index", "convert-keys", "prune")
 SHORT_STEPS = 6  # exact kill points per command in the default mode
 STATS: dict[str, dict] = {}
 EXACT: dict[str, dict] = {}
@@ -97,6 +97,8 @@ def _compare(setup: Setup, command: str, store: Path, stats: dict, problems: lis
         problems.append("the keys differ from the uninterrupted run's")
     if values != ref_values:
         problems.append("values.i32 differs from the uninterrupted run's")
+    if (ref / "counts.i32").exists() and counts(store) != counts(ref):
+        problems.append("counts.i32 differs from the uninterrupted run's")
     want_tables, got_tables = tables(ref), tables(store)
     for name in want_tables:
         if want_tables[name] != got_tables[name]:
@@ -185,12 +187,14 @@ def test_kill_9_then_rerun_equals_the_uninterrupted_run(setup, command, long, rn
 
 
 def _steps(setup: Setup, command: str, root: Path) -> list[str]:
-    """The durable steps (fsync or rename, with the path, the store's own shown as STORE) of an uninterrupted run."""
+    """The durable steps (fsync or rename, with the path; the store's shown as STORE, the folder holding it as
+    PARENT) of an uninterrupted run."""
     store, trace = root / "traced", root / "steps.txt"
     setup.start_state(command, store)
     setup._ok(setup.cli.run(setup.args(command, store), trace=str(trace)))
     shutil.rmtree(store)
-    return [line.replace(str(store), "STORE") for line in trace.read_text(encoding="utf-8").splitlines()]
+    lines = trace.read_text(encoding="utf-8").splitlines()
+    return [line.replace(str(store), "STORE").replace(str(root), "PARENT") for line in lines]
 
 
 def _renames_not_durable(steps: list[str]) -> list[str]:
@@ -206,7 +210,8 @@ def _renames_not_durable(steps: list[str]) -> list[str]:
         last_rename = earlier.index(step) if step in earlier else len(earlier)
         if f"fsync {source}" not in earlier[:last_rename]:  # since this target was last renamed to
             bad.append(f"{step}: {source} was not fsynced before")
-        if steps[i + 1 : i + 2] != [f"fsync {target.parent}"]:
+        parent = "PARENT" if target == Path("STORE") else target.parent  # a store made whole, then renamed (prune)
+        if steps[i + 1 : i + 2] != [f"fsync {parent}"]:
             bad.append(f"{step}: its directory is not fsynced after it")
     return bad
 

@@ -158,6 +158,8 @@ def build(
     report("sharding", len(shards) - len(todo), len(shards))
     if todo and not ray.is_initialized():
         ray.init(address=address, log_to_driver=False)
+    if todo:
+        on_gpu(runtime)  # a device the cluster lacks is refused before anything is written
     _write_inputs(source, out, shards, set(todo))
     if todo:
         before = len(shards) - len(todo)

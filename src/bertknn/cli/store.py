@@ -279,6 +279,35 @@ def convert_keys(
     )
 
 
+@command(interrupted="{datastore} is left as it was; rerun the same command to go on with {out}")
+def prune(
+    datastore: DatastoreArg,
+    out: Annotated[Path, typer.Argument(help="directory of the pruned copy (new, or a pruning begun there)")],
+    radius: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="merge a document's entries of one word whose keys lie within this squared L2 distance of a kept "
+            "one (the vote's units, like --temperature); bench/README.md measures radii",
+        ),
+    ],
+    wait: WaitOption = WAIT_S,
+) -> None:
+    """Copy a datastore with each document's near-duplicate entries merged into one that counts for all (resumable)."""
+    from bertknn.build.prune import prune as prune_store
+
+    began = time.time()
+    with _writer_wait(datastore, wait), phase_progress() as report:
+        pruned = prune_store(datastore, out, radius, progress=lambda done, total: report("pruning", done, total))
+    before, kept = (pruned.manifest.get("pruned") or {}).get("from_entries"), pruned.size
+    pruned.close()
+    shown_before = f" of {before:,}" if before else ""
+    console.print(
+        f"{escape(str(out))}: {kept:,} entries{shown_before} ({time.time() - began:,.0f}s); `bertknn index` "
+        "makes its FAISS index"
+    )
+
+
 @command(interrupted="nothing half-added is searchable; rerun the same command to finish")
 def add(
     datastore: DatastoreArg,

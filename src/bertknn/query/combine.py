@@ -123,7 +123,8 @@ class Words:
 
 @dataclass(frozen=True)
 class Neighbour:
-    """One stored context near the question: its word, squared distance, normalised weight and source."""
+    """One stored context near the question: its word, squared distance, normalised weight, source and the contexts
+    it stands for (more than 1 in a pruned store, where near-duplicates of one document were merged into it)."""
 
     token: str
     distance: float
@@ -132,6 +133,7 @@ class Neighbour:
     title: str
     sentence: str
     span: tuple[int, int]
+    count: int = 1
 
 
 @dataclass

@@ -380,11 +380,15 @@ class BertKNN:
     ) -> np.ndarray | None:
         """p_kNN of one question over `words` (None without neighbours), as the settings say: the paper's vote or the
         retrieval-aware one (`doc_temperature`), each neighbour also weighted by exp(`log_weights`) when given (its
-        sentence's, `sentence_weights`). Damaged neighbours raise DatastoreError."""
+        sentence's, `sentence_weights`) and, in a pruned store, by the contexts it stands for. Damaged neighbours
+        raise DatastoreError."""
         if not len(found.entries):
             return None
         self._check_neighbours(found, words.vocab)
         values = words.index(found.values)
+        counts = self.store.counts_of(found.entries)
+        if counts is not None:  # an entry standing for n merged contexts votes as n of them at its distance
+            log_weights = np.log(counts) if log_weights is None else log_weights + np.log(counts)
         if s.doc_temperature and found.scores is not None:
             position = {doc: i for i, doc in enumerate(found.documents)}
             extra = len(found.documents)  # a neighbour from a document IR did not retrieve (ir+faiss): score 0
@@ -486,13 +490,13 @@ class BertKNN:
         """For each kNN answer, its nearest `n_evidence` neighbours with their sentences."""
         if not words:
             return {}
-        dist = found.distances
-        weights = neighbour_weights(dist, temperature)
+        dist, counts = found.distances, self.store.counts_of(found.entries)
+        weights = neighbour_weights(dist, temperature, None if counts is None else np.log(counts))
         picks = [np.flatnonzero(found.values == w.id)[:n_evidence] for w in words]
         rows = iter(self.store.provenance(found.entries[np.concatenate(picks)].tolist()))  # one query for all words
         return {
             word.token: [
-                Neighbour(word.token, float(dist[i]), float(weights[i]), e.doc_id, e.title, e.sentence, e.span)
+                Neighbour(word.token, float(dist[i]), float(weights[i]), e.doc_id, e.title, e.sentence, e.span, e.count)
                 for i, e in zip(mine, islice(rows, len(mine)))
             ]
             for word, mine in zip(words, picks)

@@ -171,6 +171,7 @@ class NeighbourOut(BaseModel):
     title: str
     sentence: str
     span: tuple[int, int] = Field(description="[start, end) of the word in `sentence`, in characters")
+    count: int = Field(1, description="the contexts this entry stands for (more than 1 in a pruned datastore)")
 
 
 class FillMaskOut(BaseModel):

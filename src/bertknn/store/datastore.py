@@ -8,6 +8,8 @@ Layout of a datastore directory:
   trained codec keys.codec (codec.py), read as keys through the codec;
 - values.i32: int32 word ids, one per entry: a word of one token is its vocabulary id; a word of several tokens
   (format 2) a number from the manifest's `words_from` on, which the `words` table of store.sqlite maps to its tokens;
+- counts.i32, in a pruned store only (manifest `pruned`, build/prune.py): how many contexts each entry stands for
+  (1 unless near-duplicates were merged into it), which the kNN vote weighs it by;
 - store.sqlite: documents (each with one contiguous entry range and a state), sentences, each entry's provenance,
   the words of several tokens, and the commit point of the indexes: the live parts of each (`parts`), which the
   indexes (index/) write and readers open, named here only by kind, name and range.
@@ -37,6 +39,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import sqlite3
 import sys
 import threading
@@ -91,9 +94,11 @@ OPTIONAL = {
     "names": bool,
     "key_codec": str,
     "key_codec_pending": str,
+    "pruned": dict,
 }
 KEYS, CODES, CODEC = "keys.f16", "keys.codes", "keys.codec"  # float16 keys; or their codes and the codec (codec.py)
-APPEND_ONLY = (KEYS, CODES, "values.i32")  # files that only grow; bytes past the committed entries are not data
+VALUES, COUNTS = "values.i32", "counts.i32"  # each entry's word; and, in a pruned store, the contexts it stands for
+APPEND_ONLY = (KEYS, CODES, VALUES, COUNTS)  # files that only grow; bytes past the committed entries are not data
 NOT_DATA = {"manifest.json", "checksums.json", LOCK_FILE}  # files of a datastore that checksums do not cover
 
 
@@ -136,6 +141,7 @@ class Provenance:
     title: str
     sentence: str
     span: tuple[int, int]
+    count: int = 1  # the contexts this entry stands for: more than 1 where pruning merged near-duplicates into it
 
 
 def file_sha256(path: Path) -> str:
@@ -350,16 +356,19 @@ class Datastore:
         with self.sqlite_errors():
             self.size = int(self._meta("entries", "0"))
             self.n_documents = self.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents").fetchone()[0]
-        for name, width in (self.keys_file(), ("values.i32", 4)):
+        for name, width in self.entry_files():
             have = (self.path / name).stat().st_size if (self.path / name).exists() else 0
             if have < self.size * width:
                 raise DatastoreError(
                     f"{self.path / name} is truncated ({have:,} bytes for {self.size:,} entries): the datastore is "
                     "damaged; restore it from a copy or rebuild it"
                 )
+        self.counts = None
         if self.size:
             self.keys = self._map_keys()
-            self.values = np.memmap(self.path / "values.i32", np.int32, "r", shape=(self.size,))
+            self.values = np.memmap(self.path / VALUES, np.int32, "r", shape=(self.size,))
+            if self.pruned:
+                self.counts = np.memmap(self.path / COUNTS, np.int32, "r", shape=(self.size,))
         else:
             self.keys = np.zeros((0, self.dim), np.float16)
             self.values = np.zeros(0, np.int32)
@@ -387,6 +396,19 @@ class Datastore:
         """The file of the keys and its bytes per entry."""
         codec = self.codec
         return (KEYS, 2 * self.dim) if codec is None else (CODES, codec.code_size)
+
+    @property
+    def pruned(self) -> dict | None:
+        """How the store was pruned (`build/prune.py`: radius, contexts before), None for an unpruned one."""
+        return self.manifest.get("pruned")
+
+    def entry_files(self) -> list[tuple[str, int]]:
+        """The files that hold one row per entry (keys, values; counts in a pruned store) and their bytes per entry."""
+        return [self.keys_file(), (VALUES, 4), *([(COUNTS, 4)] if self.pruned else [])]
+
+    def counts_of(self, entries: np.ndarray) -> np.ndarray | None:
+        """How many contexts each of `entries` stands for (`Provenance.count`), None in an unpruned store (all 1)."""
+        return None if self.counts is None else np.asarray(self.counts[entries])
 
     def _map_keys(self) -> np.ndarray | Decoded:
         """The committed keys: the float16 memmap, or the codes memmap read through the codec."""
@@ -462,9 +484,8 @@ class Datastore:
         visible."""
         try:
             sums = Checksums(self.path)
-            name, width = self.keys_file()
-            sums.extend(name, self.size * width)
-            sums.extend("values.i32", self.size * 4)
+            for name, width in self.entry_files():
+                sums.extend(name, self.size * width)
         except ChecksumError as err:
             raise DatastoreError(f"{err}: damaged before this write; its checksums are kept") from None
         if self._meta("checksummed", "0") != "1":  # from now on a missing checksums.json is damage: so it exists first
@@ -604,9 +625,12 @@ class Datastore:
         return [row[0] for row in rows]
 
     def provenance(self, entries: list[int]) -> list[Provenance]:
-        """Provenance of stored entries (one query for all): document, sentence and the target's span."""
+        """Provenance of stored entries (one query for all): document, sentence, the target's span and, in a pruned
+        store, how many contexts the entry stands for."""
+        counts = self.counts_of(np.asarray(entries, np.int64))
+        count = dict(zip(map(int, entries), counts.tolist())) if counts is not None else {}
         found = {
-            idx: Provenance(idx, doc_id, title, sentence, (start, end))
+            idx: Provenance(idx, doc_id, title, sentence, (start, end), count.get(idx, 1))
             for idx, doc_id, title, sentence, start, end in self.db.execute(
                 "SELECT e.idx, d.id, d.title, s.text, e.start, e.end FROM entries e JOIN sentences s ON s.idx = "
                 "e.sentence JOIN documents d ON d.idx = s.doc WHERE e.idx IN (SELECT value FROM json_each(?))",
@@ -618,6 +642,18 @@ class Datastore:
             raise DatastoreError(
                 f"{self.path / SQLITE} has no provenance for entries {missing[:5]}: it is damaged; `bertknn verify`"
             )
+        return [found[int(e)] for e in entries]
+
+    def entry_rows(self, entries: np.ndarray) -> list[tuple[int, int, int]]:
+        """(sentence, start, end) of each of `entries`, in their order: what `append` stored for them."""
+        with self.sqlite_errors():
+            found = {
+                idx: (sentence, start, end)
+                for idx, sentence, start, end in self.db.execute(
+                    "SELECT idx, sentence, start, end FROM entries WHERE idx IN (SELECT value FROM json_each(?))",
+                    (json.dumps([int(e) for e in entries]),),
+                )
+            }
         return [found[int(e)] for e in entries]
 
     def iter_document_texts(self, first: int = 0, stop: int | None = None) -> Iterator[str]:
@@ -816,22 +852,25 @@ class Datastore:
         values: np.ndarray,
         spans: list[np.ndarray],
         words: Sequence[tuple[int, str, str]] = (),
+        counts: np.ndarray | None = None,
     ) -> int:
-        """Store the entries of whole documents: keys (float16) and values appended and fsynced, then in one
-        transaction each sentence's entry rows (`spans[i]`: the character spans of `rows[i]`'s targets), the new
-        `words` their values use (`word_values`), each document's [start, end) range and the new entry count.
-        Returns the entries added."""
+        """Store the entries of whole documents: keys (float16), values (and in a pruned store `counts`, 1 each when
+        not given) appended and fsynced, then in one transaction each sentence's entry rows (`spans[i]`: the character
+        spans of `rows[i]`'s targets), the new `words` their values use (`word_values`), each document's [start, end)
+        range and the new entry count. Returns the entries added."""
         keys = np.asarray(keys, np.float16)
         if not np.isfinite(keys).all():  # float16 overflows past 65,504: such keys would poison every distance
             raise DatastoreError(
                 f"the model gave non-finite keys (NaN, or beyond float16's range) for documents {docs[:5]}; nothing "
                 "of them was stored. Check the model, or choose another --layer"
             )
-        start = self.size
-        codec, (key_file, key_width) = self.codec, self.keys_file()
+        start, codec = self.size, self.codec
         if codec is not None:
             keys = codec.encode(keys)
-        for name, array, width in ((key_file, keys, key_width), ("values.i32", values, 4)):
+        if counts is None:
+            counts = np.ones(len(values), np.int32)
+        arrays = (keys, np.asarray(values, np.int32), np.asarray(counts, np.int32))
+        for (name, width), array in zip(self.entry_files(), arrays):  # counts only where the store is pruned
             atomic.append(self.path / name, start * width, np.ascontiguousarray(array).data)  # past the committed
         entry, first = start, {}
         entry_rows = []
@@ -958,31 +997,53 @@ def create(path: str | Path, manifest: dict) -> Datastore:
 
 
 def copy_registration(
-    source: str | Path, path: str | Path, manifest: dict, parts: dict[str, list[Part]], files: list[str]
+    source: str | Path,
+    path: str | Path,
+    manifest: dict,
+    parts: dict[str, list[Part]],
+    files: list[str],
+    words: bool = False,
 ) -> Datastore:
     """A new datastore at `path` (with this manifest) holding the documents and sentences of `source`, nothing
     embedded, and the index parts given (`parts`: kind -> list, committed in the copy; `files`: their files and
-    folders, copied): registration does not depend on the model, so another model or layer can start from it."""
+    folders, copied): registration does not depend on the model, so another model or layer can start from it.
+    With `words`, the words of several tokens are kept too (a copy for the same model: `prune`)."""
     source, path = Path(source), Path(path)
-    src = Datastore(source)
     tmp = atomic.new_folder(path)
-    with atomic.naming(tmp / SQLITE), contextlib.closing(sqlite3.connect(tmp / SQLITE)) as db, db:
+    try:
+        _fill_copy(source, tmp, manifest, parts, files, words)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-made stays (a kill leaves it to the next run)
+        raise
+    atomic.publish(tmp, path)
+    return Datastore(path)
+
+
+def _fill_copy(
+    source: Path, tmp: Path, manifest: dict, parts: dict[str, list[Part]], files: list[str], words: bool
+) -> None:
+    """`copy_registration`'s contents, written into the temporary folder `tmp`."""
+    with (
+        Datastore(source) as src,
+        sqlite_errors(str(tmp / SQLITE), "free space and rerun"),
+        atomic.naming(tmp / SQLITE),
+        contextlib.closing(sqlite3.connect(tmp / SQLITE)) as db,
+        db,
+    ):
         src.db.backup(db)
         db.execute("UPDATE documents SET start = NULL, end = NULL")
         db.execute("DELETE FROM entries")
         db.execute("DELETE FROM meta")
         db.execute(WORDS)
-        db.execute("DELETE FROM words")
+        if not words:
+            db.execute("DELETE FROM words")
         db.execute("DELETE FROM parts")
         rows = [(kind, p.name, p.first, p.stop) for kind, listed in parts.items() for p in listed]
         db.executemany("INSERT INTO parts VALUES (?, ?, ?, ?)", rows)
         db.execute("INSERT INTO meta VALUES ('parts', '1')")
-    src.close()
     for name in files:
         atomic.copy(source / name, tmp / name)
     write_json(tmp / "manifest.json", manifest)
     made = Datastore(tmp, check=False)
     made.record_identity()
     made.close()
-    atomic.publish(tmp, path)
-    return Datastore(path)

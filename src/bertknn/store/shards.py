@@ -14,6 +14,7 @@ is asked once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -115,6 +116,8 @@ class Store(Protocol):
     def find_title(self, norm_title: str) -> int | None: ...
 
     def provenance(self, entries: list[int]) -> list[Provenance]: ...
+
+    def counts_of(self, entries: np.ndarray) -> np.ndarray | None: ...
 
     def hidden_documents(self) -> np.ndarray: ...
 
@@ -381,9 +384,20 @@ class ShardedDatastore:
     def provenance(self, entries: list[int]) -> list[Provenance]:
         def read(shard: Datastore, local: list[int], s: int) -> list:
             base = int(self.entry_starts[s])
-            return [Provenance(e.entry + base, e.doc_id, e.title, e.sentence, e.span) for e in shard.provenance(local)]
+            return [dataclasses.replace(e, entry=e.entry + base) for e in shard.provenance(local)]
 
         return self._gather(entries, self.entry_starts, read)
+
+    def counts_of(self, entries: np.ndarray) -> np.ndarray | None:
+        """The contexts each entry stands for (`Datastore.counts_of`), None when no shard is pruned."""
+        if not any(shard.pruned for shard in self.shards):
+            return None
+
+        def read(shard: Datastore, local: list[int], s: int) -> list:
+            counts = shard.counts_of(np.asarray(local, np.int64))
+            return [1] * len(local) if counts is None else counts.tolist()
+
+        return np.asarray(self._gather(list(entries), self.entry_starts, read), np.int64)
 
     def documents_of(self, entries: np.ndarray) -> np.ndarray:
         def read(shard: Datastore, local: list[int], s: int) -> list:

@@ -14,6 +14,7 @@ import numpy as np
 
 from bertknn.store.datastore import (
     APPEND_ONLY,
+    COUNTS,
     LOCK_WAIT,
     SQLITE,
     Datastore,
@@ -86,8 +87,8 @@ def verify(
 
 
 def _entry_problems(store: Datastore, rows: int = 1 << 16) -> list[str]:
-    """Non-finite keys, values that are no word (negative, or a lexicon number the lexicon lacks), and document
-    ranges that point past the committed entries."""
+    """Non-finite keys, values that are no word (negative, or a lexicon number the lexicon lacks), counts under 1 (a
+    pruned store), and document ranges that point past the committed entries."""
     problems = []
     lexicon = np.asarray(list(store.words(None)), np.int64)
     first = store.manifest.get("words_from", np.iinfo(np.int32).max)  # format 1: no lexicon
@@ -101,6 +102,10 @@ def _entry_problems(store: Datastore, rows: int = 1 << 16) -> list[str]:
         bad = (start + np.flatnonzero(unknown))[:5].tolist()
         if bad:
             problems.append(f"{store.path / 'values.i32'}: entries {bad} hold values that are no word of the store")
+        counts = store.counts_of(np.arange(start, min(start + rows, store.size)))
+        if counts is not None and (counts < 1).any():
+            bad = (start + np.flatnonzero(counts < 1))[:5].tolist()
+            problems.append(f"{store.path / COUNTS}: entries {bad} stand for fewer than one context")
     with store.sqlite_errors():
         outside = store.db.execute(
             "SELECT count(*) FROM documents WHERE start < 0 OR end > ? OR end < start", (store.size,)

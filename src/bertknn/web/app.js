@@ -122,7 +122,7 @@ function drawEvidence(evidence, topToken) {
       const item = el("li");
       item.append(
         highlighted(sentence, inSentence, topToken),
-        el("span", "meta", words.map((n) => `${n.token} d² ${n.distance.toFixed(2)}`).join(" · ")),
+        el("span", "meta", words.map((n) => `${n.token} d² ${n.distance.toFixed(2)}${n.count > 1 ? ` ×${n.count}` : ""}`).join(" · ")),
       );
       list.append(item);
     }

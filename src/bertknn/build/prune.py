@@ -1,0 +1,182 @@
+"""Pruning: a copy of a datastore in which near-duplicate entries of one document are merged into one entry that
+counts for all of them, so the store holds fewer keys while the vote keeps their weight (the greedy merging of He,
+Neubig and Berg-Kirkpatrick, "Efficient Nearest Neighbor Language Models", EMNLP 2021).
+
+The rule: within one document, an entry whose word equals a kept entry's and whose key lies within squared L2
+distance `radius` of that kept key is merged into it, greedily in entry order (the first entry of a group is kept
+with its provenance; its count becomes the sum of the counts it absorbs and its key the mean of their keys, which
+stands for the group better than any one of them: the squared distance from a question to the mean is the mean of
+its squared distances to the group, less the group's spread). Only within a document: BERT-kNN
+searches the entries of the documents retrieval picks, so a merge across documents would move a context into a
+document that may not be picked. An entry standing for n contexts votes as n of them at its own distance
+(`BertKNN.vote`); `radius` is in the vote's units (squared L2, like its temperature), so a radius well under the
+temperature changes little of what the merged contexts would have voted.
+
+The pruned store is a new directory; the source is read under its writer lock and left as it is. Like a build,
+whole documents are committed in chunks, and a rerun goes on from the documents written. Its FAISS index is not
+copied (entry numbers change): `bertknn index` makes one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from bertknn.build.builder import finish, require_built
+from bertknn.index import retrieval
+from bertknn.store.atomic import write_json
+from bertknn.store.datastore import CODEC, Datastore, DatastoreError, copy_registration
+from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, Store, is_sharded
+
+CHUNK_ENTRIES = 16_384  # source entries read per commit
+DROPPED = ("entries", "embedded", "documents", "key_codec_pending")  # what the copy counts anew
+
+
+def merge(
+    keys: np.ndarray, values: np.ndarray, counts: np.ndarray, radius: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Greedy merging of one document's entries: the rows kept (in order), the count each then stands for and its
+    key, the mean of the keys it stands for (weighted by their counts).
+
+    An entry not yet merged is kept and absorbs every later entry of the same value within squared L2 `radius` of
+    its key that is not merged yet; `counts` are what each entry stood for before (1 unless pruned already)."""
+    keys = np.asarray(keys, np.float32)
+    keep, total = np.ones(len(values), bool), np.asarray(counts, np.int64).copy()
+    merged = keys * total[:, None]  # sums of the keys each kept entry stands for
+    order = np.argsort(values, kind="stable")  # entry order within each value
+    for group in np.split(order, np.flatnonzero(np.diff(values[order])) + 1):
+        if len(group) < 2:
+            continue
+        vectors = keys[group]
+        norms = np.einsum("ij,ij->i", vectors, vectors)
+        alive = np.ones(len(group), bool)
+        for i in range(len(group) - 1):
+            if not alive[i]:
+                continue
+            near = alive[i + 1 :] & (norms[i + 1 :] + norms[i] - 2 * vectors[i + 1 :] @ vectors[i] <= radius)
+            absorbed = group[i + 1 :][near]
+            total[group[i]] += total[absorbed].sum()
+            merged[group[i]] += merged[absorbed].sum(axis=0)
+            alive[i + 1 :] &= ~near
+            keep[absorbed] = False
+    kept = np.flatnonzero(keep)
+    return kept, total[kept], merged[kept] / total[kept, None]
+
+
+def prune(
+    source: str | Path, out: str | Path, radius: float, progress: Callable[[int, int], None] | None = None
+) -> Store:
+    """A pruned copy of the datastore `source` at `out` (made, or a pruning begun there with the same radius gone
+    on with); `progress(documents_done, documents)` after each chunk. A sharded datastore is pruned shard by
+    shard, its shards.json written last."""
+    if not radius >= 0:
+        raise ValueError(f"the pruning radius must be a squared distance >= 0, not {radius}")
+    if is_sharded(source):
+        return _prune_shards(Path(source), Path(out), radius, progress)
+    with Datastore(source) as src, src.writing():
+        require_built(src)
+        if src.adding():
+            raise DatastoreError(f"{source} has documents half-added: rerun that `bertknn add` first, then prune")
+        with _target(src, Path(out), radius) as dst, dst.writing():
+            todo = dst.pending()
+            held = set(src.pending())  # not embedded in a lazy source: stay to be embedded on demand
+            todo, total = [d for d in todo if d not in held], dst.n_documents - len(held)
+            done = total - len(todo)
+            for chunk in _chunks(src, todo):
+                _copy_chunk(src, dst, chunk, radius)
+                done += len(chunk)
+                if progress:
+                    progress(done, total)
+            finish(dst)
+        return Datastore(out)
+
+
+def _prune_shards(source: Path, out: Path, radius: float, progress: Callable[[int, int], None] | None) -> Store:
+    """Each shard of a sharded datastore pruned into the same place under `out`, then its shards.json, which
+    the first writer's counts then correct (`ShardedDatastore.writing`)."""
+    top = ShardedDatastore(source)
+    total, rows = top.n_documents, top.manifest["shards"]
+    for row, first in zip(rows, top.doc_starts[:-1].tolist()):
+        (out / row["path"]).parent.mkdir(parents=True, exist_ok=True)
+        step = (lambda done, _, base=first: progress(base + done, total)) if progress else None
+        prune(source / row["path"], out / row["path"], radius, step).close()
+    top.close()
+    write_json(out / SHARDS_FILE, {k: v for k, v in top.manifest.items() if k != "status"})
+    pruned = ShardedDatastore(out)
+    with pruned.writing():
+        pass
+    return pruned
+
+
+def _target(src: Datastore, out: Path, radius: float) -> Datastore:
+    """The pruned store at `out`: the one a run with this radius began there, else a new copy of `src`'s
+    documents, sentences, words, IR index and key codec."""
+    if (out / "manifest.json").exists():
+        dst = Datastore(out)
+        if (dst.pruned or {}).get("radius") != radius or dst.manifest["model_hash"] != src.manifest["model_hash"]:
+            dst.close()
+            raise DatastoreError(
+                f"{out} holds another datastore (not a pruning of {src.path} with radius {radius}); choose a new "
+                "directory"
+            )
+        return dst
+    made = {k: v for k, v in src.manifest.items() if k not in DROPPED}
+    made.update(status="building", pruned={"radius": radius, "from_entries": src.size})
+    listed = src.parts(retrieval.KIND)
+    listed = retrieval.listing(src.path) if listed is None else listed
+    files = retrieval.top_names(listed) + ([CODEC] if src.codec is not None else [])
+    return copy_registration(src.path, out, made, {retrieval.KIND: listed}, files, words=True)
+
+
+def _chunks(src: Datastore, docs: list[int]) -> list[list[int]]:
+    """`docs` in index order, cut where a chunk holds about CHUNK_ENTRIES source entries."""
+    chunks: list[list[int]] = [[]]
+    held = 0
+    for doc, (a, b) in zip(docs, src.document_ranges(docs)):
+        if held >= CHUNK_ENTRIES:
+            chunks.append([])
+            held = 0
+        chunks[-1].append(doc)
+        held += b - a
+    return [c for c in chunks if c]
+
+
+def _copy_chunk(src: Datastore, dst: Datastore, docs: list[int], radius: float) -> None:
+    """Merge each document's entries and append what is kept to `dst` in one commit (a removed document's entries
+    are not copied: it keeps an empty range)."""
+    hidden = set(src.hidden_documents().tolist())
+    keys, values, counts = [np.zeros((0, src.dim), np.float32)], [np.zeros(0, np.int32)], [np.zeros(0, np.int64)]
+    sentences: list[tuple[int, int, str]] = []
+    spans: list[np.ndarray] = []
+    for doc, (a, b) in zip(docs, src.document_ranges(docs)):
+        rows: list[tuple[int, int, int]] = []
+        if doc not in hidden and a < b:
+            doc_keys, doc_values = np.asarray(src.keys[a:b], np.float32), np.asarray(src.values[a:b])
+            before = src.counts_of(np.arange(a, b))
+            kept, count, mean = merge(doc_keys, doc_values, np.ones(b - a) if before is None else before, radius)
+            keys.append(mean)
+            values.append(doc_values[kept])
+            counts.append(count)
+            rows = src.entry_rows(a + kept)
+        sentences_of, spans_of = _by_sentence(doc, rows)
+        sentences += sentences_of
+        spans += spans_of
+    dst.append(docs, sentences, np.concatenate(keys), np.concatenate(values), spans, counts=np.concatenate(counts))
+
+
+def _by_sentence(doc: int, rows: list[tuple[int, int, int]]) -> tuple[list[tuple[int, int, str]], list[np.ndarray]]:
+    """One document's entry rows (sentence, start, end), in entry order, as `Datastore.append` takes them: a row per
+    sentence and the character spans of its entries (a document without entries: one row without spans, which
+    gives it its empty range)."""
+    sentences: list[tuple[int, int, str]] = []
+    spans: list[list[tuple[int, int]]] = []
+    for sentence, start, end in rows:
+        if not sentences or sentences[-1][0] != sentence:
+            sentences.append((sentence, doc, ""))
+            spans.append([])
+        spans[-1].append((start, end))
+    if not sentences:
+        sentences, spans = [(-1, doc, "")], [[]]
+    return sentences, [np.asarray(s, np.int64).reshape(-1, 2) for s in spans]
