@@ -1,15 +1,16 @@
 """Pruned datastores (`bertknn prune`, build/prune.py): contexts kept, bytes per context, LAMA P@1, the fresh-facts
 set and question time, per merging radius and key form.
 
-    python bench/prune.py [--radii "none;10;20;40;80"] [--codec SQ4] [--dev 5] [--timed 60]
+    python bench/prune.py [--radii "none;20;40;80"] [--codecs "SQ4;PQ96"] [--dev 5] [--timed 60]
 
 Source: the lazy datastore of the evidence corpus that `eval lama` uses (the offline default model), after a first
 pass embeds every document the dev questions retrieve. Per radius, `prune` writes a copy ("none": the store copied
 as it is); LAMA dev (`tune.DevSplit`, --dev facts per T-REx and Google-RE relation) is asked with and without
-subjects through `predict_batch` with bertknn's defaults. With --codec, a copy of each pruned store is converted
-(`Writer.convert_keys`) and asked again. Then the 40 fresh-facts documents (bench/fresh_facts/) are added to each
-form (stored unpruned: an add keeps every context) and its 120 questions asked. Bytes per context: the entry files
-(keys or codes, values, counts) and store.sqlite, over the source's contexts.
+subjects through `predict_batch` with bertknn's defaults. For each of --codecs, a copy of each pruned store is
+converted (`Writer.convert_keys`, trained on 50,000 of its keys) and asked again. Then the 40 fresh-facts documents
+(bench/fresh_facts/) are added to each form (stored unpruned: an add keeps every context) and its 120 questions
+asked. Bytes per context: the entry files (keys or codes, values, counts) and store.sqlite, over the source's
+contexts.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ def _row(name: str, radius: str, path: Path, encoder, dev, args, contexts: int, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--radii", default="none;10;20;40;80", help="squared-L2 merging radii, ';' apart")
-    parser.add_argument("--codec", default="", help="also measure each pruned store converted to this key codec")
+    parser.add_argument("--radii", default="none;20;40;80", help="squared-L2 merging radii, ';' apart")
+    parser.add_argument("--codecs", default="", help="also measure each pruned store converted to these, ';' apart")
     parser.add_argument("--dev", type=int, default=5, help="dev facts per relation")
     parser.add_argument("--timed", type=int, default=60, help="questions timed one by one")
     parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
@@ -113,11 +114,11 @@ def main() -> None:
         else:
             prune(src, out, float(radius)).close()
         seconds = time.perf_counter() - began
-        if args.codec:
+        for codec in filter(None, (c.strip() for c in args.codecs.split(";"))):
             shutil.copytree(out, work / "coded", ignore=shutil.ignore_patterns("write.lock"))
             with Datastore(work / "coded") as coded:
-                Writer(coded).convert_keys(args.codec)
-            _row(args.codec, radius, work / "coded", encoder, dev, args, contexts, seconds)
+                Writer(coded).convert_keys(codec)
+            _row(codec, radius, work / "coded", encoder, dev, args, contexts, seconds)
             shutil.rmtree(work / "coded")
         _row("float16", radius, out, encoder, dev, args, contexts, seconds)
         shutil.rmtree(out)

@@ -1041,6 +1041,11 @@ def _fill_copy(
         rows = [(kind, p.name, p.first, p.stop) for kind, listed in parts.items() for p in listed]
         db.executemany("INSERT INTO parts VALUES (?, ?, ?, ?)", rows)
         db.execute("INSERT INTO meta VALUES ('parts', '1')")
+    with (
+        sqlite_errors(str(tmp / SQLITE), "free space and rerun"),
+        contextlib.closing(sqlite3.connect(tmp / SQLITE)) as db,
+    ):
+        db.execute("VACUUM")  # the source's entry rows leave free pages behind: the copy holds only what it keeps
     for name in files:
         atomic.copy(source / name, tmp / name)
     write_json(tmp / "manifest.json", manifest)
