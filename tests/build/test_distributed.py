@@ -277,3 +277,23 @@ def test_a_gpu_build_is_checked_against_the_cluster_not_the_driver(cluster, tmp_
     refused = CliRunner().invoke(app, [*args, "--device", "cuda"])  # the driver has no GPU either: not what is said
     assert refused.exit_code == 2 and "the Ray cluster has no GPU; use --device cpu" in " ".join(refused.output.split())
     assert not (tmp_path / "out" / "inputs").exists()
+
+
+def test_a_ray_build_with_a_key_codec_stores_codes_in_every_shard_and_prunes_shard_by_shard(built, tmp_path):
+    from typer.testing import CliRunner
+
+    from bertknn.build.prune import prune
+    from bertknn.cli import app
+
+    path, top, single = built
+    out = shutil.copytree(path / "sharded", tmp_path / "sharded")  # a finished Ray build: the rerun converts its keys
+    args = ["build", str(path / "towns.jsonl"), "--out", str(out), "--engine", "ray", "--device", "cpu"]
+    done = CliRunner().invoke(app, [*args, "--model", single.encoder.name, "--shard-docs", "15", "--key-codec", "SQ8"])
+    assert done.exit_code == 0, done.output
+    store = ShardedDatastore(out)
+    assert [s.key_codec for s in store.shards] == ["SQ8"] * len(top["shards"])
+    assert all((s.path / "keys.codes").stat().st_size == s.size * s.dim for s in store.shards)
+    pruned = prune(out, tmp_path / "pruned", float("inf"))
+    assert [s.key_codec for s in pruned.shards] == ["SQ8"] * len(top["shards"]) and pruned.size < store.size
+    assert pruned.counts_of(np.arange(pruned.size)).sum() == store.size
+    assert BertKNN(single.encoder, pruned).predict("Town 6 lies near [MASK] .").knn

@@ -123,12 +123,12 @@ def build(
         raise typer.BadParameter(f"--engine must be local or ray, not {engine!r}")
     _note_skipped(open_corpus(corpus))
     if engine == "ray":
-        if lazy or pack != 1 or int8_keys or one_token_words or names or key_codec != "float16":
+        if lazy or pack != 1 or int8_keys or one_token_words or names:
             raise typer.BadParameter(
                 "--engine ray builds exact, complete shards of whole words: drop --lazy, --pack, --int8-keys, "
-                "--one-token-words, --names and --key-codec (convert the built store with `bertknn convert-keys`)"
+                "--one-token-words and --names"
             )
-        _build_on_ray(corpus, out, model, layer, workers or 1, shard_docs, address, backend)
+        _build_on_ray(corpus, out, model, layer, workers or 1, shard_docs, address, backend, key_codec)
         return
     with _writer_wait(out, wait):
         options = {"lazy": lazy, "pack": pack, "runtime": backend, "int8_keys": int8_keys, "n_workers": workers}
@@ -149,14 +149,27 @@ def _note_skipped(source: Corpus) -> None:
 
 
 def _build_on_ray(
-    corpus: Path, out: Path, model: str, layer: int | None, workers: int, shard_docs: int, address, runtime
+    corpus: Path,
+    out: Path,
+    model: str,
+    layer: int | None,
+    workers: int,
+    shard_docs: int,
+    address,
+    runtime,
+    key_codec: str = "float16",
 ):
-    """`build --engine ray`: shards on Ray, then say what the sharded datastore holds."""
+    """`build --engine ray`: shards on Ray (their keys then converted to `key_codec` here, shard by shard, as
+    `convert-keys` does), then say what the sharded datastore holds."""
     from bertknn.build import distributed
+    from bertknn.store.shards import ShardedDatastore
 
     began = time.time()
     with phase_progress() as report:
         top = distributed.build(corpus, out, model, layer, workers, shard_docs, address, runtime, report)
+        if key_codec != "float16":
+            with ShardedDatastore(out) as store:
+                Writer(store).convert_keys(key_codec, progress=lambda done, total: report("encoding", done, total))
     console.print(
         f"sharded datastore {out}: {len(top['shards'])} shards, {top['documents']:,} documents, {top['entries']:,} "
         f"contexts, model {top['model']}, layer {top['layer']} ({time.time() - began:,.0f}s)"
