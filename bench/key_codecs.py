@@ -2,6 +2,7 @@
 the exact search reads each form's codes (`store/codec.py`) instead of the float16 keys.
 
     python bench/key_codecs.py [--dev 5] [--forms "float16;SQ8;SQ4;PCA96,SQ8;PQ96;PQ48"] [--train 50000]
+    python bench/key_codecs.py --exact-search [--forms ...]    # only the exact search's time per form
 
 Store: the lazy datastore of the evidence corpus that `eval lama` uses (cached; the offline default model, keys of
 384 dimensions). Questions: `tune.DevSplit` (--dev facts per T-REx and Google-RE relation, seed 1), asked with and
@@ -58,6 +59,53 @@ def _error(codec, keys, rows: np.ndarray) -> float:
     return float(np.mean(np.linalg.norm(back - sample, axis=1) / np.linalg.norm(sample, axis=1)))
 
 
+def exact_search_times(reader, facts, args) -> None:
+    """Per form, the exact search over the candidates of each question (its IR documents' entries, with subject):
+    on the float16 memmap, on the codes (`Decoded.distances`: FAISS's distances over the codes, or decoding for a
+    codec with a transform) and by decoding the rows first; median ms per question, interleaved in one process."""
+    from bertknn.evaluation.facts import ir_subject
+    from bertknn.index.exact import candidates
+    from bertknn.store.codec import Decoded, KeyCodec
+
+    store, search = reader.store, reader.search("ir")
+    queries = reader.preprocess([f.question for f in facts], [ir_subject(f) for f in facts])
+    _, states = reader.encoder.query_ids([(q.ids, q.mask) for q in queries])
+    rows = [candidates(store.document_ranges(search.documents(q.text, q.subject, 3))) for q in queries]
+    rows, states = [r for r in rows if len(r)], [s for r, s in zip(rows, states) if len(r)]
+    union = np.unique(np.concatenate(rows))
+    sample = np.asarray(store.keys[np.sort(np.random.default_rng(0).choice(store.size, args.train, replace=False))])
+    print(f"\n## Exact search: {len(rows)} questions, {np.mean([len(r) for r in rows]):,.0f} candidates each\n")
+    print("| form | float16 ms | on the codes ms | decoded first ms | codes vs decoded |\n|---|---:|---:|---:|---:|")
+    for form in (f.strip() for f in args.forms.split(";") if f.strip() != "float16"):
+        codec = KeyCodec.train(form, np.asarray(sample, np.float32))
+        codes = np.zeros((store.size, codec.code_size), np.uint8)
+        codes[union] = codec.encode(np.asarray(store.keys[union], np.float32))
+        coded = Decoded(codec, codes)
+        ways = {
+            "float16": lambda r, s: _l2(np.asarray(store.keys[r], np.float32), s),
+            "codes": lambda r, s, c=coded: c.distances(r, s),
+            "decoded": lambda r, s, c=coded: _l2(c[r], s),
+        }
+        spent: dict[str, list[float]] = {name: [] for name in ways}
+        for _ in range(3):
+            for r, s in zip(rows, states):
+                for name, way in ways.items():
+                    began = time.perf_counter()
+                    way(r, s)
+                    spent[name].append(1000 * (time.perf_counter() - began))
+        ms = {name: float(np.median(t)) for name, t in spent.items()}
+        print(
+            f"| {form} | {ms['float16']:.2f} | {ms['codes']:.2f} | {ms['decoded']:.2f} | "
+            f"{ms['decoded'] / ms['codes']:.1f}x |",
+            flush=True,
+        )
+
+
+def _l2(rows: np.ndarray, query: np.ndarray) -> np.ndarray:
+    diff = rows - query
+    return np.einsum("ij,ij->i", diff, diff)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dev", type=int, default=5, help="dev facts per relation")
@@ -67,6 +115,9 @@ def main() -> None:
     parser.add_argument("--train", type=int, default=50_000, help="keys a codec is trained on")
     parser.add_argument("--timed", type=int, default=60, help="questions timed one by one")
     parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
+    parser.add_argument(
+        "--exact-search", action="store_true", help="only time the exact search on each form (codes vs decoding)"
+    )
     args = parser.parse_args()
     from bertknn.evaluation.facts import GROUPS, load_lama
     from bertknn.evaluation.run import lama_reader
@@ -83,6 +134,9 @@ def main() -> None:
     for with_subject in (True, False):  # embeds what the questions retrieve, once
         p_at_1(reader, dev, with_subject)
     store = reader.store
+    if args.exact_search:
+        exact_search_times(reader, dev, args)
+        return
     keys, dim = store.keys, store.dim
     rng = np.random.default_rng(0)
     sample_rows = np.sort(rng.choice(store.size, min(args.train, store.size), replace=False))

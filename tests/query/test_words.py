@@ -151,7 +151,9 @@ def test_a_datastore_of_format_1_opens_and_answers_as_it_did(tmp_path, tiny_mode
             np.testing.assert_allclose(
                 [t["probability"] for t in got[method]], [t["probability"] for t in expected[method]], rtol=1e-6
             )
-        assert json.loads(json.dumps(got["evidence"])) == expected["evidence"]
+        evidence = json.loads(json.dumps(got["evidence"]))
+        assert all(n.pop("count") == 1 for ns in evidence.values() for n in ns)  # a field added since: not pruned
+        assert evidence == expected["evidence"]
     knn.add_documents([EDDA])  # documents added to a format 1 store keep its rule: words of one wordpiece
     values = np.asarray(knn.store.values[: knn.store.size])
     assert values.max() < knn.encoder.vocab_size and knn.store.words(None) == {}

@@ -45,8 +45,9 @@ def test_pca_then_sq8_keeps_keys_of_that_rank_up_to_the_sq8_step():
     assert np.median(error) < 0.02 * np.median(np.linalg.norm(low, axis=1))
 
 
-def test_the_exact_search_on_codes_equals_a_brute_force_over_the_decoded_keys(keys):
-    codec = KeyCodec.train("SQ4", keys)
+@pytest.mark.parametrize("name", ["SQ4", "SQ8", "PQ8", "PCA16,SQ8"])  # on the codes (SQ, PQ); decoded (PCA)
+def test_the_exact_search_on_codes_equals_a_brute_force_over_the_decoded_keys(keys, name):
+    codec = KeyCodec.train(name, keys)
     codes = codec.encode(keys)
     decoded = codec.decode(codes)
     rng = np.random.default_rng(2)
@@ -57,6 +58,7 @@ def test_the_exact_search_on_codes_equals_a_brute_force_over_the_decoded_keys(ke
         order = np.lexsort((entries, d))[:64]
         np.testing.assert_array_equal(found, entries[order])
         np.testing.assert_allclose(dist, d[order], rtol=1e-5)
+        np.testing.assert_allclose(Decoded(codec, codes).distances(entries, query), d, rtol=1e-5)
     assert Decoded(codec, codes).shape == keys.shape
     assert nearest_codes(codec, codes, np.zeros(0, np.int64), keys[0], 8)[0].tolist() == []
 
