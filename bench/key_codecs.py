@@ -59,6 +59,25 @@ def _error(codec, keys, rows: np.ndarray) -> float:
     return float(np.mean(np.linalg.norm(back - sample, axis=1) / np.linalg.norm(sample, axis=1)))
 
 
+def lama_dev(model: str, per_relation: int):
+    """(encoder, LAMA dev facts, reader over the evidence corpus's lazy datastore), every document the facts
+    retrieve with and without subjects embedded."""
+    from bertknn.evaluation.facts import GROUPS, load_lama
+    from bertknn.evaluation.run import lama_reader
+    from bertknn.evaluation.tune import DevSplit
+    from bertknn.model.encoder import Encoder
+    from bertknn.model.runtime import Runtime
+
+    Runtime(threads=os.cpu_count() or 1).apply()
+    encoder = Encoder.load(model, runtime="onnx")
+    facts = load_lama(DATA / "lama", encoder.tokenizer, GROUPS, warn=lambda m: None)
+    dev = DevSplit(per_relation=per_relation, squad=0).choose([f for f in facts if f.group in ("T-REx", "Google-RE")])
+    reader = lama_reader(EVIDENCE, encoder)
+    for with_subject in (True, False):  # embeds what the questions retrieve, once
+        p_at_1(reader, dev, with_subject)
+    return encoder, dev, reader
+
+
 def exact_search_times(reader, facts, args) -> None:
     """Per form, the exact search over the candidates of each question (its IR documents' entries, with subject):
     on the float16 memmap, on the codes (`Decoded.distances`: FAISS's distances over the codes, or decoding for a
@@ -119,20 +138,9 @@ def main() -> None:
         "--exact-search", action="store_true", help="only time the exact search on each form (codes vs decoding)"
     )
     args = parser.parse_args()
-    from bertknn.evaluation.facts import GROUPS, load_lama
-    from bertknn.evaluation.run import lama_reader
-    from bertknn.evaluation.tune import DevSplit
-    from bertknn.model.encoder import Encoder
-    from bertknn.model.runtime import Runtime
     from bertknn.store.codec import Decoded, KeyCodec
 
-    Runtime(threads=os.cpu_count() or 1).apply()
-    encoder = Encoder.load(args.model, runtime="onnx")
-    facts = load_lama(DATA / "lama", encoder.tokenizer, GROUPS, warn=lambda m: None)
-    dev = DevSplit(per_relation=args.dev, squad=0).choose([f for f in facts if f.group in ("T-REx", "Google-RE")])
-    reader = lama_reader(EVIDENCE, encoder)
-    for with_subject in (True, False):  # embeds what the questions retrieve, once
-        p_at_1(reader, dev, with_subject)
+    _, dev, reader = lama_dev(args.model, args.dev)
     store = reader.store
     if args.exact_search:
         exact_search_times(reader, dev, args)

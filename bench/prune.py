@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from evidence import DATA, EVIDENCE
-from key_codecs import p50_ms, p_at_1
+from key_codecs import lama_dev, p50_ms, p_at_1
 
 FRESH = Path(__file__).resolve().parent / "fresh_facts"
 
@@ -84,20 +82,9 @@ def main() -> None:
     args = parser.parse_args()
     from bertknn.build.prune import prune
     from bertknn.build.writer import Writer
-    from bertknn.evaluation.facts import GROUPS, load_lama
-    from bertknn.evaluation.run import lama_reader
-    from bertknn.evaluation.tune import DevSplit
-    from bertknn.model.encoder import Encoder
-    from bertknn.model.runtime import Runtime
     from bertknn.store.datastore import Datastore
 
-    Runtime(threads=os.cpu_count() or 1).apply()
-    encoder = Encoder.load(args.model, runtime="onnx")
-    facts = load_lama(DATA / "lama", encoder.tokenizer, GROUPS, warn=lambda m: None)
-    dev = DevSplit(per_relation=args.dev, squad=0).choose([f for f in facts if f.group in ("T-REx", "Google-RE")])
-    source = lama_reader(EVIDENCE, encoder)
-    for with_subject in (True, False):  # embeds what the questions retrieve, once
-        p_at_1(source, dev, with_subject)
+    encoder, dev, source = lama_dev(args.model, args.dev)
     src, contexts = source.store.path, source.store.size
     source.store.close()
     work = Path(tempfile.mkdtemp(prefix="prune_"))

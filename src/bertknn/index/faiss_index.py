@@ -7,8 +7,8 @@ a chunk of keys added by a build or an `add`. Every file is written once and ren
 disk are always a consistent index and an add never rewrites the large one; adjacent parts of one size are merged
 (`merging.merge_plan`, FAISS's `merge_from`: inverted lists moved, nothing re-encoded), and a finished build merges
 all into faiss.index. How far the parts reach says how far filling got: a build resumes there, and `update` appends
-entries added later. Settings are in faiss.json. Candidates are re-ranked with exact distances from the stored
-float16 keys."""
+entries added later. Settings are in faiss.json. Candidates are re-ranked with exact distances from the stored keys
+(float16, or their codes in a store with compressed keys: the index holds no copy of them)."""
 
 from __future__ import annotations
 
