@@ -81,7 +81,8 @@ def lama_dev(model: str, per_relation: int):
 def exact_search_times(reader, facts, args) -> None:
     """Per form, the exact search over the candidates of each question (its IR documents' entries, with subject):
     on the float16 memmap, on the codes (`Decoded.distances`: FAISS's distances over the codes, or decoding for a
-    codec with a transform) and by decoding the rows first; median ms per question, interleaved in one process."""
+    codec with a transform) and by decoding the rows first; mean ms per question (3 passes), interleaved in one
+    process."""
     from bertknn.evaluation.facts import ir_subject
     from bertknn.index.exact import candidates
     from bertknn.store.codec import Decoded, KeyCodec
@@ -112,7 +113,7 @@ def exact_search_times(reader, facts, args) -> None:
                     began = time.perf_counter()
                     way(r, s)
                     spent[name].append(1000 * (time.perf_counter() - began))
-        ms = {name: float(np.median(t)) for name, t in spent.items()}
+        ms = {name: float(np.mean(t)) for name, t in spent.items()}  # the mean: a few large candidate sets cost most
         print(
             f"| {form} | {ms['float16']:.2f} | {ms['codes']:.2f} | {ms['decoded']:.2f} | "
             f"{ms['decoded'] / ms['codes']:.1f}x |",
