@@ -84,8 +84,9 @@ def prune(
             held = set(src.pending())  # not embedded in a lazy source: stay to be embedded on demand
             todo, total = [d for d in todo if d not in held], dst.n_documents - len(held)
             done = total - len(todo)
+            hidden = set(src.hidden_documents().tolist())  # read once: no writer changes the source meanwhile
             for chunk in _chunks(src, todo):
-                _copy_chunk(src, dst, chunk, radius)
+                _copy_chunk(src, dst, chunk, radius, hidden)
                 done += len(chunk)
                 if progress:
                     progress(done, total)
@@ -143,10 +144,9 @@ def _chunks(src: Datastore, docs: list[int]) -> list[list[int]]:
     return [c for c in chunks if c]
 
 
-def _copy_chunk(src: Datastore, dst: Datastore, docs: list[int], radius: float) -> None:
-    """Merge each document's entries and append what is kept to `dst` in one commit (a removed document's entries
-    are not copied: it keeps an empty range)."""
-    hidden = set(src.hidden_documents().tolist())
+def _copy_chunk(src: Datastore, dst: Datastore, docs: list[int], radius: float, hidden: set[int]) -> None:
+    """Merge each document's entries and append what is kept to `dst` in one commit (a removed document, one of
+    `hidden`, keeps an empty range: its entries are not copied)."""
     keys, values, counts = [np.zeros((0, src.dim), np.float32)], [np.zeros(0, np.int32)], [np.zeros(0, np.int64)]
     sentences: list[tuple[int, int, str]] = []
     spans: list[np.ndarray] = []
