@@ -1,7 +1,8 @@
 """The options beyond the paper, measured: kNN votes, mixtures, lambda rules and key transforms on a LAMA dev split,
 with and without subjects, and the fresh-facts set before and after `add`, in one run.
 
-    python bench/accuracy.py [--dev-per-relation 5] [--fresh-base-docs 2000] [--skip-lama] [--skip-fresh]
+    python bench/accuracy.py [--dev-per-relation 5] [--fresh-base-docs 2000] [--skip-lama] [--skip-fresh] [--corpus F]
+                             [--smoke]
 
 LAMA dev: `tune.DevSplit` (T-REx and Google-RE, --dev-per-relation facts per relation, seed 1, disjoint from the
 report's sample of 30 per relation drawn with seed 0), on the lazy datastore of the evidence corpus that `eval lama`
@@ -15,6 +16,9 @@ Fresh facts (bench/fresh_facts/: 40 invented documents, 120 questions phrased un
 of the first --fresh-base-docs evidence documents, asked before and after `add_documents` of the 40 documents,
 with and without subjects, for the paper's settings and the variants given by --fresh-variants.
 Last line: BERT-kNN's dev P@1 with bertknn's default settings against the paper's, with and without subjects.
+--corpus: LAMA dev on another corpus than the evidence corpus (its lazy datastore cached alike). --smoke: fresh facts
+on the first 3 evidence documents with 4 of the 40 documents added; LAMA dev on a lazy datastore of the first 40
+evidence documents (in a temporary directory), 1 fact per relation of the first 8 relations.
 """
 
 from __future__ import annotations
@@ -22,12 +26,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from evidence import DATA, EVIDENCE, first_documents
+from evidence import (
+    DATA,
+    EVIDENCE,
+    SMOKE,
+    SMOKE_FACTS,
+    SMOKE_FRESH,
+    first_documents,
+    first_fresh,
+    scratch,
+    smoke_corpus,
+)
 
 from bertknn.query.settings import DEFAULT
 
@@ -151,7 +164,10 @@ def lama_dev(args) -> dict:
     encoder = Encoder.load(args.model)
     facts = load_lama(DATA / "lama", encoder.tokenizer, GROUPS, warn=lambda m: None)
     dev = DevSplit(per_relation=args.dev_per_relation, squad=0).choose(facts)
-    reader = lama_reader(EVIDENCE, encoder)
+    directory = None
+    if args.smoke:
+        dev, directory = dev[:SMOKE_FACTS], args.corpus.parent / "store"
+    reader = lama_reader(args.corpus, encoder, directory)
     print(f"# LAMA dev: {len(dev)} facts ({args.dev_per_relation} per T-REx/Google-RE relation, seed 1, disjoint from")
     print(f"# the report's sample); evidence corpus datastore {reader.store.path.name}, layer {reader.store.layer}")
     results = {}
@@ -201,7 +217,8 @@ def fresh_facts(args) -> None:
     fresh = ROOT / "bench" / "fresh_facts"
     docs = [json.loads(line) for line in (fresh / "documents.jsonl").read_text(encoding="utf-8").splitlines()]
     questions = [json.loads(line) for line in (fresh / "questions.jsonl").read_text(encoding="utf-8").splitlines()]
-    work = Path(tempfile.mkdtemp(prefix="fresh_"))
+    docs, questions = first_fresh(docs, questions, SMOKE_FRESH if args.smoke else None)
+    work = scratch()
     corpus = first_documents(args.fresh_base_docs, work / "base.jsonl")
     knn = BertKNN.build(corpus, work / "store", args.model, lazy=True)
     tok = knn.encoder.tokenizer
@@ -237,10 +254,16 @@ def main() -> None:
     parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
     parser.add_argument("--skip-lama", action="store_true")
     parser.add_argument("--skip-fresh", action="store_true")
+    parser.add_argument(
+        "--corpus", type=Path, default=EVIDENCE, help="LAMA dev's corpus [default: the evidence corpus]"
+    )
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.dev_per_relation, args.fresh_base_docs, args.corpus = 1, 3, smoke_corpus()
     from bertknn.model.runtime import Runtime
 
-    Runtime(threads=os.cpu_count() or 1).apply()
+    Runtime(threads=1 if args.smoke else os.cpu_count() or 1).apply()
     if not args.skip_fresh:
         fresh_facts(args)
     if not args.skip_lama:

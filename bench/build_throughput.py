@@ -1,6 +1,6 @@
 """Datastore build throughput: bertknn's embedding path vs the reference approach, same sentences, same process.
 
-    python bench/build_throughput.py [--contexts 600] [--rounds 2] [--threads 2]
+    python bench/build_throughput.py [--contexts 600] [--rounds 2] [--threads 2] [--smoke]
 
 Model: bert-base-shaped (12 blocks, 768 wide, random weights; speed does not depend on the weights) with the real
 bert-base-uncased tokenizer. Sentences: the evidence corpus ($BERTKNN_DATA/wiki, default ../shared/data/wiki).
@@ -10,7 +10,8 @@ batched under a token budget. Runs alternate; the keys of both are compared. The
 token budget, ONNX Runtime (--backend onnx; graph exported first, not timed), multi-mask packing (--pack 2, 4),
 int8 keys (--int8-keys, alone and with --pack 2), PyTorch int8 dynamic quantisation; with key cosines vs the exact
 keys.
-The last line prints the ratio of the --pack 4 build to the reference.
+The last line prints the ratio of the --pack 4 build to the reference. --smoke: about 20 contexts, 1 round and a
+2-block, 64-wide random BERT.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from evidence import SMOKE, SMOKE_BERT
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from bertknn.build import builder
@@ -82,12 +84,16 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    shape = {}
+    if args.smoke:
+        args.contexts, args.rounds, args.threads, shape = 20, 1, 1, SMOKE_BERT
     Runtime(threads=args.threads).apply()
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir())
     torch.manual_seed(0)
-    model = BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size)).eval()  # bert-base shape
-    encoder = Encoder(model, tokenizer, "bert-base-shaped-random")
+    model = BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size, **shape)).eval()  # bert-base shape unless smoke
+    encoder = Encoder(model, tokenizer, "small-random" if args.smoke else "bert-base-shaped-random")
     sentences = load_sentences(encoder, args.contexts)
     n = sum(len(s.positions) for s in sentences)
     print(f"{n} contexts from {len(sentences)} sentences; layer {encoder.layer}; {args.threads} threads")

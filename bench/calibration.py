@@ -2,6 +2,7 @@
 (`combine.calibrate`), chosen on a LAMA dev split and checked on the report's sample, in one run.
 
     python bench/calibration.py [--dev 5] [--test 30] [--temperatures 1,1.25,1.5,2,3] [--floors 0,0.01,...,0.7]
+                                [--corpus F] [--smoke]
 
 Dev: `tune.DevSplit` (--dev facts per T-REx and Google-RE relation, seed 1), asked with and without subjects; test:
 the report's sample (`eval lama --sample-per-relation --test --heldout-only`: T-REx and Google-RE, seed 0), asked
@@ -10,16 +11,19 @@ that `eval lama` uses (cached), through `predict_batch` with bertknn's defaults 
 (confidence_temperature 1, lm_floor 0); each (temperature, floor) of the grid is then applied to the same
 distributions. Chosen: the lowest mean negative log-likelihood of the gold answer on dev,
 both subject modes together. Printed per split and mode, uncalibrated and chosen: that NLL, the expected calibration
-error of the top answer (`evaluation.calibration`), and P@1.
+error of the top answer (`evaluation.calibration`), and P@1. --corpus: another corpus than the evidence corpus (its
+lazy datastore cached alike). --smoke: a lazy datastore of the first 40 evidence documents (in a temporary
+directory), 8 dev and 8 test facts (1 per relation), a grid of 2 temperatures and 2 floors, one thread.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 import numpy as np
-from evidence import DATA, EVIDENCE
+from evidence import DATA, EVIDENCE, SMOKE, SMOKE_FACTS, smoke_corpus
 
 
 def _asked(reader, facts, with_subject: bool) -> list[tuple[np.ndarray, np.ndarray, int]]:
@@ -61,21 +65,29 @@ def main() -> None:
     parser.add_argument("--temperatures", default="1,1.25,1.5,2,3")
     parser.add_argument("--floors", default="0,0.01,0.03,0.1,0.2,0.3,0.4,0.5,0.6,0.7")
     parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
+    parser.add_argument("--corpus", type=Path, default=EVIDENCE, help="the corpus [default: the evidence corpus]")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    directory, most = None, None
+    if args.smoke:
+        args.dev, args.test, args.temperatures, args.floors = 1, 1, "1,1.25", "0,0.4"
+        args.corpus, most = smoke_corpus(), SMOKE_FACTS
+        directory = args.corpus.parent / "store"
     from bertknn.evaluation.facts import GROUPS, fact_key, held_out, load_lama, sample_per_relation
     from bertknn.evaluation.run import lama_reader
     from bertknn.evaluation.tune import DevSplit
     from bertknn.model.encoder import Encoder
     from bertknn.model.runtime import Runtime
 
-    Runtime(threads=os.cpu_count() or 1).apply()
+    Runtime(threads=1 if args.smoke else os.cpu_count() or 1).apply()
     encoder = Encoder.load(args.model, runtime="onnx")
     facts = load_lama(DATA / "lama", encoder.tokenizer, GROUPS, warn=lambda m: None)
     facts = [f for f in facts if f.group in ("T-REx", "Google-RE")]
     dev = DevSplit(per_relation=args.dev, squad=0).choose(facts)
     taken = {fact_key(f) for f in dev}
     test = [f for f in sample_per_relation(held_out(facts), args.test, seed=0) if fact_key(f) not in taken]
-    reader = lama_reader(EVIDENCE, encoder)
+    dev, test = dev[:most], test[:most]
+    reader = lama_reader(args.corpus, encoder, directory)
     grid = [(float(t), float(f)) for t in args.temperatures.split(",") for f in args.floors.split(",")]
     asked = {
         ("dev", "subject"): _asked(reader, dev, True),

@@ -1,11 +1,12 @@
 """The CPU stages of a build in worker processes: documents/s of sentence splitting and of IR hashing by workers.
 
-    python bench/cpu_stages.py [--copies 6] [--workers 1,2]
+    python bench/cpu_stages.py [--copies 6] [--workers 1,2] [--docs N] [--smoke]
 
 Reads the evidence corpus ($BERTKNN_DATA/wiki/lama_evidence_docs.jsonl) `--copies` times over (so that starting the
 workers is a small part of the time), then runs `corpus.record_located` (sentence splitting: sentencex and pysbd on a
 tenth of the documents) and `retrieval.feature_array` (IR hashing) through `workers.ordered_map` with each number of
-workers, in one process, the pool started inside the timing as a build starts it.
+workers, in one process, the pool started inside the timing as a build starts it. --docs: only the first N documents
+of the corpus; --smoke: the first 40 documents, once.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import argparse
 import os
 import time
 from functools import partial
-from pathlib import Path
+from itertools import islice
+
+from evidence import EVIDENCE, SMOKE
 
 from bertknn.build import workers
 from bertknn.build.corpus import open_corpus, record_located
@@ -32,9 +35,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--copies", type=int, default=6)
     parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--docs", type=int, default=None, help="only the first N documents of the corpus")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
-    data = Path(os.environ.get("BERTKNN_DATA", Path(__file__).resolve().parents[1] / "../shared/data"))
-    docs = list(open_corpus(data / "wiki" / "lama_evidence_docs.jsonl").located()) * args.copies
+    if args.smoke:
+        args.docs, args.copies = 40, 1
+    docs = list(islice(open_corpus(EVIDENCE).located(), args.docs)) * args.copies
     texts = [" ".join(doc.passages) for _, doc in docs]
     print(f"# {len(docs):,} documents, {os.cpu_count()} cores")
     print("| workers | split, sentencex (docs/s) | split, pysbd (docs/s) | IR hashing (docs/s) |")

@@ -10,15 +10,18 @@ Each run is one fresh process on the source tree PYTHONPATH names (printed first
 of the machine hits both. Model: bert-base-shaped, random weights (seed 0), 2 threads; contexts: the first ~300 of
 $BERTKNN_DATA/wiki/lama_evidence_docs.jsonl, read with `iter_corpus`, split with pysbd and tokenized by
 `tokenize_sentences` (functions both versions have). Used for the before/after table of issue 13 in bench/README.md.
+--smoke: about 20 contexts, 1 call each and a 2-block, 64-wide random BERT.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from pathlib import Path
 
 import torch
+from evidence import SMOKE, SMOKE_BERT
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 import bertknn
@@ -33,23 +36,27 @@ except ImportError:  # a version from before the subpackages
 
 
 def main() -> None:
-    torch.set_num_threads(2)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
+    args = parser.parse_args()
+    contexts, calls, threads, shape = (20, 1, 1, SMOKE_BERT) if args.smoke else (300, 3, 2, {})
+    torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir())
     torch.manual_seed(0)
-    encoder = Encoder(BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size)).eval(), tokenizer, "x")
+    encoder = Encoder(BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size, **shape)).eval(), tokenizer, "x")
     path = Path(os.environ.get("BERTKNN_DATA", "../shared/data")) / "wiki" / "lama_evidence_docs.jsonl"
     sentences, total = [], 0
     for doc in iter_corpus(path):
         for s in tokenize_sentences(tokenizer, [x for p in doc.passages for x in split_sentences(p)]):
             sentences.append(s)
             total += len(s.positions)
-        if total >= 300:
+        if total >= contexts:
             break
     encoder.embed(sentences[:2])  # warm up
     rates = {}
     for name, options in (("exact", {}), ("pack4", {"pack": 4})):
         times = []
-        for _ in range(3):
+        for _ in range(calls):
             began = time.perf_counter()
             encoder.embed(sentences, **options)
             times.append(time.perf_counter() - began)

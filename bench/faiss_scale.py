@@ -9,7 +9,8 @@ string is trained on --train-size keys (default: FaissIndex's own, 50 per IVF li
 float16 keys (4x or 8x the k candidates). Prints a markdown table, then the extrapolation to the paper's 900M
 contexts, then (last line) the best re-ranked recall and its latency.
 
-Run: .venv/bin/python bench/faiss_scale.py [--n 1000000] [--factories "IVF4096,PQ64;IVF1024,PQ64"]
+Run: .venv/bin/python bench/faiss_scale.py [--n 1000000] [--factories "IVF4096,PQ64;IVF1024,PQ64"] [--smoke]
+(--smoke: 4,000 keys, 10 queries, one small factory "IVF16,PQ8x4" at nprobe 2.)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import faiss
 import numpy as np
+from evidence import SMOKE
 
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.query.settings import PAPER
@@ -79,7 +81,10 @@ def main() -> None:
     parser.add_argument("--nprobe", default="8,16")
     parser.add_argument("--train-size", type=int, default=None, help="keys each index is trained on")
     parser.add_argument("--threads", type=int, default=1, help="FAISS threads for search (one query at a time)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.n, args.queries, args.factories, args.nprobe = 4000, 10, "IVF16,PQ8x4", "2"
     faiss.omp_set_num_threads(2)  # training and filling
     rng = np.random.default_rng(0)
     centers = rng.standard_normal((4096, DIM), dtype=np.float32) * 1.0

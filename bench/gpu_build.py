@@ -1,7 +1,7 @@
 """Build and question throughput on one device (a GPU where there is one): bertknn's key path vs the reference.
 
     python bench/gpu_build.py [--device auto] [--contexts 20000] [--budgets 2048,8192,32768] [--dtypes float32,bf16]
-                              [--questions 2048] [--threads N]
+                              [--questions 2048] [--threads N] [--smoke]
 
 Model: bert-base-shaped (12 blocks, 768 wide, random weights; speed does not depend on the weights) with the real
 bert-base-uncased tokenizer; keys from block 11. Contexts: the evidence corpus's first sentences, read as a build
@@ -11,6 +11,8 @@ logits at every position, corpus order, batches of 124, float32, on the same dev
 the reference keys. Questions: cloze questions made from the same sentences (a target masked), `Encoder.query`
 batched (questions/s) and one at a time (p50). On a GPU, its utilisation is sampled with nvidia-smi during the
 bertknn runs. The same script runs on CPU (`--device cpu`) with smaller sizes. Last line: the figures as JSON.
+--smoke: about 20 contexts, one token budget, 16 questions and a 2-block, 64-wide random BERT, on --device (auto: a GPU
+where there is one, else the CPU).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 import numpy as np
 import torch
 from build_throughput import cosines, load_sentences, reference_keys
+from evidence import SMOKE, SMOKE_BERT
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from bertknn.model.default_model import base_model_dir
@@ -87,15 +90,19 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bf16")
     parser.add_argument("--questions", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    shape = {}
+    if args.smoke:
+        args.contexts, args.budgets, args.questions, args.threads, shape = 20, "2048", 16, 1, SMOKE_BERT
     Runtime(threads=args.threads).apply()
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir())
     torch.manual_seed(0)
-    model = BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size)).eval()
+    model = BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size, **shape)).eval()
+    layer = model.config.num_hidden_layers - 1  # block 11 of bert-base
+    model_name = "small-random" if args.smoke else "bert-base-shaped-random"
     encoders = {
-        dtype: Encoder(
-            copy.deepcopy(model), tokenizer, "bert-base-shaped-random", 11, Runtime(device=args.device, dtype=dtype)
-        )
+        dtype: Encoder(copy.deepcopy(model), tokenizer, model_name, layer, Runtime(device=args.device, dtype=dtype))
         for dtype in args.dtypes.split(",")
     }
     runtime = next(iter(encoders.values())).runtime
@@ -106,9 +113,9 @@ def main() -> None:
     print(f"device {runtime.device} ({name}); {n} contexts from {len(sentences)} sentences; torch {torch.__version__}")
     reference_model = copy.deepcopy(model).to(device)
     with torch.inference_mode():
-        reference_keys(reference_model, sentences[:4], 11, tokenizer.mask_token_id, device=runtime.device)  # warm up
+        reference_keys(reference_model, sentences[:4], layer, tokenizer.mask_token_id, device=runtime.device)  # warm up
         seconds, exact = synced(
-            device, reference_keys, reference_model, sentences, 11, tokenizer.mask_token_id, 124, runtime.device
+            device, reference_keys, reference_model, sentences, layer, tokenizer.mask_token_id, 124, runtime.device
         )
     del reference_model
     figures = {"device": name, "contexts": n, "reference": round(n / seconds, 1), "build": {}, "questions": {}}

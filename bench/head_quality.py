@@ -1,11 +1,14 @@
 """Quality of the offline default model (LM alone): held-out masked-word accuracy and LAMA P@1.
 
-    python bench/head_quality.py [--data ../shared/data] [--per-relation 30] [--seed 0] [--model M]
+    python bench/head_quality.py [--data ../shared/data] [--per-relation 30] [--seed 0] [--model M] [--corpus F]
+                                 [--smoke]
 
 Held-out accuracy: one [MASK] per sentence of held-out documents (never trained on), on a random wordpiece and on a
 random content word (a datastore target). LAMA: the LM alone on T-REx + Google-RE template questions, sampled per
 relation, for facts whose subject's document is held out (and, for comparison, for all subjects). --model: another
-head to compare, e.g. a directory saved from `load_default_model(head_file)` with `save_pretrained`.
+head to compare, e.g. a directory saved from `load_default_model(head_file)` with `save_pretrained`. --corpus: the
+documents to hold out sentences of [default: the evidence corpus of --data]. --smoke: the first 40 evidence
+documents, 20 held-out sentences, 1 fact per relation, one thread.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from evidence import SMOKE, smoke_corpus
 
 from bertknn.evaluation.facts import load_lama, sample_per_relation
 from bertknn.evaluation.metrics import macro_metrics, rank_of
@@ -44,11 +48,15 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--corpus", type=Path, default=None, help="[default: --data's evidence corpus]")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.corpus, args.sentences, args.per_relation, args.threads = smoke_corpus(), 20, 1, 1
     Runtime(threads=args.threads).apply()
     t0 = time.time()
     encoder = Encoder.load(args.model)
-    corpus = Path(args.data) / "wiki" / "lama_evidence_docs.jsonl"
+    corpus = args.corpus or Path(args.data) / "wiki" / "lama_evidence_docs.jsonl"
     _, held = load_split(corpus, encoder.tokenizer, 48)
     held = random.Random(args.seed + 1).sample(held, min(args.sentences, len(held)))
     with torch.inference_mode():

@@ -1,6 +1,6 @@
 """The TF-IDF index at scale: build time, merges, bytes, memory and query latency on a synthetic corpus.
 
-    python bench/ir_scale.py [--docs 1000000] [--checkpoints 250000,500000,1000000] [--queries 500]
+    python bench/ir_scale.py [--docs 1000000] [--checkpoints 250000,500000,1000000] [--queries 500] [--smoke]
 
 Synthetic corpus, shaped like English Wikipedia: a Zipfian vocabulary (exponent 1.0, 2M word types, the 150 most
 frequent types are stopwords), document lengths log-normal (median 300 words, sigma 1.13: a mean of about 570 words).
@@ -15,6 +15,7 @@ disk (memory-mapped, warm): "subject" queries (2 consecutive non-stopwords of a 
 names its article) and "question" queries (6 non-stopwords of a random document). Printed: documents, postings, build
 seconds, merges, segments, bytes on disk, peak RSS (and peak anonymous RSS: what is not page cache of the mapped index),
 query p50/p99 in ms, and the 5.07M-article extrapolation. Peak memory includes the generator's tables (~0.1 GB).
+--smoke: 1,000 documents in segments of 100 (one merge), 20 queries, ngram_hashes timed on 20 documents.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from evidence import SMOKE
 
 from bertknn.index.merging import FACTOR
-from bertknn.index.retrieval import NUM_BUCKETS, TfidfIndex, compact, ngram_hashes, on_disk
+from bertknn.index.retrieval import BASE, FILES, NDOCS, NUM_BUCKETS, TfidfIndex, compact, ngram_hashes, on_disk
 from bertknn.text import iter_corpus
 
 VOCAB, STOP, SEGMENT = 2_000_000, 150, 5000
@@ -132,7 +134,11 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=500)
     parser.add_argument("--text-docs", type=int, default=2000, help="evidence documents to time ngram_hashes on")
     parser.add_argument("--dir", default=None, help="where to write the index (default: a temporary directory)")
+    parser.add_argument("--segment", type=int, default=SEGMENT, help="documents per segment, as a build writes them")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.docs, args.segment, args.queries, args.text_docs = 1000, 100, 20, 20
     checkpoints = sorted({int(c) for c in args.checkpoints.split(",") if c} | {args.docs})
     out = Path(args.dir or tempfile.mkdtemp(prefix="ir_scale_"))
     out.mkdir(parents=True, exist_ok=True)
@@ -142,8 +148,8 @@ def main() -> None:
     print(f"# anonymous RSS before building (Python, numpy, torch via bertknn's imports): {anon.peak / 2**30:.2f} GiB")
     build_s, merges, postings, rows, listed = 0.0, 0, 0, [], []
     print(f"# ir_scale: {args.docs:,} synthetic documents in {out}, {os.cpu_count()} cores", flush=True)
-    for first in range(0, args.docs, SEGMENT):
-        docs = corpus.documents(min(SEGMENT, args.docs - first))
+    for first in range(0, args.docs, args.segment):
+        docs = corpus.documents(min(args.segment, args.docs - first))
         for words in docs[:: max(1, args.docs // (4 * args.queries))]:
             for kind, found in queries.items():
                 q = corpus.query(words, kind)
@@ -157,7 +163,11 @@ def main() -> None:
         listed = compact(out, [*listed, segment.save(out, first)])
         merges += (before - len(listed)) // (FACTOR - 1)
         for name in set(on_disk(out)) - {part.name for part in listed}:  # what merges replaced, as `retire` does
-            shutil.rmtree(out / name)
+            if name == BASE:  # the first segment: files in the directory itself
+                for file in (*FILES, NDOCS):
+                    (out / file).unlink()
+            else:
+                shutil.rmtree(out / name)
         build_s += time.perf_counter() - began
         end = first + len(docs)
         if end % 100_000 == 0 or end == args.docs:

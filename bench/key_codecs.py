@@ -1,8 +1,9 @@
 """Compressed keys, measured before they become a datastore option: bytes per key, LAMA P@1 and question time when
 the exact search reads each form's codes (`store/codec.py`) instead of the float16 keys.
 
-    python bench/key_codecs.py [--dev 5] [--forms "float16;SQ8;SQ4;PCA96,SQ8;PQ96;PQ48"] [--train 50000]
+    python bench/key_codecs.py [--dev 5] [--forms "float16;SQ8;SQ4;PCA96,SQ8;PQ96;PQ48"] [--train 50000] [--corpus F]
     python bench/key_codecs.py --exact-search [--forms ...]    # only the exact search's time per form
+    python bench/key_codecs.py --smoke [--exact-search]
 
 Store: the lazy datastore of the evidence corpus that `eval lama` uses (cached; the offline default model, keys of
 384 dimensions). Questions: `tune.DevSplit` (--dev facts per T-REx and Google-RE relation, seed 1), asked with and
@@ -11,7 +12,10 @@ document the questions retrieve; then, per form, a codec is trained on --train k
 key of the store is encoded, and the exact search decodes the candidates' codes (`codec.Decoded` in place of the
 float16 memmap). Printed per form: code bytes per key and their ratio to float16, training and encoding seconds, the
 mean relative reconstruction error, P@1 of kNN and BERT-kNN with and without subjects, and the p50 of one question
-(`predict`, with subject, --timed questions, warm).
+(`predict`, with subject, --timed questions, warm). --corpus: another corpus than the evidence corpus (its lazy
+datastore cached as `eval lama` caches one). --smoke: a lazy datastore of the first 40 evidence documents (in a
+temporary directory), 1 dev fact per relation of the first 8 relations, the forms float16 and SQ8, 1,000 training
+keys, 2 questions timed.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 import numpy as np
-from evidence import DATA, EVIDENCE
+from evidence import DATA, EVIDENCE, SMOKE, SMOKE_FACTS, smoke_corpus
 
 
 def p_at_1(reader, facts, with_subject: bool) -> tuple[float, float]:
@@ -59,20 +64,29 @@ def _error(codec, keys, rows: np.ndarray) -> float:
     return float(np.mean(np.linalg.norm(back - sample, axis=1) / np.linalg.norm(sample, axis=1)))
 
 
-def lama_dev(model: str, per_relation: int):
-    """(encoder, LAMA dev facts, reader over the evidence corpus's lazy datastore), every document the facts
-    retrieve with and without subjects embedded."""
+def lama_dev(
+    model: str,
+    per_relation: int,
+    corpus: Path = EVIDENCE,
+    directory: Path | None = None,
+    most: int | None = None,
+    threads: int | None = None,
+):
+    """(encoder, LAMA dev facts (the first `most` of them), reader over the lazy datastore of `corpus`: the evidence
+    corpus's unless told, in `directory`, else cached), every document the facts retrieve with and without subjects
+    embedded; the model on `threads` threads (None: every core)."""
     from bertknn.evaluation.facts import GROUPS, load_lama
     from bertknn.evaluation.run import lama_reader
     from bertknn.evaluation.tune import DevSplit
     from bertknn.model.encoder import Encoder
     from bertknn.model.runtime import Runtime
 
-    Runtime(threads=os.cpu_count() or 1).apply()
+    Runtime(threads=threads or os.cpu_count() or 1).apply()
     encoder = Encoder.load(model, runtime="onnx")
     facts = load_lama(DATA / "lama", encoder.tokenizer, GROUPS, warn=lambda m: None)
     dev = DevSplit(per_relation=per_relation, squad=0).choose([f for f in facts if f.group in ("T-REx", "Google-RE")])
-    reader = lama_reader(EVIDENCE, encoder)
+    dev = dev[:most]
+    reader = lama_reader(corpus, encoder, directory)
     for with_subject in (True, False):  # embeds what the questions retrieve, once
         p_at_1(reader, dev, with_subject)
     return encoder, dev, reader
@@ -93,7 +107,8 @@ def exact_search_times(reader, facts, args) -> None:
     rows = [candidates(store.document_ranges(search.documents(q.text, q.subject, 3))) for q in queries]
     rows, states = [r for r in rows if len(r)], [s for r, s in zip(rows, states) if len(r)]
     union = np.unique(np.concatenate(rows))
-    sample = np.asarray(store.keys[np.sort(np.random.default_rng(0).choice(store.size, args.train, replace=False))])
+    drawn = np.random.default_rng(0).choice(store.size, min(args.train, store.size), replace=False)
+    sample = np.asarray(store.keys[np.sort(drawn)])
     print(f"\n## Exact search: {len(rows)} questions, {np.mean([len(r) for r in rows]):,.0f} candidates each\n")
     print("| form | float16 ms | on the codes ms | decoded first ms | codes vs decoded |\n|---|---:|---:|---:|---:|")
     for form in (f.strip() for f in args.forms.split(";") if f.strip() != "float16"):
@@ -138,10 +153,16 @@ def main() -> None:
     parser.add_argument(
         "--exact-search", action="store_true", help="only time the exact search on each form (codes vs decoding)"
     )
+    parser.add_argument("--corpus", type=Path, default=EVIDENCE, help="the corpus [default: the evidence corpus]")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
     from bertknn.store.codec import Decoded, KeyCodec
 
-    _, dev, reader = lama_dev(args.model, args.dev)
+    directory, most, threads = None, None, None
+    if args.smoke:
+        args.corpus, args.dev, args.forms, args.train, args.timed = smoke_corpus(), 1, "float16;SQ8", 1000, 2
+        directory, most, threads = args.corpus.parent / "store", SMOKE_FACTS, 1
+    _, dev, reader = lama_dev(args.model, args.dev, args.corpus, directory, most, threads)
     store = reader.store
     if args.exact_search:
         exact_search_times(reader, dev, args)

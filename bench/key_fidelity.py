@@ -1,13 +1,14 @@
 """Speed and fidelity of the key options on the offline default model: token budget, --pack, --backend, int8.
 
-    python bench/key_fidelity.py [--sentences 150] [--threads 2]
+    python bench/key_fidelity.py [--sentences 150] [--threads 2] [--smoke]
 
 Sentences: --sentences sentences of evidence-corpus documents 5,000 on ($BERTKNN_DATA/wiki). Every option embeds the
 same sentences once; keys are compared by cosine with the exact keys (one target masked per pass, 1,024-token
 batches). `--backend onnx` runs the same keys in ONNX Runtime. int8 is dynamic quantisation of every Linear layer /
 MatMul, by PyTorch (measured, not offered) or by ONNX Runtime per channel (`--int8-keys`). For an int8 question
 graph (not offered) the LM's top-1 word is also compared with float32's on cloze questions made from the same
-sentences (first words + [MASK]). The last line prints the contexts/s ratio of --pack 2 to exact.
+sentences (first words + [MASK]). The last line prints the contexts/s ratio of --pack 2 to exact. --smoke: 10
+sentences, one thread.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from evidence import SMOKE
 
 from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime
@@ -36,7 +38,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sentences", type=int, default=150)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.sentences, args.threads = 10, 1
     Runtime(threads=args.threads).apply()
     encoder = Encoder.load()
     corpus = Path(os.environ.get("BERTKNN_DATA", "../shared/data")) / "wiki" / "lama_evidence_docs.jsonl"

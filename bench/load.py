@@ -1,7 +1,7 @@
 """Load on the HTTP service: N concurrent clients against /predict on loopback, micro-batching on vs off.
 
     python bench/load.py [--clients 16] [--seconds 20] [--threads 0] [--max-batch 32] [--window-ms 0] [--datastore DIR]
-                         [--backend onnx]
+                         [--backend onnx] [--smoke]
 
 The server (`bertknn.serving.service.create_app`) runs in its own process over the demo corpus's datastore with the
 offline default model (built and cached as by `bertknn demo`), or over --datastore, with the model in --backend
@@ -9,7 +9,8 @@ offline default model (built and cached as by `bertknn demo`), or over --datasto
 (with their subjects) one after another for --seconds, after a warm-up; the figures are requests/s, p50/p99
 latency, the error count (non-200 answers and failed requests) and requests per model call. The server runs once
 with micro-batching (--max-batch waiting requests share one predict_batch call) and once without (max_batch=1:
-one request per model call); the last line is the ratio of their requests/s.
+one request per model call); the last line is the ratio of their requests/s. --smoke: 2 clients for 1 second, the
+server on one thread.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 
 import httpx
 import numpy as np
+from evidence import SMOKE
 
 from bertknn.demo import demo_questions
 from bertknn.model.runtime import BACKENDS
@@ -137,7 +139,10 @@ def main() -> None:
     parser.add_argument("--window-ms", type=float, default=0.0, help="how long the worker waits for more requests")
     parser.add_argument("--backend", default="onnx", choices=BACKENDS, help="the model runtime")
     parser.add_argument("--datastore", help="datastore directory [default: the demo corpus's, with the default model]")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.clients, args.seconds, args.threads = 2, 1.0, 1
     questions = [{"text": q["question"], "subject": q["subject"], "top_k": 10, "evidence": 3} for q in demo_questions()]
     if args.datastore:
         questions = [{"text": q["text"], "top_k": 10, "evidence": 3} for q in questions]

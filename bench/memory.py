@@ -1,13 +1,14 @@
 """Datastore memory: bytes per stored context at 768 dimensions, and peak RSS of builds of growing corpora.
 
-    python bench/memory.py [--docs 8] [--scale 1,8,64]
+    python bench/memory.py [--docs 8] [--scale 1,8,64] [--smoke]
 
 Bytes per context: a bert-base-shaped model (random weights) builds a datastore of the first --docs documents of the
 evidence corpus (with --pack 8 to save time: sizes do not depend on the keys' values); the keys (float16), values
 (int32) and SQLite provenance are divided by the number of entries (the
 reference stored 3,076 bytes of fp32 .fvecs per context, plus a SQLite row). Streaming: a 2-block, 64-wide model
 builds corpora of --docs x each --scale documents in fresh processes; the last line prints the ratio of peak RSS of
-the largest to the smallest build (1.0 means memory does not grow with the corpus).
+the largest to the smallest build (1.0 means memory does not grow with the corpus). --smoke: 2 documents, scale 1
+only, the 768-wide model with 2 blocks.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from evidence import SMOKE
 
 CHILD = """
 import json, resource, sys, torch
@@ -53,10 +56,11 @@ def corpus(path: Path, docs: int, copies: int) -> Path:
 def build(corpus_path: Path, out: Path, dims: dict, pack: int = 1) -> dict:
     result = subprocess.run(
         [sys.executable, "-c", CHILD, str(corpus_path), str(out), json.dumps(dims), str(pack)],
-        check=True,
         capture_output=True,
         text=True,
     )
+    if result.returncode:
+        sys.exit(f"the build of {corpus_path} in a child process failed:\n{result.stderr}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -64,10 +68,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=8)
     parser.add_argument("--scale", default="1,8,64")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    base = BASE
+    if args.smoke:
+        args.docs, args.scale, base = 2, "1", {"num_hidden_layers": 2}  # 768 wide still: the bytes per context
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        stats = build(corpus(tmp / "c.jsonl", args.docs, 1), tmp / "base", BASE, pack=8)
+        stats = build(corpus(tmp / "c.jsonl", args.docs, 1), tmp / "base", base, pack=8)
         n = stats["entries"]
         sizes = {p.name: p.stat().st_size for p in (tmp / "base").iterdir()}
         kv = sizes["keys.f16"] + sizes["values.i32"]

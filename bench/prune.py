@@ -1,7 +1,7 @@
 """Pruned datastores (`bertknn prune`, build/prune.py): contexts kept, bytes per context, LAMA P@1, the fresh-facts
 set and question time, per merging radius and key form.
 
-    python bench/prune.py [--radii "none;20;40;80"] [--codecs "SQ4;PQ96"] [--dev 5] [--timed 60]
+    python bench/prune.py [--radii "none;20;40;80"] [--codecs "SQ4;PQ96"] [--dev 5] [--timed 60] [--corpus F] [--smoke]
 
 Source: the lazy datastore of the evidence corpus that `eval lama` uses (the offline default model), after a first
 pass embeds every document the dev questions retrieve. Per radius, `prune` writes a copy ("none": the store copied
@@ -10,7 +10,9 @@ subjects through `predict_batch` with bertknn's defaults. For each of --codecs, 
 converted (`Writer.convert_keys`, trained on 50,000 of its keys) and asked again. Then the 40 fresh-facts documents
 (bench/fresh_facts/) are added to each form (stored unpruned: an add keeps every context) and its 120 questions
 asked. Bytes per context: the entry files (keys or codes, values, counts) and store.sqlite, over the source's
-contexts.
+contexts. --corpus: another corpus than the evidence corpus (as bench/key_codecs.py). --smoke: a lazy datastore of
+the first 40 evidence documents (in a temporary directory), 1 dev fact per relation of the first 8 relations, the
+radius 40, the codec SQ8, 2 questions timed, 4 fresh-facts documents.
 """
 
 from __future__ import annotations
@@ -23,16 +25,18 @@ import time
 from pathlib import Path
 
 import numpy as np
+from evidence import EVIDENCE, SMOKE, SMOKE_FACTS, SMOKE_FRESH, first_fresh, smoke_corpus
 from key_codecs import lama_dev, p50_ms, p_at_1
 
 FRESH = Path(__file__).resolve().parent / "fresh_facts"
 
 
-def _fresh(reader) -> tuple[float, float, float, float]:
+def _fresh(reader, most: int | None = None) -> tuple[float, float, float, float]:
     """P@1 (%) of kNN and BERT-kNN on the fresh-facts questions with and without subjects, after adding their
-    documents to the reader's store."""
+    documents (the first `most`) to the reader's store."""
     docs = [json.loads(line) for line in (FRESH / "documents.jsonl").read_text(encoding="utf-8").splitlines()]
     questions = [json.loads(line) for line in (FRESH / "questions.jsonl").read_text(encoding="utf-8").splitlines()]
+    docs, questions = first_fresh(docs, questions, most)
     reader.add_documents(docs)
     out = []
     for with_subject in (True, False):
@@ -62,7 +66,7 @@ def _row(name: str, radius: str, path: Path, encoder, dev, args, contexts: int, 
     p50 = p50_ms(reader, dev[: args.timed])
     key_bytes = reader.store.keys_file()[1]
     per_context = _bytes(path, contexts)
-    fresh = _fresh(reader)
+    fresh = _fresh(reader, SMOKE_FRESH if args.smoke else None)
     reader.store.close()
     print(
         f"| {radius} | {name} | {kept:,} ({100 * kept / contexts:.1f}%) | {key_bytes * kept / contexts:.0f} | "
@@ -79,12 +83,18 @@ def main() -> None:
     parser.add_argument("--dev", type=int, default=5, help="dev facts per relation")
     parser.add_argument("--timed", type=int, default=60, help="questions timed one by one")
     parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
+    parser.add_argument("--corpus", type=Path, default=EVIDENCE, help="the corpus [default: the evidence corpus]")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
     from bertknn.build.prune import prune
     from bertknn.build.writer import Writer
     from bertknn.store.datastore import Datastore
 
-    encoder, dev, source = lama_dev(args.model, args.dev)
+    directory, most, threads = None, None, None
+    if args.smoke:
+        args.corpus, args.dev, args.radii, args.codecs, args.timed = smoke_corpus(), 1, "40", "SQ8", 2
+        directory, most, threads = args.corpus.parent / "store", SMOKE_FACTS, 1
+    encoder, dev, source = lama_dev(args.model, args.dev, args.corpus, directory, most, threads)
     src, contexts = source.store.path, source.store.size
     source.store.close()
     work = Path(tempfile.mkdtemp(prefix="prune_"))

@@ -1,6 +1,6 @@
 """Query path: bertknn's BERT-kNN answer vs the reference path, same questions, same datastore, same process.
 
-    python bench/query_path.py [--docs 12] [--questions 64] [--threads 2] [--rounds 5]
+    python bench/query_path.py [--docs 12] [--questions 64] [--threads 2] [--rounds 5] [--smoke]
 
 Model: bert-base-shaped (12 blocks, 768 wide, random weights) with the real tokenizer; datastore: the first --docs
 documents of the evidence corpus. Questions: LAMA T-REx template questions whose subject titles one of those
@@ -12,10 +12,15 @@ Batched, the reference runs batches of 32 questions as they come; bertknn's pred
 batches of at most 1,024 padded tokens.
 bertknn: one forward pass (head on the mask only), exact search on the float16 memmap, in PyTorch ("bertknn") and in
 ONNX Runtime ("bertknn onnx", `--backend onnx`; its graph is exported into a temporary cache first, not timed) and
-with questions in int8 ("bertknn onnx-int8", `--backend onnx-int8`: approximate; the top-1 agreement is printed). Prints
-single-question latency p50/p99, batched questions/s, the share of IR + kNN + combine in bertknn's time (timed by
-replaying the model's outputs computed beforehand), and the throughput ratios last. Threads (`Runtime.apply`): the
-reference and PyTorch paths give PyTorch --threads; the ONNX paths give ONNX Runtime --threads and PyTorch one.
+with questions in int8 ("bertknn onnx-int8", `--backend onnx-int8`: approximate; the top-1 agreement is printed).
+These three answer with the paper's settings (`settings.PAPER`, as the reference does; their top-1 answers are
+checked equal to the reference's); "bertknn defaults" and "bertknn onnx defaults" answer with bertknn's default
+settings (`settings.DEFAULT`: the retrieval-aware vote, the log-linear mixture, calibrated), on rows of their own
+(their top-1 agreement with the paper's settings is printed, not checked). Prints single-question latency p50/p99,
+batched questions/s, the share of IR + kNN + combine in bertknn's time (timed by replaying the model's outputs
+computed beforehand), and the throughput ratios last. Threads (`Runtime.apply`): the reference and PyTorch paths give
+PyTorch --threads; the ONNX paths give ONNX Runtime --threads and PyTorch one. --smoke: 2 documents, 4 questions,
+1 round and a 2-block, 64-wide random BERT.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 import torch
+from evidence import SMOKE, SMOKE_BERT
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from bertknn.evaluation.facts import load_lama
@@ -40,7 +46,7 @@ from bertknn.model.runtime import Runtime
 from bertknn.query.combine import interpolate
 from bertknn.query.knn import knn_distribution
 from bertknn.query.pipeline import BertKNN
-from bertknn.query.settings import PAPER
+from bertknn.query.settings import DEFAULT, PAPER
 
 
 def make_store(encoder: Encoder, docs: int, where: Path) -> BertKNN:
@@ -50,8 +56,8 @@ def make_store(encoder: Encoder, docs: int, where: Path) -> BertKNN:
         tdocs = [d for d, _ in zip((d for d in rows if d["source"].startswith("trex")), range(docs))]
     corpus = where / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in tdocs), encoding="utf-8")
-    # keys' values do not matter for speed; the paper's targets (words of one wordpiece) and settings, as the reference
-    return BertKNN.build(corpus, where / "store", encoder, pack=8, whole_words=False, **PAPER.as_dict())
+    # keys' values do not matter for speed; the paper's targets (words of one wordpiece), as the reference answers
+    return BertKNN.build(corpus, where / "store", encoder, pack=8, whole_words=False)
 
 
 class Reference:
@@ -105,7 +111,7 @@ def replayed(knn: BertKNN, questions: list[str]) -> BertKNN:
     outputs = dict(zip(map(str, encoded), zip(*knn.encoder.query_ids(encoded))))
     encoder = copy.copy(knn.encoder)
     encoder.query_ids = lambda batch: tuple(np.stack(parts) for parts in zip(*(outputs[str(e)] for e in batch)))
-    return BertKNN(encoder, knn.store, knn.index)
+    return BertKNN(encoder, knn.store, knn.index, knn.settings)
 
 
 def timed(fn, *args) -> float:
@@ -120,18 +126,27 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=5, help="alternating batched runs per path (the fastest counts)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    shape = {}
+    if args.smoke:
+        args.docs, args.questions, args.rounds, args.threads, shape = 2, 4, 1, 1, SMOKE_BERT
     Runtime(threads=args.threads).apply()
     faiss.omp_set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir())
     torch.manual_seed(0)
-    model = BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size)).eval()
-    encoder = Encoder(model, tokenizer, "bert-base-shaped-random")
+    model = BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size, **shape)).eval()
+    encoder = Encoder(model, tokenizer, "small-random" if args.smoke else "bert-base-shaped-random")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["BERTKNN_CACHE"] = str(Path(tmp) / "cache")  # the exported ONNX graph goes away with it
-        knn = make_store(encoder, args.docs, Path(tmp))
-        fast = BertKNN(Encoder(model, tokenizer, encoder.name, runtime="onnx"), knn.store, knn.index, PAPER)
-        int8 = BertKNN(Encoder(model, tokenizer, encoder.name, runtime="onnx-int8"), knn.store, knn.index, PAPER)
+        built = make_store(encoder, args.docs, Path(tmp))  # bertknn's default settings
+        store, index = built.store, built.index
+        onnx_encoder = Encoder(model, tokenizer, encoder.name, runtime="onnx")
+        knn = BertKNN(encoder, store, index, PAPER)  # the paper's settings, as the reference
+        fast = BertKNN(onnx_encoder, store, index, PAPER)
+        int8 = BertKNN(Encoder(model, tokenizer, encoder.name, runtime="onnx-int8"), store, index, PAPER)
+        default = BertKNN(encoder, store, index, DEFAULT)
+        fast_default = BertKNN(onnx_encoder, store, index, DEFAULT)
         titles = {t.lower() for t in knn.store.titles(list(range(knn.store.n_documents)))}
         facts = [
             f
@@ -148,18 +163,24 @@ def main() -> None:
         ref = Reference(model, tokenizer, encoder.layer, knn)
         print(f"CPU: {os.cpu_count()} cores, torch capability {torch.backends.cpu.get_cpu_capability()}")
         print(f"{knn.store.size} contexts, {knn.store.n_documents} documents, {len(qs)} questions")
-        for q, s in zip(qs[:4], subs[:4]):  # the same answers (up to float16 keys)
+        for q, s in zip(qs[:4], subs[:4]):  # the paper's settings: the reference's answers (up to float16 keys)
             ours, onnx, theirs = knn.predict(q, s).p, fast.predict(q, s).p, ref.answer([q], [s])[0]
-            assert np.argmax(ours) == np.argmax(theirs) == np.argmax(onnx)
+            assert np.argmax(ours) == np.argmax(theirs) == np.argmax(onnx), "the paper's settings left the reference"
             print(f"max |p onnx - p torch| {np.abs(onnx - ours).max():.1e}")
-        agree = np.mean([np.argmax(int8.predict(q, s).p) == np.argmax(fast.predict(q, s).p) for q, s in zip(qs, subs)])
+        answering = {"paper": knn, "onnx": fast, "onnx-int8": int8, "defaults": default}
+        top = {name: [np.argmax(k.predict(q, s).p) for q, s in zip(qs, subs)] for name, k in answering.items()}
+        agree = np.mean(np.equal(top["onnx-int8"], top["onnx"]))
         print(f"onnx-int8 vs onnx: the same BERT-kNN top-1 answer on {agree:.0%} of {len(qs)} questions")
+        same = np.mean(np.equal(top["defaults"], top["paper"]))
+        print(f"bertknn defaults vs the paper's settings: the same BERT-kNN top-1 on {same:.0%} of {len(qs)} questions")
         batches = [(qs[i : i + 32], subs[i : i + 32]) for i in range(0, len(qs), 32)]
         runs = {  # name: (one question, the batch, the thread policy: see Runtime.apply)
             "reference": (lambda q, s: ref.answer([q], [s]), lambda: [ref.answer(q, s) for q, s in batches], "torch"),
             "bertknn": (knn.predict, lambda: knn.predict_batch(qs, subs), "torch"),
             "bertknn onnx": (fast.predict, lambda: fast.predict_batch(qs, subs), "onnx"),
             "bertknn onnx-int8": (int8.predict, lambda: int8.predict_batch(qs, subs), "onnx-int8"),
+            "bertknn defaults": (default.predict, lambda: default.predict_batch(qs, subs), "torch"),
+            "bertknn onnx defaults": (fast_default.predict, lambda: fast_default.predict_batch(qs, subs), "onnx"),
         }
         single, batched = {}, {name: [] for name in runs}
         for name, (one, _, backend) in runs.items():
@@ -169,7 +190,14 @@ def main() -> None:
             for name, (_, many, backend) in runs.items():
                 Runtime.of(backend, args.threads).apply()
                 batched[name].append(timed(many))
-        for name, knn_ in (("bertknn", knn), ("bertknn onnx", fast), ("bertknn onnx-int8", int8)):
+        timed_paths = (
+            ("bertknn", knn),
+            ("bertknn onnx", fast),
+            ("bertknn onnx-int8", int8),
+            ("bertknn defaults", default),
+            ("bertknn onnx defaults", fast_default),
+        )
+        for name, knn_ in timed_paths:
             Runtime.of(knn_.encoder.runtime.backend, args.threads).apply()
             forward = [timed(knn_.encoder.query, [q]) for q in qs]
             forward_all = min(timed(knn_.encoder.query, qs) for _ in range(args.rounds))

@@ -1,6 +1,6 @@
 """Question latency of a sharded datastore served on Ray Serve against the same store served by one process, one run.
 
-    python bench/ray_serve.py [--docs 400] [--shard-docs 100] [--questions 200] [--replicas 1]
+    python bench/ray_serve.py [--docs 400] [--shard-docs 100] [--questions 200] [--replicas 1] [--smoke]
 
 Corpus: the first --docs documents of the evidence corpus ($BERTKNN_DATA/wiki/lama_evidence_docs.jsonl), built on
 a local Ray cluster (every core) into shards of --shard-docs documents, with a FAISS index per shard. Questions:
@@ -9,7 +9,7 @@ path's title shortcut: one document, one shard), without it (TF-IDF's top 3 docu
 FAISS (every shard). Each is sent over HTTP (POST /predict), one at a time, to `bertknn serve`'s app served by
 uvicorn in this process (`--engine local`) and to the Ray Serve application (`--engine ray`); both answer alike
 (checked). Printed: p50 / p90 milliseconds per path and engine; last line: the Ray Serve p50 over the local p50 for
-the IR path with subject.
+the IR path with subject. --smoke: 6 documents in shards of 3, 3 questions, a local Ray cluster of 2 CPUs.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-from evidence import first_documents
+from evidence import SMOKE, first_documents
 
 
 def free_port() -> int:
@@ -64,7 +64,10 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=200)
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.docs, args.shard_docs, args.questions = 6, 3, 3
     import ray
     import uvicorn
     from ray import serve
@@ -79,7 +82,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="ray_serve_"))
     corpus = first_documents(args.docs, work / "corpus.jsonl")
-    ray.init(log_to_driver=False, include_dashboard=False)
+    ray.init(num_cpus=2 if args.smoke else None, log_to_driver=False, include_dashboard=False)
     distributed.build(corpus, work / "sharded", args.model, shard_docs=args.shard_docs)
     ShardedFaiss.build(ShardedDatastore(work / "sharded"), "Flat")
     runtime = Runtime(threads=1)

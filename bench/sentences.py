@@ -3,7 +3,7 @@ and without the sentence weights (`sentence_temperature`), on the fresh facts, a
 question, in one run.
 
     python bench/sentences.py [--base-docs 1000] [--temperatures 0.01,0.02,0.05] [--lama-dev 5] [--cost-docs 300]
-                              [--skip-fresh] [--skip-lama] [--skip-cost]
+                              [--skip-fresh] [--skip-lama] [--skip-cost] [--corpus F] [--smoke]
 
 Fresh facts: a lazy datastore of the first --base-docs evidence documents, with the several-facts set
 (bench/fresh_facts/several_*.jsonl: 40 invented people with four cities and two languages each, 20 companies founded
@@ -26,6 +26,11 @@ several-facts documents; the p50 of one question asked alone (the several-facts 
 runs in turn, each first as often as the others): bertknn's defaults, the same uncalibrated, and with sentence
 weights at the first of --temperatures, the sentence-vector cache emptied before each question (the cost of a
 question about documents not asked of before) and kept (documents asked of before).
+
+--corpus: LAMA dev on another corpus than the evidence corpus (its lazy datastore cached alike). --smoke: the first
+4 documents of each fresh-facts set (and their questions) over the first 3 evidence documents (the cost: the first
+2), each question asked once; LAMA dev on a lazy datastore of the first 40 evidence documents (in a temporary
+directory), 1 fact per relation of the first 8 relations; one thread.
 """
 
 from __future__ import annotations
@@ -34,18 +39,33 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
-from evidence import DATA, EVIDENCE, first_documents
+from evidence import (
+    DATA,
+    EVIDENCE,
+    SMOKE,
+    SMOKE_FACTS,
+    SMOKE_FRESH,
+    first_documents,
+    first_fresh,
+    scratch,
+    smoke_corpus,
+)
 
 FRESH = Path(__file__).resolve().parent / "fresh_facts"
 
 
 def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _set(prefix: str, args) -> tuple[list[dict], list[dict]]:
+    """A fresh-facts set's documents and questions (those of its first documents in a smoke form)."""
+    docs, questions = _jsonl(FRESH / f"{prefix}documents.jsonl"), _jsonl(FRESH / f"{prefix}questions.jsonl")
+    return first_fresh(docs, questions, SMOKE_FRESH if args.smoke else None)
 
 
 def _split(q: dict) -> str:
@@ -65,11 +85,9 @@ def fresh(args) -> None:
     from bertknn.query.pipeline import BertKNN
 
     sets = {"several": "several_", "single": ""}
-    docs = [d for prefix in sets.values() for d in _jsonl(FRESH / f"{prefix}documents.jsonl")]
-    questions = [
-        {**q, "set": name} for name, prefix in sets.items() for q in _jsonl(FRESH / f"{prefix}questions.jsonl")
-    ]
-    work = Path(tempfile.mkdtemp(prefix="sentences_"))
+    docs = [d for prefix in sets.values() for d in _set(prefix, args)[0]]
+    questions = [{**q, "set": name} for name, prefix in sets.items() for q in _set(prefix, args)[1]]
+    work = scratch()
     knn = BertKNN.build(
         first_documents(args.base_docs, work / "base.jsonl"), work / "store", args.model, lazy=True, runtime="onnx"
     )
@@ -119,8 +137,8 @@ def choice(args) -> None:
 
     from bertknn.model.sentences import SentenceMatch, without_names
 
-    docs = {d["id"]: d for d in _jsonl(FRESH / "several_documents.jsonl")}
-    questions = _jsonl(FRESH / "several_questions.jsonl")
+    several, questions = _set("several_", args)
+    docs = {d["id"]: d for d in several}
     answers = {q["answer"] for q in questions}
     match = SentenceMatch("onnx")
 
@@ -157,7 +175,10 @@ def lama(args) -> None:
     encoder = Encoder.load(args.model, runtime="onnx")
     facts = load_lama(DATA / "lama", encoder.tokenizer, GROUPS, warn=lambda m: None)
     dev = DevSplit(per_relation=args.lama_dev, squad=0).choose(facts)
-    reader = lama_reader(EVIDENCE, encoder)
+    directory = None
+    if args.smoke:
+        dev, directory = dev[:SMOKE_FACTS], args.corpus.parent / "store"
+    reader = lama_reader(args.corpus, encoder, directory)
     print(f"\n## LAMA dev: {len(dev)} facts ({args.lama_dev} per T-REx/Google-RE relation, seed 1); macro P@1\n")
     print("| subject | sentence_temperature | BERT | kNN | BERT-kNN | s |\n|---|---|---|---|---|---|")
     for mode in ("subject", "no subject"):
@@ -180,11 +201,12 @@ def cost(args) -> None:
     from bertknn.query.pipeline import BertKNN
 
     weighted = _temperatures(args)[1]
-    questions = [q["question"] for q in _jsonl(FRESH / "several_questions.jsonl")]
-    work = Path(tempfile.mkdtemp(prefix="sentences_cost_"))
+    several, asked = _set("several_", args)
+    questions = [q["question"] for q in asked]
+    work = scratch()
     corpus = first_documents(args.cost_docs, work / "base.jsonl")
     knn = BertKNN.build(corpus, work / "store", args.model, runtime="onnx")
-    knn.add_documents(_jsonl(FRESH / "several_documents.jsonl"))
+    knn.add_documents(several)
     knn.predict_batch(questions[:8], evidence=0)  # warm up
     runs = {  # name: (options, sentence cache emptied before each question)
         "no sentence weights (the default)": ({}, False),
@@ -223,10 +245,15 @@ def main() -> None:
     parser.add_argument("--skip-fresh", action="store_true")
     parser.add_argument("--skip-lama", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")
+    parser.add_argument("--corpus", type=Path, default=EVIDENCE, help="LAMA dev's corpus [default: evidence]")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.base_docs, args.cost_docs, args.lama_dev, args.repeats = 3, 2, 1, 1
+        args.corpus = smoke_corpus()
     from bertknn.model.runtime import Runtime
 
-    Runtime(threads=os.cpu_count() or 1).apply()
+    Runtime(threads=1 if args.smoke else os.cpu_count() or 1).apply()
     choice(args)
     if not args.skip_cost:
         cost(args)

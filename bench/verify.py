@@ -3,6 +3,7 @@
 Writes a file of random bytes (default 2 GiB) into a scratch directory, then times: recording its block checksums,
 verifying every block, and the open-time check of SAMPLE_BLOCKS random blocks. The file is read from the page cache
 after the first pass, so these are hashing rates, not disk rates. Usage: python bench/verify.py [--gib 2] [--dir D]
+[--smoke] (--smoke: a file of 16 MiB).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from evidence import SMOKE
 
 from bertknn.store.datastore import SAMPLE_BLOCKS
 from bertknn.store.integrity import BLOCK, Checksums
@@ -23,7 +25,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gib", type=float, default=2.0)
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.gib = 1 / 64
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path = Path(tmp)
         size = int(args.gib * (1 << 30))

@@ -2,7 +2,7 @@
 words (and multi-word names, `--names`) costs, against the paper's targets (words of one wordpiece, datastore format
 1), in one run.
 
-    python bench/words.py [--base-docs 2000] [--cost-docs 500] [--bonus 1,10] [--skip-accuracy] [--skip-cost]
+    python bench/words.py [--base-docs 2000] [--cost-docs 500] [--bonus 1,10] [--skip-accuracy] [--skip-cost] [--smoke]
 
 Accuracy: a lazy datastore of the first --base-docs evidence documents for each kind of targets, asked the fresh-facts
 questions (bench/fresh_facts/: words_*.jsonl, 40 invented documents whose answers have 1-5 wordpieces or two
@@ -13,8 +13,10 @@ questions of even-numbered documents (dev: where `word_bonus` was chosen) and od
 
 Cost: an eager build of the first --cost-docs evidence documents in each format, in this process: contexts per
 document, bytes of keys, values and SQLite, build seconds, and the p50 of one question asked alone (the fresh-facts
-questions without subjects, each asked 3 times, formats alternating); whole words also with `lm_words=0` (the LM
-scores every word of several wordpieces the neighbours hold).
+questions without subjects, each asked --repeats times, formats alternating); whole words also with `lm_words=0` (the
+LM scores every word of several wordpieces the neighbours hold). --smoke: the first 4 documents of each fresh-facts
+set (and their questions) over the first 3 evidence documents, cost builds of the first 2, each question asked once,
+one thread.
 """
 
 from __future__ import annotations
@@ -23,12 +25,11 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
-from evidence import first_documents
+from evidence import SMOKE, SMOKE_FRESH, first_documents, first_fresh, scratch
 
 ROOT = Path(__file__).resolve().parents[1]
 FRESH = ROOT / "bench" / "fresh_facts"
@@ -43,13 +44,12 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def _questions() -> tuple[list[dict], list[dict]]:
-    """The fresh-facts documents and questions of both sets; a question's "pieces" and "words" are counted here
-    for the single-wordpiece set."""
-    docs = _jsonl(FRESH / "words_documents.jsonl") + _jsonl(FRESH / "documents.jsonl")
-    questions = _jsonl(FRESH / "words_questions.jsonl")
-    questions += [{**q, "pieces": 1, "words": 1} for q in _jsonl(FRESH / "questions.jsonl")]
-    return docs, questions
+def _questions(most: int | None = None) -> tuple[list[dict], list[dict]]:
+    """The fresh-facts documents and questions of both sets (the first `most` documents of each and their questions);
+    a question's "pieces" and "words" are counted here for the single-wordpiece set."""
+    words, asked = first_fresh(_jsonl(FRESH / "words_documents.jsonl"), _jsonl(FRESH / "words_questions.jsonl"), most)
+    single, more = first_fresh(_jsonl(FRESH / "documents.jsonl"), _jsonl(FRESH / "questions.jsonl"), most)
+    return words + single, asked + [{**q, "pieces": 1, "words": 1} for q in more]
 
 
 def _bucket(q: dict) -> str:
@@ -69,8 +69,8 @@ def accuracy(args) -> None:
     from bertknn.query.pipeline import BertKNN
     from bertknn.query.settings import WORD_BONUS
 
-    docs, questions = _questions()
-    work = Path(tempfile.mkdtemp(prefix="words_"))
+    docs, questions = _questions(SMOKE_FRESH if args.smoke else None)
+    work = scratch()
     corpus = first_documents(args.base_docs, work / "base.jsonl")
     buckets = sorted({_bucket(q) for q in questions}, key=lambda b: (b.endswith("words"), b))
     print(f"\n## Fresh facts by answer length: {len(docs)} documents, {len(questions)} questions")
@@ -111,9 +111,9 @@ def cost(args) -> None:
     from bertknn.model.encoder import Encoder
     from bertknn.query.pipeline import BertKNN
 
-    _, questions = _questions()
+    _, questions = _questions(SMOKE_FRESH if args.smoke else None)
     texts = [q["question"] for q in questions]
-    work = Path(tempfile.mkdtemp(prefix="words_cost_"))
+    work = scratch()
     corpus = first_documents(args.cost_docs, work / "base.jsonl")
     encoder = Encoder.load(args.model, runtime=args.backend)
     encoder.query(texts[:8])  # warm up
@@ -128,7 +128,7 @@ def cost(args) -> None:
         if name == "whole words":  # the LM scoring every word of several wordpieces, not the kNN's best lm_words
             stores[f"{name}, lm_words=0"] = (knn, {"lm_words": 0})
             rows[f"{name}, lm_words=0"] = [*rows[name][:3], []]
-    for _ in range(3):
+    for _ in range(args.repeats):
         for text in texts:
             for name, (knn, options) in stores.items():
                 start = time.perf_counter()
@@ -155,10 +155,14 @@ def main() -> None:
     parser.add_argument("--bonus", default="1", help="comma-separated word_bonus values also measured after add")
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")
+    parser.add_argument("--repeats", type=int, default=3, help="times each cost question is asked")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.base_docs, args.cost_docs, args.repeats = 3, 2, 1
     from bertknn.model.runtime import Runtime
 
-    Runtime(threads=os.cpu_count() or 1).apply()
+    Runtime(threads=1 if args.smoke else os.cpu_count() or 1).apply()
     if not args.skip_cost:
         cost(args)
     if not args.skip_accuracy:

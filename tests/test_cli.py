@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import shlex
 from typing import Annotated
 
 import pytest
@@ -244,6 +246,7 @@ def test_help_shows_its_defaults_and_brackets_as_written():
     assert "[default: the datastore's tuned value, else log-linear]" in asked and "[default: all cores]" in asked
     assert "[default: 0]" not in asked  # --threads 0 means all cores: said once
     assert "MLM head, [MASK] embedding" in runner.invoke(app, ["--help"], terminal_width=200).output
+    assert "Start with `bertknn demo`" in runner.invoke(app, ["--help"], terminal_width=200).output
 
 
 def test_the_model_options_make_one_runtime_and_set_the_threads(monkeypatch):
@@ -295,3 +298,34 @@ def test_build_with_a_key_codec_stores_codes_and_refuses_a_lazy_one(tmp_path, sm
     assert not (tmp_path / "l").exists()
     bad = runner.invoke(app, ["convert-keys", str(tmp_path / "c"), "--key-codec", "PQ8"])
     assert bad.exit_code == 2 and "holds its keys as SQ8; only float16 keys convert" in bad.output
+
+
+def _leaves(group: typer.core.TyperGroup, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], object]]:
+    """Every command under `group` with the words that call it (`eval lama`)."""
+    found, context = [], group.context_class(group)
+    for name in group.list_commands(context):
+        sub = group.get_command(context, name)
+        found += _leaves(sub, (*path, name)) if hasattr(sub, "list_commands") else [((*path, name), sub)]
+    return found
+
+
+def test_help_lists_the_commands_in_the_order_a_user_meets_them():
+    shown = runner.invoke(app, ["--help"], terminal_width=200).output
+    listed = [line.split()[0] for line in shown.split("Commands:")[1].splitlines() if line.strip()]
+    assert listed == list(cli.ORDER)
+    version = runner.invoke(app, ["--version"])
+    assert version.exit_code == 0 and version.output == f"bertknn {importlib.metadata.version('bertknn')}\n"
+
+
+def test_every_command_help_ends_with_an_example_that_parses():
+    leaves = dict(_leaves(typer.main.get_command(app)))
+    assert set(leaves) >= {("demo",), ("eval", "lama"), ("data", "lama"), ("train-head",)}
+    for path in leaves:
+        shown = runner.invoke(app, [*path, "--help"], terminal_width=200).output.rstrip()
+        assert "Example:" in shown and "Options:" not in shown.rsplit("Example:", 1)[-1], path
+        lines = [line.strip() for line in shown.rsplit("Example:", 1)[-1].splitlines() if line.strip()]
+        assert lines[0].startswith(" ".join(["bertknn", *path]) + " ") or lines[0] == "bertknn " + path[0], path
+        for line in lines:
+            words = shlex.split(line.split("   (")[0])  # a remark after three spaces is not part of the command
+            called = next(p for p in leaves if words[1 : 1 + len(p)] == list(p))
+            leaves[called].make_context(" ".join(called), words[1 + len(called) :])  # raises on an unknown option

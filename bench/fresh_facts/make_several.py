@@ -2,7 +2,7 @@
 city, educated in a second, working in a third, dying in a fourth, with a first and a second language; a company
 founded in one city and run from another), and questions phrased unlike their evidence.
 
-    python bench/fresh_facts/make_several.py   # writes several_documents.jsonl and several_questions.jsonl here
+    python bench/fresh_facts/make_several.py [--out DIR]   # writes several_{documents,questions}.jsonl here or in DIR
 
 Seeded, so the files it writes are the ones committed. Every answer is one wordpiece of bert-base-uncased's
 vocabulary (cities and languages), so the set measures telling a document's facts apart, not spelling words.
@@ -10,6 +10,7 @@ vocabulary (cities and languages), so the set measures telling a document's fact
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from pathlib import Path
@@ -255,6 +256,9 @@ def companies(rng: random.Random) -> list[tuple[dict, list[dict]]]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=HERE, help="where to write the two files (default: beside this)")
+    args = parser.parse_args()
     rng = random.Random(25)
     docs, questions = [], []
     for i, (doc, facts) in enumerate(people(rng) + companies(rng)):
@@ -264,7 +268,7 @@ def main() -> None:
             question = QUESTIONS[fact["relation"]].format(n=doc["title"])
             questions.append({**fact, "subject": doc["title"], "question": question, "document": doc["id"]})
     for name, rows in (("several_documents.jsonl", docs), ("several_questions.jsonl", questions)):
-        (HERE / name).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        (args.out / name).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     print(f"{len(docs)} documents, {len(questions)} questions")
 
 

@@ -14,7 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
+import typer.core
 from rich.markup import escape
 
 from bertknn.console import console, phase_progress, shown
@@ -32,14 +34,52 @@ from bertknn.query.settings import (
     WORD_BONUS,
 )
 
-HELP = "Command line: build, ask, index, add, remove, demo, data lama, eval lama, tune, train-head."
+HELP = (
+    "BERT-kNN: a masked language model that answers cloze questions from a text collection it searches.\n\n"
+    "Start with `bertknn demo`. Each command's --help ends with an example."
+)
+# the order a user meets the commands in; `bertknn --help` lists them so (click would sort them by name)
+ORDER = (
+    "demo", "build", "ask", "add", "remove", "index", "convert-keys", "prune", "serve", "verify", "eval", "tune",
+    "data", "train-head",
+)  # fmt: skip
 PLAIN = {"rich_markup_mode": None}  # help texts as written: their "[default: ...]" is not rich markup
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, **PLAIN)
+
+
+class _Ordered(typer.core.TyperGroup):
+    """The commands listed in ORDER, any other after them."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda name: ORDER.index(name) if name in ORDER else len(ORDER))
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, cls=_Ordered, **PLAIN)
 data_app = typer.Typer(no_args_is_help=True, help="Get and verify evaluation data.", **PLAIN)
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate BERT, kNN and BERT-kNN.", **PLAIN)
 app.add_typer(data_app, name="data")
 app.add_typer(eval_app, name="eval")
 TUNED = "default: the datastore's tuned value, else "
+
+
+def _version(wanted: bool) -> None:
+    """`bertknn --version`: the installed version, then exit."""
+    if wanted:
+        from importlib.metadata import version
+
+        console.print(f"bertknn {version('bertknn')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+    ] = False,
+) -> None:
+    """The options before any command (`--version`)."""
+
+
 DATA_DIR = Path(os.environ.get("BERTKNN_DATA", "../shared/data")) / "lama"
 USER_ERRORS = (ValueError, OSError)  # bertknn's errors are ValueErrors; OSError: disk full, permissions...
 
@@ -49,12 +89,14 @@ def command(
     name: str | None = None,
     interrupted: str | None = None,
     errors: Callable[[], tuple[type[Exception], ...]] = lambda: USER_ERRORS,
+    example: str = "",
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Register a command on `group` with the one error handler of all commands, so that a user sees a line, not a
     traceback: `errors()` print the red `error:` line (exit 2); Ctrl+C prints `interrupted` (formatted with the
     arguments; exit 130) where one is given. A command that runs the model declares `backend`, `device`, `dtype` and
     `threads`: it is called with the `Runtime` they make (checked here, threads applied) in `backend`; under
-    `--engine ray` the model runs on the cluster's workers, so the device is checked there (`Runtime.remote`)."""
+    `--engine ray` the model runs on the cluster's workers, so the device is checked there (`Runtime.remote`).
+    `example` (command lines, one per line) ends the command's help."""
 
     def wrap(fn: Callable[..., None]) -> Callable[..., None]:
         signature = inspect.signature(fn)
@@ -80,7 +122,8 @@ def command(
                 console.print(f"[yellow]interrupted[/]: {interrupted.format(**arguments)}")
                 raise typer.Exit(130) from None
 
-        return group.command(name)(run)
+        lines = "".join(f"\n  {line}" for line in example.splitlines())
+        return group.command(name, epilog=f"\b\nExample:{lines}" if example else None)(run)
 
     return wrap
 

@@ -39,7 +39,7 @@ from bertknn.model.runtime import CLI_BACKEND
 from bertknn.query.settings import PAPER
 
 
-@command(name="train-head")
+@command(name="train-head", example="bertknn train-head evidence_docs.jsonl --out my_head.safetensors")
 def train_head_cmd(
     corpus: Annotated[Path, typer.Argument(help="JSONL corpus to train on (held-out documents are skipped)")],
     out: Annotated[Path, typer.Option(help="safetensors file to write")] = HEAD_FILE,
@@ -67,7 +67,7 @@ def _lama_data_errors() -> tuple[type[Exception], ...]:
     return (LamaDataError, OSError)
 
 
-@command(data_app, "lama", errors=_lama_data_errors)
+@command(data_app, "lama", errors=_lama_data_errors, example="bertknn data lama --dest lama")
 def data_lama(
     dest: Annotated[Path, typer.Option(help="directory for LAMA's data (it gets data/TREx/... inside)")] = DATA_DIR,
     verify_only: Annotated[bool, typer.Option(help="only check the files against LAMA's git blob hashes")] = False,
@@ -100,7 +100,11 @@ MaxMinutesOption = Annotated[
 ]
 
 
-@command(eval_app, "lama")
+@command(
+    eval_app,
+    "lama",
+    example="bertknn eval lama --corpus my_docs.jsonl --data lama --sample-per-relation 30 --out report",
+)
 def eval_lama(
     corpus: CorpusOption,
     model: ModelOption = DEFAULT_MODEL,
@@ -156,7 +160,7 @@ def eval_lama(
     console.print(p_at_1_table(summary))
 
 
-@command()
+@command(example="bertknn tune --corpus my_docs.jsonl --data lama --out lama-tune")
 def tune(
     corpus: CorpusOption,
     model: ModelOption = DEFAULT_MODEL,

@@ -48,7 +48,7 @@ AddressOption = Annotated[str | None, typer.Option(help="ray: the cluster's addr
 ReplicasOption = Annotated[int, typer.Option(min=1, help="ray: replicas of each shard's deployment")]
 
 
-@command()
+@command(example="bertknn demo")
 def demo(
     model: Annotated[str, typer.Option(help="HF masked LM")] = DEFAULT_MODEL,
     backend: BackendOption = CLI_BACKEND,
@@ -67,7 +67,7 @@ def demo(
         console.print(part)
 
 
-@command()
+@command(example="bertknn serve my_store --port 8000   (then open http://127.0.0.1:8000)")
 def serve(
     datastore: ServedArg,
     host: HostOption = "127.0.0.1",

@@ -95,7 +95,10 @@ AddressOption = Annotated[
 ]
 
 
-@command(interrupted="what was committed is kept; rerun the same command to resume {out}")
+@command(
+    interrupted="what was committed is kept; rerun the same command to resume {out}",
+    example="bertknn build my_docs.jsonl --out my_store",
+)
 def build(
     corpus: CorpusArg,
     out: Annotated[Path, typer.Option("--out", "-o", help="datastore directory to create (or resume)")],
@@ -176,7 +179,7 @@ def _build_on_ray(
     )
 
 
-@command()
+@command(example='bertknn ask my_store "Dante was born in [MASK] ." --subject Dante')
 def ask(
     datastore: DatastoreArg,
     question: Annotated[str, typer.Argument(help="cloze question with exactly one [MASK]")],
@@ -217,7 +220,10 @@ def ask(
         console.print(render(prediction, top_k))
 
 
-@command(interrupted="what was saved is kept; rerun the same command to resume {datastore}")
+@command(
+    interrupted="what was saved is kept; rerun the same command to resume {datastore}",
+    example='bertknn index my_store\nbertknn ask my_store "Dante was born in [MASK] ." --retrieval faiss',
+)
 def index(
     datastore: DatastoreArg,
     factory: Annotated[
@@ -264,7 +270,10 @@ def index(
     )
 
 
-@command(interrupted="the keys are still read as they were; rerun the same command to resume {datastore}")
+@command(
+    interrupted="the keys are still read as they were; rerun the same command to resume {datastore}",
+    example="bertknn convert-keys my_store --key-codec SQ4",
+)
 def convert_keys(
     datastore: DatastoreArg,
     key_codec: Annotated[
@@ -292,7 +301,10 @@ def convert_keys(
     )
 
 
-@command(interrupted="{datastore} is left as it was; rerun the same command to go on with {out}")
+@command(
+    interrupted="{datastore} is left as it was; rerun the same command to go on with {out}",
+    example="bertknn prune my_store my_store_pruned --radius 40",
+)
 def prune(
     datastore: DatastoreArg,
     out: Annotated[Path, typer.Argument(help="directory of the pruned copy (new, or a pruning begun there)")],
@@ -321,7 +333,10 @@ def prune(
     )
 
 
-@command(interrupted="nothing half-added is searchable; rerun the same command to finish")
+@command(
+    interrupted="nothing half-added is searchable; rerun the same command to finish",
+    example="bertknn add my_store new_facts.jsonl",
+)
 def add(
     datastore: DatastoreArg,
     corpus: Annotated[Path, typer.Argument(help="documents to add, in any corpus format `bertknn build` reads")],
@@ -351,7 +366,7 @@ def add(
         )
 
 
-@command()
+@command(example="bertknn remove my_store --doc y1 --doc y2")
 def remove(
     datastore: DatastoreArg,
     doc: Annotated[list[str], typer.Option("--doc", help="id of a document to hide (repeatable)")],
@@ -368,7 +383,7 @@ def remove(
     )
 
 
-@command()
+@command(example="bertknn verify my_store")
 def verify(
     datastore: DatastoreArg,
     record: Annotated[
