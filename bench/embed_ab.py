@@ -9,7 +9,7 @@
 Each run is one fresh process on the source tree PYTHONPATH names (printed first); alternate them so a slow spell
 of the machine hits both. Model: bert-base-shaped, random weights (seed 0), 2 threads; contexts: the first ~300 of
 $BERTKNN_DATA/wiki/lama_evidence_docs.jsonl, read with `iter_corpus`, split with pysbd and tokenized by
-`tokenize_sentences` (functions both versions have). Used for the before/after table of issue 13 in bench/README.md.
+`tokenize_sentences` (functions both versions have). Used for the before/after table of bench/README.md.
 --smoke: about 20 contexts, 1 call each and a 2-block, 64-wide random BERT.
 """
 

@@ -1,5 +1,5 @@
-"""Compressed keys, measured before they become a datastore option: bytes per key, LAMA P@1 and question time when
-the exact search reads each form's codes (`store/codec.py`) instead of the float16 keys.
+"""Compressed keys, measured: bytes per key, LAMA P@1 and question time when the exact search reads each form's
+codes (`store/codec.py`) instead of the float16 keys.
 
     python bench/key_codecs.py [--dev 5] [--forms "float16;SQ8;SQ4;PCA96,SQ8;PQ96;PQ48"] [--train 50000] [--corpus F]
     python bench/key_codecs.py --exact-search [--forms ...]    # only the exact search's time per form

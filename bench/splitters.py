@@ -1,4 +1,4 @@
-"""Sentence splitters on the evidence corpus: sentences/s on one core and agreement with pysbd (bertknn's splitter).
+"""Sentence splitters on the evidence corpus: sentences/s on one core and agreement with pysbd (the reference).
 
     python bench/splitters.py [--docs 2000] [--smoke]    # all four need: pip install blingfire syntok sentencex
 
@@ -42,7 +42,7 @@ def _sentencex() -> Callable[[str], list[str]]:
 
 def _splitters() -> tuple[dict[str, Callable[[str], list[str]]], list[str]]:
     """The splitters whose packages are installed, pysbd first; the names of those that are not."""
-    found, missing = {"pysbd (bertknn today)": split_sentences}, []
+    found, missing = {"pysbd (older datastores)": split_sentences}, []
     for name, load in (("blingfire", _blingfire), ("syntok", _syntok), ("sentencex", _sentencex)):
         try:
             found[name] = load()

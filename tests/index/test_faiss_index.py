@@ -108,7 +108,7 @@ def test_faiss_path_needs_an_index(built):
         built.predict("Dante was born in [MASK] .", retrieval="faiss")
 
 
-# --- the FAISS index in parts: adds append, parts merge (issue 14 §3) ---
+# --- the FAISS index in parts: adds append, parts merge ---
 
 
 def _vectors(index: FaissIndex) -> np.ndarray:

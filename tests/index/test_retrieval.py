@@ -133,7 +133,7 @@ def test_a_datastore_index_built_in_small_segments_equals_one_built_at_once(tmp_
         np.testing.assert_allclose(s1, s2, rtol=1e-6)
 
 
-# --- segments merged as they pile up (issue 14 §3) ---
+# --- segments merged as they pile up ---
 
 WORDS = sorted({w for doc in DOCS for w in re.findall(r"\w+", doc.lower())})  # stopwords too
 

@@ -8,8 +8,9 @@ be killed with SIGKILL like any process). BERTKNN_SPAWN=exec runs every command 
 instead; the service test always starts a real `bertknn serve`.
 
 Figures (counts per test) are collected in one session object, written as JSON under the pytest temporary directory
-and printed (visible with `pytest -s`); in long mode (`--long` or BERTKNN_LONG=1) they are also appended to
-RELIABILITY_RUNS.md at the repository root with the date and the exact command.
+and printed (visible with `pytest -s`); in long mode (`--long` or BERTKNN_LONG=1) they are also appended, as one JSON
+line with the date, the exact command, the machine's cores and the wall time, to reports/reliability/runs.jsonl, which
+the documentation site summarises (docs/hooks.py: results/reliability-runs.md).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import pytest
 from ..conftest import write_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNS_FILE = ROOT / "RELIABILITY_RUNS.md"
+RUNS_FILE = ROOT / "reports" / "reliability" / "runs.jsonl"  # one JSON line per long run
 EXE = Path(sys.executable).with_name("bertknn")
 TORCH = ["--backend", "torch", "--threads", "1"]
 
@@ -458,15 +459,6 @@ class Figures:
             self.markdown[section] = markdown
 
 
-HEADER = """# Reliability runs
-
-Figures of `tests/reliability` in long mode (`--long` or BERTKNN_LONG=1), appended by each such run. Every `bertknn`
-command runs in its own process, forked from a process that imported the CLI once (tests/reliability/conftest.py;
-BERTKNN_SPAWN=exec runs the real executable instead); the service runs as a real `bertknn serve`.
-
-"""
-
-
 def _command(config: pytest.Config) -> str:
     env = "BERTKNN_LONG=1 " if os.environ.get("BERTKNN_LONG") == "1" else ""
     env += "BERTKNN_SPAWN=exec " if os.environ.get("BERTKNN_SPAWN") == "exec" else ""
@@ -476,7 +468,8 @@ def _command(config: pytest.Config) -> str:
 
 @pytest.fixture(scope="session")
 def figures(pytestconfig, tmp_path_factory) -> Figures:
-    """Where tests put their counts (JSON in the pytest temporary directory; RELIABILITY_RUNS.md in long mode)."""
+    """Where tests put their counts (JSON in the pytest temporary directory; reports/reliability/runs.jsonl in long
+    mode)."""
     began = time.time()
     collected = Figures(long_mode(pytestconfig))
     yield collected
@@ -486,21 +479,17 @@ def figures(pytestconfig, tmp_path_factory) -> Figures:
     out.write_text(json.dumps(collected.sections, indent=1, default=str), encoding="utf-8")
     print(f"\nreliability figures ({out}):\n{json.dumps(collected.sections, indent=1, default=str)}")
     if collected.long:
-        stamp = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-        lines = [
-            f"## Long run of {stamp}",
-            "",
-            f"Command: `{_command(pytestconfig)}`",
-            "",
-            f"Machine: {os.cpu_count()} CPU cores; wall time of the reliability session "
-            f"{(time.time() - began) / 60:.1f} min; JSON: {out}",
-            "",
-        ]
-        for section, text in collected.markdown.items():
-            lines += [f"### {section}", "", text.rstrip(), ""]
-        header = "" if RUNS_FILE.exists() else HEADER
+        run = {
+            "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+            "command": _command(pytestconfig),
+            "cores": os.cpu_count(),
+            "wall_min": round((time.time() - began) / 60, 1),
+            "figures": collected.sections,
+            "markdown": collected.markdown,
+        }
+        RUNS_FILE.parent.mkdir(parents=True, exist_ok=True)
         with RUNS_FILE.open("a", encoding="utf-8") as handle:
-            handle.write(header + "\n".join(lines) + "\n")
+            handle.write(json.dumps(run, ensure_ascii=False, default=str) + "\n")
 
 
 # --- the commands' start states and uninterrupted references (test_kill.py, test_disk_full.py) ---------------------

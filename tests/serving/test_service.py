@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -254,3 +255,17 @@ def test_fill_mask_format_on_request(client, built):
         ]
         assert [a["score"] for a in got] == pytest.approx([a["score"] for a in want])
     assert "fill_mask" not in client.post("/predict", json=ILSA).json()
+
+
+OPENAPI_DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "openapi.json"
+
+
+def test_the_documented_openapi_schema_is_the_service_s(writable_client):
+    """docs/reference/openapi.json (the docs site's service reference) equals the running service's schema; where it
+    does not, the test writes the new schema there and fails, so the change is seen and committed."""
+    schema = writable_client.get("/openapi.json").json()
+    written = json.dumps(schema, indent=1, sort_keys=True) + "\n"
+    if not OPENAPI_DOC.exists() or OPENAPI_DOC.read_text(encoding="utf-8") != written:
+        OPENAPI_DOC.write_text(written, encoding="utf-8")
+        pytest.fail(f"the service's OpenAPI schema changed: {OPENAPI_DOC} rewritten, commit it")
+    assert {"/predict", "/predict/batch", "/documents", "/health"} <= set(schema["paths"])

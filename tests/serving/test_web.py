@@ -1,16 +1,20 @@
 """The web page in a real browser: headless Chromium (Debian's, driven by Selenium) against uvicorn on loopback.
 
 Without Chromium and chromedriver the tests are skipped, except under CI (CI=true), where they fail: `.ci/run`
-installs both, so CI always runs them.
+installs both, so CI always runs them. The smoke group (`--smoke`, run by CI) also takes the documentation's screenshot
+of the page, on the demo datastore with the default model, so that the picture cannot go stale.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import uvicorn
@@ -30,6 +34,7 @@ except ImportError:  # the `browser` fixture skips (or, under CI, fails) and say
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 WAIT_S = 60
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "assets" / "page.png"
 
 
 def _missing() -> str | None:
@@ -63,12 +68,12 @@ def browser():
     driver.quit()
 
 
-@pytest.fixture()
-def server(built):
-    """The service over the tiny BERT's datastore, on a free loopback port; yields its base URL."""
+@contextlib.contextmanager
+def _serving(reader) -> Iterator[str]:
+    """The service over `reader` on a free loopback port; yields its base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(built), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(reader), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + WAIT_S
@@ -79,6 +84,13 @@ def server(built):
     server.should_exit = True
     thread.join(WAIT_S)
     sock.close()
+
+
+@pytest.fixture()
+def server(built):
+    """The service over the tiny BERT's datastore."""
+    with _serving(built) as url:
+        yield url
 
 
 def _ask(driver, url: str, question: str, subject: str = "") -> None:
@@ -128,3 +140,19 @@ def test_question_without_mask_shows_the_api_error(browser, server):
     error = WebDriverWait(browser, WAIT_S).until(ec.visibility_of_element_located((By.ID, "error")))
     assert "the question has no [MASK]" in error.text
     assert not browser.find_element(By.ID, "result").is_displayed()
+
+
+@pytest.mark.smoke
+def test_the_documentation_screenshot_is_taken_of_the_demo(browser):
+    """docs/assets/page.png: the page answering a demo question with the default model (the guide shows it)."""
+    from bertknn.demo import build_demo
+    from bertknn.model.runtime import Runtime
+
+    with _serving(build_demo(runtime=Runtime(threads=1))) as url:
+        _ask(browser, url, "Ilsa Varnhold was born in [MASK] .", "Ilsa Varnhold")
+        WebDriverWait(browser, WAIT_S).until(
+            ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#evidence .doc h3"), "Ilsa Varnhold")
+        )
+        assert browser.find_element(By.CSS_SELECTOR, "#ranking-bert_knn li .token").text == "lisbon"
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        assert browser.save_screenshot(str(SCREENSHOT)) and SCREENSHOT.stat().st_size > 10_000
