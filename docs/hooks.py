@@ -106,7 +106,9 @@ def reliability_runs() -> str:
     details = []
     for run in runs:
         body = "\n\n".join(f"**{section}**\n\n{text}" for section, text in run["markdown"].items())
-        indented = "\n".join(f"    {line}" if line else "" for line in f"Command: `{run['command']}`\n\n{body}".split("\n"))
+        indented = "\n".join(
+            f"    {line}" if line else "" for line in f"Command: `{run['command']}`\n\n{body}".split("\n")
+        )
         details.append(f'??? note "Long run of {run["date"]}"\n\n{indented}\n')
     return "\n".join([*table, "", *details])
 
