@@ -144,20 +144,20 @@ def lama_dir(tmp_path):
 
 def pytest_addoption(parser):
     """`--long`: the reliability suite (tests/reliability) runs its long trials; BERTKNN_LONG=1 does the same.
-    `--smoke`: the tests marked `smoke` (every bench at its smoke size, the guides' commands) run; the suite skips them
-    (minutes of work on two cores), CI runs them after it (.ci/run)."""
+    `--smoke`: the tests marked `smoke` (every bench at its smoke size, the guides' commands, the slowest cluster
+    tests) run; the suite skips them (minutes of work on two cores), CI runs them after it (.ci/run)."""
     parser.addoption("--long", action="store_true", default=False, help="run tests/reliability in long mode")
-    parser.addoption("--smoke", action="store_true", default=False, help="run the benches' and guides' smoke tests")
+    parser.addoption("--smoke", action="store_true", default=False, help="run the slower group")
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "smoke: a bench's or guide's smoke run: only with --smoke (CI runs them)")
+    config.addinivalue_line("markers", "smoke: the slower group (benches, guides, a node lost): only with --smoke")
 
 
 def pytest_collection_modifyitems(config, items):
     """Skip the smoke tests unless --smoke is given."""
     if not config.getoption("--smoke"):
-        skip = pytest.mark.skip(reason="a smoke run of a bench or guide: `./run.sh test --smoke -m smoke` (CI runs it)")
+        skip = pytest.mark.skip(reason="the slower group: `./run.sh test --smoke -m smoke` (CI runs it)")
         for item in items:
             if "smoke" in item.keywords:
                 item.add_marker(skip)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -35,6 +36,7 @@ from bertknn.store.shards import SHARDS_FILE, shard_name
 SHARD_DOCS = 50_000  # documents per shard by default: ~100 shards for English Wikipedia's 5.07M articles
 FORMAT = "bertknn-sharded"
 CPU_STAGE_CPUS = 0.5  # Ray CPUs a CPU-stage task asks for
+SHARED_CHECK = ".bertknn-shared-check"  # a file the driver writes in the output directory for every node to read
 
 
 def plan(n_docs: int, shard_docs: int) -> list[tuple[int, int]]:
@@ -115,6 +117,41 @@ def on_gpu(runtime: Runtime) -> bool:
     return runtime.device.startswith("cuda") or (runtime.device == "auto" and gpus > 0)
 
 
+def _sees(path: str, token: str) -> tuple[str, bool]:
+    """On a node: its address, and whether it reads `token` in the file at `path` the driver just wrote."""
+    import ray
+
+    try:
+        seen = Path(path).read_text(encoding="utf-8") == token
+    except OSError:
+        seen = False
+    return ray.util.get_node_ip_address(), seen
+
+
+def check_shared(out: Path) -> None:
+    """Refuse, before anything is built, an output directory that a node of the cluster cannot read: the driver
+    writes a fresh token into `out` and a task pinned to each node with CPUs or GPUs reads it back (a build would
+    otherwise fail half-way, when the first task on that node opens its shard's input)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n["Alive"] and (n["Resources"].get("CPU") or n["Resources"].get("GPU"))]
+    token, check = uuid.uuid4().hex, out / SHARED_CHECK
+    atomic.write_text(check, token)
+    try:
+        probe = ray.remote(num_cpus=0, max_retries=0)(_sees)
+        pinned = [NodeAffinitySchedulingStrategy(n["NodeID"], soft=False) for n in nodes]
+        seen = ray.get([probe.options(scheduling_strategy=where).remote(str(check), token) for where in pinned])
+    finally:
+        check.unlink(missing_ok=True)
+    blind = sorted({address for address, ok in seen if not ok})
+    if blind:
+        raise ValueError(
+            f"the Ray workers on {', '.join(blind)} cannot read the output directory {out}: it must be on storage "
+            "every node sees (NFS or the like) at the same path"
+        )
+
+
 def build(
     corpus: str | Path,
     out: str | Path,
@@ -137,7 +174,8 @@ def build(
     except ImportError:
         raise ValueError("building on Ray needs Ray: pip install 'bertknn[ray]'") from None
 
-    out, report = Path(out), progress or (lambda phase, done, total: None)
+    # absolute: a worker's working directory is its node's, not the driver's
+    out, report = Path(out).absolute(), progress or (lambda phase, done, total: None)
     runtime = runtime or Runtime()
     source = open_corpus(corpus)
     n_docs = builder.check_corpus(source, report)
@@ -160,6 +198,8 @@ def build(
         ray.init(address=address, log_to_driver=False)
     if todo:
         on_gpu(runtime)  # a device the cluster lacks is refused before anything is written
+        out.mkdir(parents=True, exist_ok=True)
+        check_shared(out)
     _write_inputs(source, out, shards, set(todo))
     if todo:
         before = len(shards) - len(todo)
@@ -187,8 +227,10 @@ def _run_stages(
     runtime = stage["runtime"]
     gpu = on_gpu(runtime)
     cpus = ray.cluster_resources().get("CPU", 1.0)
-    # the CPU stage's tasks get half a CPU each, so key-stage actors holding the rest never starve them
-    share = float(runtime.threads or max(0.5, (cpus - CPU_STAGE_CPUS) / max(workers, 1)))
+    nodes = sum(1 for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU", 0) > 0)
+    # the CPU stage's tasks get half a CPU each, and the actors leave that much free on every node with CPUs: on a
+    # cluster of several nodes, actors holding all but one half CPU of the cluster would starve the tasks for ever
+    share = float(runtime.threads or max(0.5, (cpus - CPU_STAGE_CPUS * max(nodes, 1)) / max(workers, 1)))
     items = [{"shard": i, "input": str(out / "inputs" / f"{shard_name(i)}.jsonl"), "out": str(d)} for i, d in todo]
     pipeline = (
         ray.data.from_items(items, override_num_blocks=len(items))

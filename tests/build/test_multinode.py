@@ -1,0 +1,122 @@
+"""Ray across nodes, simulated on one machine: `ray.cluster_utils.Cluster` starts a head node without CPUs (the
+driver's) and two worker nodes, each its own raylet and object store, so that work is placed on other nodes, objects
+travel between object stores and a node can be lost. The demo corpus is built, indexed and served on Ray there and
+compared with a single process's build; Ray's state API says where each task and actor ran. Each cluster is made and
+torn down by its own fixture (`Cluster.shutdown`: only the processes it started)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from bertknn.build import distributed  # noqa: E402
+from bertknn.store.shards import ShardedDatastore  # noqa: E402
+
+from .. import ray_cluster  # noqa: E402
+from ..ray_cluster import DEMO, free_port, nodes_cluster, same_entries, teardown  # noqa: E402
+
+single = ray_cluster.single  # module-scoped: the demo corpus built in one process
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    """A head without CPUs and two worker nodes of NODE_CPUS CPUs, this process its driver."""
+    cluster, workers = nodes_cluster(dashboard=True)
+    yield cluster, workers
+    teardown(cluster)
+
+
+def _where(kind: str, name: str, at_least: int = 1, wait_s: float = 30) -> list[str]:
+    """The node ids where tasks (kind "task") or actors ("actor") whose name contains `name` ran, from Ray's state
+    API; task events reach it a little after the task ends, so it is asked until `at_least` are there."""
+    from ray.util.state import list_actors, list_tasks
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        if kind == "task":
+            found = [t.node_id for t in list_tasks(limit=10_000, detail=True) if name in t.name and t.node_id]
+        else:
+            found = [a.node_id for a in list_actors(limit=10_000, detail=True) if name in a.class_name and a.node_id]
+        if len(found) >= at_least or time.monotonic() > deadline:
+            return found
+        time.sleep(1)
+
+
+def _ask(port: int, question: str, subject: str | None, retrieval: str) -> dict:
+    body = {"text": question, "subject": subject, "evidence": 3, "options": {"retrieval": retrieval}}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/predict", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def test_a_build_index_and_service_on_two_nodes_equal_one_process(nodes, single, tmp_path, tiny_model_dir):
+    from ray import serve
+
+    from bertknn.index.faiss_index import ShardedFaiss
+    from bertknn.model.runtime import Runtime
+    from bertknn.serving import ray_serve
+
+    _, workers = nodes
+    worker_ids = {node.node_id for node in workers}
+    out = tmp_path / "sharded"
+    top = distributed.build(DEMO, out, str(tiny_model_dir), workers=2, shard_docs=11)
+    assert [s["documents"] for s in top["shards"]] == [11, 11, 11, 10]
+    same_entries(out, single)
+    # the output directory was checked from both nodes; each key-stage actor ran on a node of its own
+    assert set(_where("task", "_sees", 2)) == worker_ids
+    assert sorted(_where("actor", "KeyStage", 2)) == sorted(worker_ids)
+    assert set(_where("task", "_register", 4)) <= worker_ids
+
+    store = ShardedDatastore(out)
+    ShardedFaiss.build(store, "Flat", on_ray=True)
+    assert set(_where("task", "_fill_shard", 4)) == worker_ids  # one CPU each: both nodes fill shards
+    port = free_port()
+    ray_serve.run(str(out), "127.0.0.1", port, Runtime(threads=1), replicas=1, blocking=False)
+    try:
+        assert set(_where("actor", "ServeReplica", 5)) == worker_ids  # the ingress and 4 shards, on both nodes
+        local = single
+        for question, subject in [
+            ("Ilsa Varnhold was born in [MASK] .", "Ilsa Varnhold"),
+            ("Quellbrook is a town in [MASK] .", None),
+            ("Korvane Industries was founded in [MASK] .", None),
+        ]:
+            for retrieval in ("ir", "faiss"):
+                if retrieval == "faiss" and local.faiss is None:
+                    from bertknn.build.writer import Writer
+
+                    Writer(local.store, local.encoder).index_keys("Flat")
+                    local.refresh()
+                remote = _ask(port, question, subject, retrieval)
+                here = local.predict(question, subject=subject, retrieval=retrieval, top_k=5)
+                assert remote["documents"] == here.documents and remote["knn"], (question, retrieval)
+                for ranking in ("knn", "bert_knn"):
+                    expected = [(t.token, round(t.probability, 4)) for t in getattr(here, ranking)]
+                    assert [(t["token"], round(t["probability"], 4)) for t in remote[ranking][:5]] == expected
+                top_word = here.knn[0].token
+                assert [e["sentence"] for e in remote["evidence"][top_word]] == [
+                    n.sentence for n in here.evidence[top_word][:3]
+                ]
+    finally:
+        serve.shutdown()
+
+
+def test_an_output_directory_a_node_cannot_read_is_refused_before_anything_is_written(
+    nodes, tmp_path, tiny_model_dir, monkeypatch
+):
+    """The driver's check file lands where the workers do not look (as on a directory that is not shared): the
+    build stops at once, naming the directory and the nodes, with no shard input or shard written."""
+    real, elsewhere = distributed.atomic.write_text, tmp_path / "driver-only"
+    elsewhere.mkdir()
+    monkeypatch.setattr(distributed.atomic, "write_text", lambda path, text: real(elsewhere / Path(path).name, text))
+    out = tmp_path / "sharded"
+    with pytest.raises(ValueError, match=f"cannot read the output directory {out}: it must be on storage every node"):
+        distributed.build(DEMO, out, str(tiny_model_dir), workers=2, shard_docs=11)
+    assert not (out / "inputs").exists() and not (out / "shards").exists()
