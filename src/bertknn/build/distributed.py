@@ -12,6 +12,7 @@ manifest, `shards.json`, lists the shards in order with their document and entry
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import uuid
@@ -169,10 +170,8 @@ def build(
     equal share of the cluster's). `address`: a running cluster's ("auto" finds one); None starts a local one
     (or uses the Ray this process already started).
     """
-    try:
-        import ray
-    except ImportError:
-        raise ValueError("building on Ray needs Ray: pip install 'bertknn[ray]'") from None
+    if importlib.util.find_spec("ray") is None:
+        raise ValueError("building on Ray needs Ray: pip install 'bertknn[ray]'")
 
     # absolute: a worker's working directory is its node's, not the driver's
     out, report = Path(out).absolute(), progress or (lambda phase, done, total: None)
@@ -194,12 +193,8 @@ def build(
     _check_existing(out, manifest, shard_docs)
     todo = [i for i, (a, b) in enumerate(shards) if not _complete(dirs[i], b - a)]
     report("sharding", len(shards) - len(todo), len(shards))
-    if todo and not ray.is_initialized():
-        ray.init(address=address, log_to_driver=False)
     if todo:
-        on_gpu(runtime)  # a device the cluster lacks is refused before anything is written
-        out.mkdir(parents=True, exist_ok=True)
-        check_shared(out)
+        _start(out, address, runtime)
     _write_inputs(source, out, shards, set(todo))
     if todo:
         before = len(shards) - len(todo)
@@ -215,6 +210,18 @@ def build(
     result = _top_manifest(manifest, dirs)
     write_json(top, result)
     return result
+
+
+def _start(out: Path, address: str | None, runtime: Runtime) -> None:
+    """Ray started (unless it is), then what the cluster lacks refused before anything is written: a device, or an
+    output directory that a node cannot read."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, log_to_driver=False)
+    on_gpu(runtime)
+    out.mkdir(parents=True, exist_ok=True)
+    check_shared(out)
 
 
 def _run_stages(
