@@ -6,7 +6,10 @@ of several nodes share (tests/build/test_multinode.py, test_multinode_loss.py)."
 
 from __future__ import annotations
 
+import json
 import socket
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +80,20 @@ def nodes_cluster(dashboard: bool) -> tuple[Cluster, list]:
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
     return cluster, workers
+
+
+def ask(port: int, question: str, subject: str | None, retrieval: str, timeout: float = 60) -> tuple[int, dict, dict]:
+    """POST /predict to the service at `port` (3 evidence sentences): the status, headers (names in lower case) and
+    JSON body, an HTTP error's too."""
+    body = {"text": question, "subject": subject, "evidence": 3, "options": {"retrieval": retrieval}}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/predict", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, {k.lower(): v for k, v in response.headers.items()}, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, {k.lower(): v for k, v in err.headers.items()}, json.loads(err.read())
 
 
 def teardown(cluster: Cluster) -> None:

@@ -6,9 +6,7 @@ torn down by its own fixture (`Cluster.shutdown`: only the processes it started)
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from bertknn.build import distributed  # noqa: E402
 from bertknn.store.shards import ShardedDatastore  # noqa: E402
 
 from .. import ray_cluster  # noqa: E402
-from ..ray_cluster import DEMO, free_port, nodes_cluster, same_entries, teardown  # noqa: E402
+from ..ray_cluster import DEMO, ask, free_port, nodes_cluster, same_entries, teardown  # noqa: E402
 
 single = ray_cluster.single  # module-scoped: the demo corpus built in one process
 
@@ -46,15 +44,6 @@ def _where(kind: str, name: str, at_least: int = 1, wait_s: float = 30) -> list[
         if len(found) >= at_least or time.monotonic() > deadline:
             return found
         time.sleep(1)
-
-
-def _ask(port: int, question: str, subject: str | None, retrieval: str) -> dict:
-    body = {"text": question, "subject": subject, "evidence": 3, "options": {"retrieval": retrieval}}
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/predict", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
 
 
 def test_a_build_index_and_service_on_two_nodes_equal_one_process(nodes, single, tmp_path, tiny_model_dir):
@@ -94,7 +83,8 @@ def test_a_build_index_and_service_on_two_nodes_equal_one_process(nodes, single,
 
                     Writer(local.store, local.encoder).index_keys("Flat")
                     local.refresh()
-                remote = _ask(port, question, subject, retrieval)
+                status, _, remote = ask(port, question, subject, retrieval)
+                assert status == 200, remote
                 here = local.predict(question, subject=subject, retrieval=retrieval, top_k=5)
                 assert remote["documents"] == here.documents and remote["knn"], (question, retrieval)
                 for ranking in ("knn", "bert_knn"):

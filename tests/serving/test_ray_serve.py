@@ -91,6 +91,32 @@ def test_an_ir_question_is_searched_only_by_the_shards_owning_its_documents(serv
     assert routed.remote_shards.asked[1] == 0 < routed.remote_shards.asked[2]  # Town 40's document is in shard 2
 
 
+def test_shards_that_do_not_answer_in_time_give_a_clean_503(served):
+    """Shard calls given no time at all (as when a node is lost and its replicas are not back): the search raises
+    ShardUnavailable naming the shard, the service answers 503 with Retry-After, and the batch is not retried
+    question by question."""
+    from fastapi.testclient import TestClient
+    from ray import serve
+
+    from bertknn.query.search import ShardUnavailable
+    from bertknn.serving.ray_serve import APP_NAME, ServedShards, shard_deployment
+    from bertknn.serving.service import create_app
+
+    local, _, _ = served
+    routed = BertKNN.load(local.store.path)
+    handles = [serve.get_deployment_handle(shard_deployment(i), app_name=APP_NAME) for i in range(4)]
+    routed.serve_shards_on(ServedShards(routed.store, handles))  # the FAISS index's size is asked with time to answer
+    routed.remote_shards.wait_s = 0.0
+    with pytest.raises(ShardUnavailable, match=r"^shard 0 of the datastore gave no answer within 0 s .* try again"):
+        routed.predict(*QUESTIONS[0], retrieval="faiss")
+    with TestClient(create_app(routed), base_url="http://localhost") as client:
+        batch = {"questions": [{"text": q, "subject": s} for q, s in QUESTIONS], "options": {"retrieval": "faiss"}}
+        response = client.post("/predict/batch", json=batch)
+        assert response.status_code == 503 and response.headers["Retry-After"] == "5"
+        assert response.json()["detail"].startswith("shard 0 of the datastore gave no answer within 0 s")
+        assert client.app.state.batcher.calls == 1
+
+
 def test_ray_serve_health_counts_every_shard(served):
     import urllib.request
 

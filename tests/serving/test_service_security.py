@@ -237,7 +237,7 @@ def test_a_prediction_not_ready_in_time_gets_503_and_is_skipped(built, monkeypat
     paris = {"text": "Paris is the capital of [MASK] ."}
     with TestClient(create_app(built, request_timeout_s=0.5), base_url=BASE) as c:
         first = c.post("/predict", json=ILSA)  # the worker is stuck in its call
-        assert first.status_code == 503 and "0.5 s" in first.json()["detail"]
+        assert first.status_code == 503 and "0.5 s" in first.json()["detail"] and first.headers["Retry-After"] == "5"
         queued = {"text": "Quellbrook is a town in [MASK] ."}
         assert c.post("/predict/batch", json={"questions": [queued]}).status_code == 503
         release.set()

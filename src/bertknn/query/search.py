@@ -57,6 +57,11 @@ class Search(Protocol):
     ) -> list[Neighbours]: ...
 
 
+class ShardUnavailable(RuntimeError):
+    """A shard searched elsewhere did not answer: its replica died with its node, or gave no answer in time. The
+    question can be asked again once the replica is back (Ray Serve restarts it where there is room)."""
+
+
 class RemoteShards(Protocol):
     """A sharded datastore's shards searched where they are held (`ray_serve.ServedShards`, through
     `BertKNN.serve_shards_on`): exact kNN over documents (global numbers), asking only the shards that own them, and

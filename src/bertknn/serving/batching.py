@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from bertknn.query.pipeline import BertKNN, Query
+from bertknn.query.search import ShardUnavailable
 from bertknn.query.settings import Settings
 
 
@@ -92,11 +93,12 @@ class MicroBatcher:
                 self.reader.refresh()
                 predictions = self.reader.predict_batch(queries, None, top_k, evidence, settings=settings)
         except Exception as err:
-            if len(group) > 1:
+            if len(group) > 1 and not isinstance(err, ShardUnavailable):  # one by one finds the question that failed
                 for job in group:
                     self._answer([job])
-            else:
-                group[0].future.set_exception(err)
+            else:  # one question, or a shard down that every question of the group waits on
+                for job in group:
+                    job.future.set_exception(err)
             return
         start = 0
         for job in group:

@@ -1,6 +1,6 @@
 """What a client is told when a request fails: 422 for a malformed request or question (`validation_error`,
-`unprocessable`), 503 for a busy datastore (`busy`), 507 for a full disk (`full`), each with a detail that names no
-path on the server (`public`, and `public_name` for /health).
+`unprocessable`), 503 for a busy datastore or server (`busy`, `unavailable`), 507 for a full disk (`full`), each with
+a detail that names no path on the server (`public`, and `public_name` for /health).
 """
 
 from __future__ import annotations
@@ -54,11 +54,15 @@ def unprocessable(message: str) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=message)
 
 
+def unavailable(message: str) -> HTTPException:
+    """503 for a question the server could not answer now (busy, or a shard's node lost): a retry after Retry-After
+    may get through."""
+    return HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail=message, headers={"Retry-After": "5"})
+
+
 def busy(err: BusyError, store: Store) -> HTTPException:
     """503 for a write that waited too long for another writer: a retry (after Retry-After) may get through."""
-    return HTTPException(
-        status.HTTP_503_SERVICE_UNAVAILABLE, detail=public(str(err), store), headers={"Retry-After": "5"}
-    )
+    return unavailable(public(str(err), store))
 
 
 def full(err: DiskFullError, store: Store) -> HTTPException:

@@ -10,6 +10,8 @@ to the shards that own them; a FAISS question fans out to every shard. The shard
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -17,6 +19,8 @@ import numpy as np
 from bertknn.index.exact import candidates, nearest
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.model.runtime import Runtime
+from bertknn.query.search import ShardUnavailable
+from bertknn.serving.schemas import REQUEST_TIMEOUT_S
 from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.shards import ShardedDatastore, shard_name
 
@@ -69,10 +73,11 @@ class ShardServer:
 
 class ServedShards:
     """The shard deployments as the ingress sees them (Serve handles in shard order), searched by `BertKNN` once it
-    is given them (`serve_shards_on`): the `search.RemoteShards` of a sharded datastore."""
+    is given them (`serve_shards_on`): the `search.RemoteShards` of a sharded datastore. A search whose shards have
+    not all answered within `wait_s` (a node lost, its replicas not yet back) raises `ShardUnavailable`."""
 
-    def __init__(self, store: ShardedDatastore, handles: list) -> None:
-        self.store, self.handles = store, handles
+    def __init__(self, store: ShardedDatastore, handles: list, wait_s: float = REQUEST_TIMEOUT_S) -> None:
+        self.store, self.handles, self.wait_s = store, handles, wait_s
         self.asked = [0] * len(handles)  # IR-path requests sent to each shard
         self.ntotal = 0  # keys in the shards' FAISS indexes
 
@@ -84,9 +89,8 @@ class ServedShards:
             if len(local):
                 calls[s] = self.handles[s].nearest.remote(local, state, k)
                 self.asked[s] += 1
-        return self.store.merge_nearest(
-            [calls[s].result() if s in calls else NONE_FOUND for s in range(len(self.handles))], k
-        )
+        found = dict(zip(calls, self._answers(list(calls.values()), list(calls))))
+        return self.store.merge_nearest([found.get(s, NONE_FOUND) for s in range(len(self.handles))], k)
 
     def search(
         self, query: np.ndarray, k: int, hidden: np.ndarray | None = None, rerank: int = 8
@@ -94,7 +98,26 @@ class ServedShards:
         """The k nearest entries over every shard's FAISS index (global numbers), as `ShardedFaiss.search`."""
         local = self.store.split_documents(hidden)
         calls = [handle.search.remote(query, k, h, rerank) for handle, h in zip(self.handles, local)]
-        return self.store.merge_nearest([call.result() for call in calls], k)
+        return self.store.merge_nearest(self._answers(calls, range(len(calls))), k)
+
+    def _answers(self, calls: list, shards: Sequence[int]) -> list:
+        """The calls' results, all within `wait_s` together; else the calls are cancelled and ShardUnavailable names
+        the first shard that did not answer."""
+        from ray.exceptions import RayError
+
+        deadline, answers = time.monotonic() + self.wait_s, []
+        for call, shard in zip(calls, shards):
+            try:
+                answers.append(call.result(timeout_s=max(deadline - time.monotonic(), 0.0)))
+            except (TimeoutError, RayError) as err:
+                for other in calls:
+                    other.cancel()
+                reason = f"gave no answer within {self.wait_s:g} s" if isinstance(err, TimeoutError) else "failed"
+                raise ShardUnavailable(
+                    f"shard {shard} of the datastore {reason} (its node may be lost while Ray Serve restarts its "
+                    "replica): try again in a few seconds"
+                ) from err
+        return answers
 
     def faiss(self, store: ShardedDatastore) -> ServedShards | None:
         """The FAISS path (`BertKNN`'s loader), or None when a shard has no index."""
@@ -106,21 +129,23 @@ class ServedShards:
 
 
 class Ingress:
-    """The ingress deployment: the model and bertknn's FastAPI app, searching through the shard deployments."""
+    """The ingress deployment: the model and bertknn's FastAPI app, searching through the shard deployments, which
+    are waited for as long as the app waits for an answer (`request_timeout_s`)."""
 
     def __init__(self, datastore: str, shards: list, runtime: Runtime, app_options: dict) -> None:
+        wait_s = float(app_options.get("request_timeout_s", REQUEST_TIMEOUT_S))
         # in a thread: Serve runs this in its event loop, where a handle's result cannot be waited for
         with ThreadPoolExecutor(1) as thread:
-            self.reader = thread.submit(self._load, datastore, shards, runtime.here()).result()
+            self.reader = thread.submit(self._load, datastore, shards, runtime.here(), wait_s).result()
         self.app_options = app_options
 
     @staticmethod
-    def _load(datastore: str, shards: list, runtime: Runtime):
+    def _load(datastore: str, shards: list, runtime: Runtime, wait_s: float):
         from bertknn.query.pipeline import BertKNN
 
         runtime.apply()
         reader = BertKNN.load(datastore, runtime=runtime)
-        reader.serve_shards_on(ServedShards(reader.store, shards))
+        reader.serve_shards_on(ServedShards(reader.store, shards, wait_s))
         reader.encoder.query(["[MASK] ."])  # the first request should not pay for loading the model
         return reader
 

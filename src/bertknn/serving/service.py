@@ -36,9 +36,17 @@ from bertknn.demo import DEMO_CORPUS, demo_questions
 from bertknn.model.encoder import QuestionError
 from bertknn.query.combine import Prediction
 from bertknn.query.pipeline import BertKNN, Query
+from bertknn.query.search import ShardUnavailable
 from bertknn.query.settings import Settings
 from bertknn.serving.batching import MicroBatcher
-from bertknn.serving.errors import public, public_name, unprocessable, validation_error, write_errors
+from bertknn.serving.errors import (
+    public,
+    public_name,
+    unavailable,
+    unprocessable,
+    validation_error,
+    write_errors,
+)
 from bertknn.serving.schemas import (
     MAX_BODY_BYTES,
     MAX_DOCUMENT_CHARS,
@@ -172,7 +180,8 @@ async def _predict(
     batcher: MicroBatcher, checked: tuple[list[Query], Settings], req: PredictRequest | BatchRequest, timeout_s: float
 ) -> list:
     """The questions' predictions as dicts (with the fill-mask format if asked); 503 when they are not ready within
-    `timeout_s` (the job is then cancelled, so the worker skips it unless it has started)."""
+    `timeout_s` (the job is then cancelled, so the worker skips it unless it has started) or a shard served elsewhere
+    did not answer."""
     queries, settings = checked
     future = batcher.submit(queries, req.top_k, req.evidence, settings)
     try:
@@ -181,10 +190,10 @@ async def _predict(
         raise unprocessable(public(str(err), batcher.reader.store)) from None
     except asyncio.TimeoutError:
         future.cancel()
-        raise HTTPException(
-            status.HTTP_503_SERVICE_UNAVAILABLE,
-            detail=f"no answer within the server's time limit of {timeout_s:g} s: it is busy, try again later",
-        ) from None
+        late = f"no answer within the server's time limit of {timeout_s:g} s: it is busy, try again later"
+        raise unavailable(late) from None
+    except ShardUnavailable as err:
+        raise unavailable(str(err)) from None
     return [p.to_dict(batcher.reader.encoder.tokenizer if req.fill_mask else None) for p in predictions]
 
 
