@@ -88,6 +88,15 @@ CASES = {
         ],
     ),
     "ray_build": ("ray_build.py", [], "wiki", [r"same entries: True$", rf"^ray / single contexts/s: {NUMBER}$"]),
+    "ray_nodes": (
+        "ray_nodes.py",
+        [],
+        "wiki",
+        [
+            r"^\| 3 \| 2 \| ",
+            rf"^per node at 3 documents per shard: peak PSS {NUMBER} MiB, peak object store {NUMBER} bytes$",
+        ],
+    ),
     "ray_serve": (
         "ray_serve.py",
         [],
@@ -99,7 +108,7 @@ CASES = {
     "verify": ("verify.py", [], None, [r"^open-time sample \(\d+ \+ last\) +[\d.]+ s"]),
     "words": ("words.py", [], "wiki", [r"^\| whole words \+ names \| after add \| ", r"^questions per cell: "]),
 }
-RAY = {"ray_build", "ray_serve"}
+RAY = {"ray_build", "ray_nodes", "ray_serve"}
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:

@@ -1,6 +1,7 @@
 """The datastore built on Ray (src/bertknn/build/distributed.py; a real local cluster, 2 CPUs): shards equal to a
 single-process build, the sharded datastore read as one (IR scores, predictions, add, remove), a key-stage worker
-killed mid-shard, a driver killed mid-build, FAISS filled on Ray, refusals."""
+killed mid-shard, a driver killed mid-build, FAISS filled on Ray, refusals. The three tests that make builds of their
+own are in the slower group (marked smoke) that CI runs after the suite."""
 
 from __future__ import annotations
 
@@ -109,6 +110,7 @@ def test_a_rerun_after_the_build_returns_the_top_manifest_and_refuses_another_co
         distributed.build(other, path / "sharded", str(tiny_model_dir), shard_docs=15)
 
 
+@pytest.mark.smoke  # a build of its own: in the slower group CI runs after the suite
 def test_a_key_stage_worker_killed_mid_shard_is_retried_and_nothing_is_lost(cluster, tmp_path, tiny_model_dir):
     corpus = write_corpus(tmp_path / "towns.jsonl", towns(240, sentences=12))
     out = tmp_path / "sharded"
@@ -168,6 +170,7 @@ def kill_processes_mentioning(text: str) -> None:
             continue
 
 
+@pytest.mark.smoke  # a build of its own: in the slower group CI runs after the suite
 def test_a_driver_killed_mid_build_and_rerun_redoes_only_the_shards_not_committed(cluster, tmp_path, tiny_model_dir):
     import subprocess
     import sys
@@ -203,6 +206,7 @@ def test_a_driver_killed_mid_build_and_rerun_redoes_only_the_shards_not_committe
     np.testing.assert_array_equal(sharded.values[every], np.asarray(single.store.values))
 
 
+@pytest.mark.smoke  # a build of its own: in the slower group CI runs after the suite
 def test_faiss_over_shards_returns_what_one_index_over_all_keys_returns(cluster, tmp_path, tiny_model_dir):
     from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
 

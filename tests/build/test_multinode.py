@@ -2,7 +2,8 @@
 driver's) and two worker nodes, each its own raylet and object store, so that work is placed on other nodes, objects
 travel between object stores and a node can be lost. The demo corpus is built, indexed and served on Ray there and
 compared with a single process's build; Ray's state API says where each task and actor ran. Each cluster is made and
-torn down by its own fixture (`Cluster.shutdown`: only the processes it started)."""
+torn down by its own fixture (`Cluster.shutdown`: only the processes it started). Two minutes of a cluster of its own:
+in the slower group (marked smoke) that CI runs after the suite."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from bertknn.store.shards import ShardedDatastore  # noqa: E402
 from .. import ray_cluster  # noqa: E402
 from ..ray_cluster import DEMO, ask, free_port, nodes_cluster, same_entries, teardown  # noqa: E402
 
+pytestmark = pytest.mark.smoke
 single = ray_cluster.single  # module-scoped: the demo corpus built in one process
 
 

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from bertknn import cli
 from bertknn.model.runtime import Runtime
+from bertknn.query.pipeline import BertKNN
 from bertknn.serving.security import allowed_hosts_for, is_loopback
 from bertknn.serving.service import create_app
 
@@ -244,6 +245,23 @@ def test_a_prediction_not_ready_in_time_gets_503_and_is_skipped(built, monkeypat
         assert answered.wait(30)
         assert c.post("/predict", json=paris).status_code == 200
     assert asked == [ILSA["text"], paris["text"]]  # the queued job given up on never ran
+
+
+def test_serve_takes_the_time_limit_from_the_command_line(served, monkeypatch):
+    predict_batch, release = BertKNN.predict_batch, threading.Event()
+
+    def slow(self, *args, **kwargs):
+        assert release.wait(30)
+        return predict_batch(self, *args, **kwargs)
+
+    monkeypatch.setattr(BertKNN, "predict_batch", slow)
+    result, captured = served("--request-timeout", "0.25")
+    assert result.exit_code == 0, result.output
+    with TestClient(captured["app"], base_url=BASE) as c:
+        late = c.post("/predict", json=ILSA)
+        release.set()
+    assert late.status_code == 503 and "time limit of 0.25 s" in late.json()["detail"]
+    assert served("--request-timeout", "0")[0].exit_code == 2
 
 
 # 5. malformed requests: 4xx, never 5xx

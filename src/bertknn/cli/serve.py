@@ -13,6 +13,7 @@ from bertknn.model.default_model import DEFAULT_MODEL
 from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import CLI_BACKEND, Runtime
 from bertknn.query.pipeline import BertKNN
+from bertknn.serving.schemas import REQUEST_TIMEOUT_S
 
 ServedArg = Annotated[
     str, typer.Argument(help="datastore directory, or `demo` for the demo corpus's (built and cached on first use)")
@@ -46,6 +47,14 @@ EngineOption = Annotated[
 ]
 AddressOption = Annotated[str | None, typer.Option(help="ray: the cluster's address [default: a local one]")]
 ReplicasOption = Annotated[int, typer.Option(min=1, help="ray: replicas of each shard's deployment")]
+RequestTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        min=0.001,
+        help="seconds a question may take; then it gets 503 with Retry-After (ray: also how long the shards are waited "
+        "for, as when a node is lost)",
+    ),
+]
 
 
 @command(example="bertknn demo")
@@ -78,6 +87,7 @@ def serve(
     engine: EngineOption = "local",
     address: AddressOption = None,
     replicas: ReplicasOption = 1,
+    request_timeout: RequestTimeoutOption = REQUEST_TIMEOUT_S,
     backend: BackendOption = CLI_BACKEND,
     device: DeviceOption = "auto",
     dtype: DtypeOption = "float32",
@@ -91,7 +101,7 @@ def serve(
     token = token or None
     hosts = _bind(datastore, host, writable, token, allowed_host, engine)
     mode = ("writable, with token" if token else "writable") if writable else "read-only"
-    options = {"writable": writable, "token": token, "allowed_hosts": hosts}
+    options = {"writable": writable, "token": token, "allowed_hosts": hosts, "request_timeout_s": request_timeout}
     if engine == "ray":
         _serve_on_ray(datastore, host, port, backend, address, replicas, mode, options)
         return
