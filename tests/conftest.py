@@ -13,6 +13,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import json
 from pathlib import Path
 
+# imported now, before any test starts Ray: hypothesis's pytest plugin imports it at the end of the run otherwise, and
+# compiling it then, beside Ray's threads, once failed with CPython 3.11's "AST constructor recursion depth mismatch"
+# (python/cpython#106905) after every test had passed
+import hypothesis  # noqa: F401
 import pytest
 import torch
 from threadpoolctl import threadpool_limits
