@@ -96,6 +96,12 @@ def ask(port: int, question: str, subject: str | None, retrieval: str, timeout: 
         return err.code, {k.lower(): v for k, v in err.headers.items()}, json.loads(err.read())
 
 
+def state_address() -> str:
+    """The address of the cluster this process is connected to, for Ray's state API: without it the API asks the
+    cluster started last on this machine, which may be another test's (CI runs tests in two processes at once)."""
+    return ray.get_runtime_context().gcs_address
+
+
 def teardown(cluster: Cluster) -> None:
     ray.shutdown()
     cluster.shutdown()

@@ -18,7 +18,7 @@ from bertknn.build import distributed  # noqa: E402
 from bertknn.store.shards import ShardedDatastore  # noqa: E402
 
 from .. import ray_cluster  # noqa: E402
-from ..ray_cluster import DEMO, ask, free_port, nodes_cluster, same_entries, teardown  # noqa: E402
+from ..ray_cluster import DEMO, ask, free_port, nodes_cluster, same_entries, state_address, teardown  # noqa: E402
 
 pytestmark = pytest.mark.smoke
 single = ray_cluster.single  # module-scoped: the demo corpus built in one process
@@ -37,12 +37,12 @@ def _where(kind: str, name: str, at_least: int = 1, wait_s: float = 30) -> list[
     API; task events reach it a little after the task ends, so it is asked until `at_least` are there."""
     from ray.util.state import list_actors, list_tasks
 
-    deadline = time.monotonic() + wait_s
+    deadline, where = time.monotonic() + wait_s, {"address": state_address(), "limit": 10_000, "detail": True}
     while True:
         if kind == "task":
-            found = [t.node_id for t in list_tasks(limit=10_000, detail=True) if name in t.name and t.node_id]
+            found = [t.node_id for t in list_tasks(**where) if name in t.name and t.node_id]
         else:
-            found = [a.node_id for a in list_actors(limit=10_000, detail=True) if name in a.class_name and a.node_id]
+            found = [a.node_id for a in list_actors(**where) if name in a.class_name and a.node_id]
         if len(found) >= at_least or time.monotonic() > deadline:
             return found
         time.sleep(1)

@@ -25,7 +25,16 @@ from bertknn.serving import ray_serve  # noqa: E402
 from bertknn.store.shards import ShardedDatastore  # noqa: E402
 
 from .. import ray_cluster  # noqa: E402
-from ..ray_cluster import DEMO, NODE_CPUS, ask, free_port, nodes_cluster, same_entries, teardown  # noqa: E402
+from ..ray_cluster import (  # noqa: E402
+    DEMO,
+    NODE_CPUS,
+    ask,
+    free_port,
+    nodes_cluster,
+    same_entries,
+    state_address,
+    teardown,
+)
 
 single = ray_cluster.single  # module-scoped: the demo corpus built in one process
 
@@ -89,7 +98,7 @@ def _replicas() -> dict[str, list[str]]:
     from ray.util.state import list_actors
 
     placed: dict[str, list[str]] = {}
-    for actor in list_actors(filters=[("state", "=", "ALIVE")], limit=10_000, detail=True):
+    for actor in list_actors(address=state_address(), filters=[("state", "=", "ALIVE")], limit=10_000, detail=True):
         if actor.class_name.startswith(f"ServeReplica:{ray_serve.APP_NAME}:"):
             placed.setdefault(actor.class_name.rsplit(":", 1)[1], []).append(actor.node_id)
     return placed
