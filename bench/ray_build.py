@@ -3,12 +3,12 @@
     python bench/ray_build.py [--docs 400] [--workers 1] [--shard-docs 100] [--model bertknn/minilm-l6-mlm] [--smoke]
 
 Corpus: the first --docs documents of the evidence corpus ($BERTKNN_DATA/wiki/lama_evidence_docs.jsonl). First the
-single-process build (`BertKNN.build`, this process, every core), then `distributed.build` on a local Ray cluster
-with every core (`ray.init()`), --workers key-stage actors and shards of --shard-docs documents; each timed from
-start to a loadable datastore, model loads included (the single build loads the model once, the Ray build once in
-its driver and once per actor). Both stores are checked for the same entries. Last line: the Ray build's
-contexts/s over the single build's. --smoke: 6 documents in shards of 3, the single build on one thread, a local
-Ray cluster of 2 CPUs.
+single-process build (`BertKNN.build`, this process, every core), then `distributed.build` on a local Ray cluster of
+its own with every core (`ray.init(address="local")`), --workers key-stage actors and shards of --shard-docs
+documents; each timed from start to a loadable datastore, model loads included (the single build loads the model
+once, the Ray build once in its driver and once per actor). Both stores are checked for the same entries. Last line:
+the Ray build's contexts/s over the single build's. --smoke: 6 documents in shards of 3, the single build on one
+thread, a local Ray cluster of 2 CPUs.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def main() -> None:
     began = time.perf_counter()
     single = BertKNN.build(corpus, work / "single", args.model, runtime=Runtime(threads=threads))
     single_s = time.perf_counter() - began
-    ray.init(num_cpus=2 if args.smoke else None, log_to_driver=False, include_dashboard=False)
+    ray.init(address="local", num_cpus=2 if args.smoke else None, log_to_driver=False, include_dashboard=False)
     began = time.perf_counter()
     top = distributed.build(corpus, work / "sharded", args.model, workers=args.workers, shard_docs=args.shard_docs)
     ray_s = time.perf_counter() - began

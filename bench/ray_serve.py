@@ -3,10 +3,10 @@
     python bench/ray_serve.py [--docs 400] [--shard-docs 100] [--questions 200] [--replicas 1] [--smoke]
 
 Corpus: the first --docs documents of the evidence corpus ($BERTKNN_DATA/wiki/lama_evidence_docs.jsonl), built on
-a local Ray cluster (every core) into shards of --shard-docs documents, with a FAISS index per shard. Questions:
-"<title> is located in [MASK] ." for --questions titles drawn with a fixed seed, asked with the subject (the IR
-path's title shortcut: one document, one shard), without it (TF-IDF's top 3 documents, up to 3 shards) and through
-FAISS (every shard). Each is sent over HTTP (POST /predict), one at a time, to `bertknn serve`'s app served by
+a local Ray cluster of its own (every core) into shards of --shard-docs documents, with a FAISS index per shard.
+Questions: "<title> is located in [MASK] ." for --questions titles drawn with a fixed seed, asked with the subject
+(the IR path's title shortcut: one document, one shard), without it (TF-IDF's top 3 documents, up to 3 shards) and
+through FAISS (every shard). Each is sent over HTTP (POST /predict), one at a time, to `bertknn serve`'s app served by
 uvicorn in this process (`--engine local`) and to the Ray Serve application (`--engine ray`); both answer alike
 (checked). Printed: p50 / p90 milliseconds per path and engine; last line: the Ray Serve p50 over the local p50 for
 the IR path with subject. --smoke: 6 documents in shards of 3, 3 questions, a local Ray cluster of 2 CPUs.
@@ -82,7 +82,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="ray_serve_"))
     corpus = first_documents(args.docs, work / "corpus.jsonl")
-    ray.init(num_cpus=2 if args.smoke else None, log_to_driver=False, include_dashboard=False)
+    ray.init(address="local", num_cpus=2 if args.smoke else None, log_to_driver=False, include_dashboard=False)
     distributed.build(corpus, work / "sharded", args.model, shard_docs=args.shard_docs)
     ShardedFaiss.build(ShardedDatastore(work / "sharded"), "Flat")
     runtime = Runtime(threads=1)

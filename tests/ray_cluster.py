@@ -48,7 +48,10 @@ def towns(n: int, sentences: int = 3) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
+    """A local cluster of this file's own: `address="local"` starts one even where another is recorded as the latest
+    (/tmp/ray/ray_current_cluster, written by `ray start` and by the multi-node tests' clusters, which CI runs beside
+    this one), which a bare `ray.init()` would connect to."""
+    ray.init(address="local", num_cpus=2, log_to_driver=False, include_dashboard=False)
     yield
     ray.shutdown()
 

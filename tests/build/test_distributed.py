@@ -9,6 +9,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -154,7 +156,7 @@ def test_a_key_stage_worker_killed_mid_shard_is_retried_and_nothing_is_lost(clus
 DRIVER = """
 import sys, ray
 from bertknn.build import distributed
-ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False, _temp_dir=sys.argv[4])
+ray.init(address="local", num_cpus=2, log_to_driver=False, include_dashboard=False, _temp_dir=sys.argv[4])
 distributed.build(sys.argv[1], sys.argv[2], sys.argv[3], workers=1, shard_docs=60)
 """
 
@@ -172,9 +174,6 @@ def kill_processes_mentioning(text: str) -> None:
 
 @pytest.mark.smoke  # a build of its own: in the slower group CI runs after the suite
 def test_a_driver_killed_mid_build_and_rerun_redoes_only_the_shards_not_committed(cluster, tmp_path, tiny_model_dir):
-    import subprocess
-    import sys
-
     corpus = write_corpus(tmp_path / "towns.jsonl", towns(240, sentences=12))
     out = tmp_path / "sharded"
     temp = tempfile.mkdtemp(prefix="rk", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
@@ -303,3 +302,23 @@ def test_a_ray_build_with_a_key_codec_stores_codes_in_every_shard_and_prunes_sha
     ranges = store.document_ranges([d for d in range(store.n_documents) if d not in hidden])
     assert pruned.counts_of(np.arange(pruned.size)).sum() == sum(end - start for start, end in ranges)
     assert BertKNN(single.encoder, pruned).predict("Town 6 lies near [MASK] .").knn
+
+
+def test_without_an_address_ray_starts_a_cluster_of_its_own_not_the_one_recorded_last():
+    """`ray start` (and Ray's test clusters) record the latest cluster in <Ray's temp dir>/ray_current_cluster, and a
+    bare `ray.init()` joins it, a stale one too: the builds, `index` and `serve` without --address start a local
+    cluster instead, as their help says. A process of its own, with Ray's temp dir of its own (RAY_TMPDIR)."""
+    temp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths must stay under 108 bytes
+    try:
+        (temp / "ray").mkdir()
+        (temp / "ray" / "ray_current_cluster").write_text("127.0.0.1:1")  # nothing listens there
+        script = (
+            "import ray\nfrom bertknn.build.distributed import start_ray\nstart_ray(None)\n"
+            "print(ray.get_runtime_context().gcs_address)\nray.shutdown()\n"
+        )
+        env = os.environ | {"RAY_TMPDIR": str(temp), "RAY_ADDRESS": ""}
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split()[-1] != "127.0.0.1:1"
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)

@@ -106,6 +106,16 @@ class KeyStage:
         return {**batch, "entries": np.array(entries, np.int64), "pid": np.full(len(entries), os.getpid())}
 
 
+def start_ray(address: str | None) -> None:
+    """Ray started in this process unless it is: on the cluster at `address` ("auto": the one `ray start` started
+    on this machine), or, for None, on a local cluster of its own. Ray's own default for None would join the cluster
+    last recorded in /tmp/ray/ray_current_cluster, a stale one included, which is not what "no address" says."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address or "local", log_to_driver=False)
+
+
 def on_gpu(runtime: Runtime) -> bool:
     """True when `runtime`'s model runs on the cluster's GPUs (an actor then asks Ray for one): a CUDA device, or
     "auto" on a cluster that has GPUs; a CUDA device on a cluster without any is refused (its actors would wait for
@@ -215,10 +225,7 @@ def build(
 def _start(out: Path, address: str | None, runtime: Runtime) -> None:
     """Ray started (unless it is), then what the cluster lacks refused before anything is written: a device, or an
     output directory that a node cannot read."""
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=False)
+    start_ray(address)
     on_gpu(runtime)
     out.mkdir(parents=True, exist_ok=True)
     check_shared(out)

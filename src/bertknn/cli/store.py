@@ -255,9 +255,9 @@ def index(
         raise typer.BadParameter("--engine is local, or ray for a sharded datastore (its shards filled in parallel)")
     options = {"on_ray": True} if engine == "ray" else {}
     if engine == "ray":
-        import ray
+        from bertknn.build.distributed import start_ray
 
-        ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
+        start_ray(address)
     with _writer_wait(datastore, wait), phase_progress() as report:
         report("indexing", 0, writer.store.size)
         built = writer.index_keys(

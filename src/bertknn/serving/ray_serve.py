@@ -191,15 +191,15 @@ def run(
     **app_options: object,
 ):
     """Serve the sharded datastore at `datastore` on Ray Serve at http://host:port/ (Ray started here when it is not:
-    `address` as `ray.init` takes it); block until Ctrl+C unless `blocking` is False (then return the ingress's
+    `distributed.start_ray(address)`); block until Ctrl+C unless `blocking` is False (then return the ingress's
     handle; `serve.shutdown()` stops it). The ingress gets `runtime.threads` CPUs (0: one) and a GPU when `runtime`
     runs on one; each shard replica half a CPU, or an equal share of what is left when the cluster has less."""
     import ray
     from ray import serve
 
-    from bertknn.build.distributed import on_gpu
+    from bertknn.build.distributed import on_gpu, start_ray
 
-    ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
+    start_ray(address)
     ingress_cpus = float(runtime.threads or 1)
     replicas_total = len(ShardedDatastore(datastore).shards) * replicas
     shard_cpus = min(SHARD_CPUS, (ray.cluster_resources().get("CPU", 0) - ingress_cpus) / replicas_total)
