@@ -135,7 +135,10 @@ def test_a_worker_node_lost_while_serving_answers_503_until_its_shards_are_back(
     """The service on two worker nodes: the ingress (1 CPU) and 4 shard replicas of half a CPU, 3 of their 4 CPUs.
     The node without the ingress is lost: of its shards, those that fit come back on the node left (Serve's replica
     recovery) and the others wait for room; meanwhile every question gets an answer or a 503 with Retry-After within
-    the time limit, never a hang or a 500. A node added gives them room: the questions are answered as before."""
+    the time limit, never a hang or a 500. A node added gives them room: the questions are answered as before.
+    The questions go through Serve's HTTP proxy on the head node (`proxy_location="HeadOnly"`), which is not lost:
+    here every node's proxy would listen on the one address, and a question taken by the lost node's proxy loses its
+    connection when that process dies, some seconds after the node (as a lost machine cuts its own connections)."""
     from ray import serve
 
     cluster, workers = nodes_cluster(dashboard=True)
@@ -146,6 +149,7 @@ def test_a_worker_node_lost_while_serving_answers_503_until_its_shards_are_back(
         distributed.build(DEMO, out, str(tiny_model_dir), workers=2, shard_docs=11)
         ShardedFaiss.build(ShardedDatastore(out), "Flat")
         port = free_port()
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
         ray_serve.run(str(out), "127.0.0.1", port, Runtime(threads=1), blocking=False, request_timeout_s=LIMIT_S)
         status, _, before = ask(port, *QUESTION)
         assert status == 200, before
@@ -191,8 +195,7 @@ def test_a_worker_node_lost_while_serving_answers_503_until_its_shards_are_back(
     print(f"{len(log)} questions while the node was lost and came back:", {s: statuses.count(s) for s in set(statuses)})
     assert 503 in statuses and statuses[-1] == 200
     for start, took, status, headers, body in log:
-        assert took < LIMIT_S + 10, f"a question took {took:.1f} s"  # no hang
+        when = f"asked {start - lost_at:+.1f} s from the loss, answered {status} after {took:.1f} s"
+        assert status in (200, 503) and took < LIMIT_S + 10, when  # no hang, no 500, no connection lost
         if status == 503:
             assert headers["retry-after"] == "5" and ("shard" in body["detail"] or "time limit" in body["detail"])
-        elif status != 200:  # every node's proxy listens on the one address here: the lost node's cut its connection
-            assert status in ("ConnectionResetError", "RemoteDisconnected") and start - lost_at < 5, (status, body)

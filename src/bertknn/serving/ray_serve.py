@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +89,7 @@ class ServedShards:
             if len(local):
                 calls[s] = self.handles[s].nearest.remote(local, state, k)
                 self.asked[s] += 1
-        found = dict(zip(calls, self._answers(list(calls.values()), list(calls))))
+        found = self._answers(calls)
         return self.store.merge_nearest([found.get(s, NONE_FOUND) for s in range(len(self.handles))], k)
 
     def search(
@@ -97,20 +97,20 @@ class ServedShards:
     ) -> tuple[np.ndarray, np.ndarray]:
         """The k nearest entries over every shard's FAISS index (global numbers), as `ShardedFaiss.search`."""
         local = self.store.split_documents(hidden)
-        calls = [handle.search.remote(query, k, h, rerank) for handle, h in zip(self.handles, local)]
-        return self.store.merge_nearest(self._answers(calls, range(len(calls))), k)
+        calls = {s: handle.search.remote(query, k, h, rerank) for s, (handle, h) in enumerate(zip(self.handles, local))}
+        return self.store.merge_nearest(list(self._answers(calls).values()), k)
 
-    def _answers(self, calls: list, shards: Sequence[int]) -> list:
-        """The calls' results, all within `wait_s` together; else the calls are cancelled and ShardUnavailable names
-        the first shard that did not answer."""
+    def _answers(self, calls: dict[int, Any]) -> dict[int, Any]:
+        """The calls' results by shard ({shard: Serve call}), all within `wait_s` together; else the calls are
+        cancelled and ShardUnavailable names the first shard that did not answer."""
         from ray.exceptions import RayError
 
-        deadline, answers = time.monotonic() + self.wait_s, []
-        for call, shard in zip(calls, shards):
+        deadline, answers = time.monotonic() + self.wait_s, {}
+        for shard, call in calls.items():
             try:
-                answers.append(call.result(timeout_s=max(deadline - time.monotonic(), 0.0)))
+                answers[shard] = call.result(timeout_s=max(deadline - time.monotonic(), 0.0))
             except (TimeoutError, RayError) as err:
-                for other in calls:
+                for other in calls.values():
                     other.cancel()
                 reason = f"gave no answer within {self.wait_s:g} s" if isinstance(err, TimeoutError) else "failed"
                 raise ShardUnavailable(
