@@ -6,6 +6,9 @@ import importlib.metadata
 import json
 import os
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 from typing import Annotated
 
 import pytest
@@ -315,6 +318,20 @@ def test_help_lists_the_commands_in_the_order_a_user_meets_them():
     assert listed == list(cli.ORDER)
     version = runner.invoke(app, ["--version"])
     assert version.exit_code == 0 and version.output == f"bertknn {importlib.metadata.version('bertknn')}\n"
+
+
+HEAVY = ("torch", "transformers", "faiss", "onnxruntime", "sklearn", "ray")  # seconds to import, each
+
+
+@pytest.mark.parametrize("asked", [["--help"], ["--version"], ["ask", "--help"]])
+def test_help_and_version_answer_without_importing_the_model_or_search_libraries(asked):
+    """The installed `bertknn` command, its imports listed by Python (PYTHONPROFILEIMPORTTIME): none of HEAVY, which
+    the commands import when they run."""
+    command = [str(Path(sys.executable).parent / "bertknn"), *asked]
+    done = subprocess.run(command, env=os.environ | {"PYTHONPROFILEIMPORTTIME": "1"}, capture_output=True, text=True)
+    assert done.returncode == 0 and ("Usage:" in done.stdout or done.stdout.startswith("bertknn ")), done.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "bertknn.cli" in imported and not {name.split(".")[0] for name in imported} & set(HEAVY)
 
 
 def test_every_command_help_ends_with_an_example_that_parses():

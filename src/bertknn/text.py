@@ -18,9 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-STOPWORDS: frozenset[str] = frozenset(ENGLISH_STOP_WORDS)
 MASK = "[MASK]"
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0 and C1 control characters and DEL
 
@@ -208,9 +206,17 @@ def split_sentences(passage: str, splitter: str = "pysbd") -> list[str]:
     return [s.strip() for s in SPLITTERS[splitter](passage) if s.strip()]
 
 
+@lru_cache(maxsize=1)
+def stopwords() -> frozenset[str]:
+    """scikit-learn's English stop words, imported at first use: the command line starts without scikit-learn."""
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    return frozenset(ENGLISH_STOP_WORDS)
+
+
 def is_content_word(word: str) -> bool:
     """True for a word that may be a target: not a stopword and not punctuation."""
-    return any(ch.isalnum() for ch in word) and word.lower() not in STOPWORDS
+    return any(ch.isalnum() for ch in word) and word.lower() not in stopwords()
 
 
 def _windows(

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import click
 import typer
@@ -20,9 +20,7 @@ import typer.core
 from rich.markup import escape
 
 from bertknn.console import console, phase_progress, shown
-from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime
-from bertknn.query.pipeline import BertKNN
 from bertknn.query.settings import (
     DEFAULT,
     DOC_TEMPERATURE,
@@ -43,6 +41,10 @@ ORDER = (
     "demo", "build", "ask", "add", "remove", "index", "convert-keys", "prune", "serve", "verify", "eval", "tune",
     "data", "train-head",
 )  # fmt: skip
+if TYPE_CHECKING:  # the commands import the model and the library when they run: `--help` does not wait for them
+    from bertknn.model.encoder import Encoder
+    from bertknn.query.pipeline import BertKNN
+
 PLAIN = {"rich_markup_mode": None}  # help texts as written: their "[default: ...]" is not rich markup
 
 
@@ -249,6 +251,8 @@ def query_options(paper: bool, **given: object) -> dict:
 
 def _build(corpus: Path, out: Path, model: str | Encoder, layer: int | None, **options: object) -> BertKNN:
     """Build with progress bars (reading, then embedding documents), then say what the datastore holds."""
+    from bertknn.query.pipeline import BertKNN
+
     began = time.time()
     with phase_progress() as report:
         knn = BertKNN.build(corpus, out, model, layer, progress=report, **options)

