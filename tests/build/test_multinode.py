@@ -61,9 +61,12 @@ def test_a_build_index_and_service_on_two_nodes_equal_one_process(nodes, single,
     top = distributed.build(DEMO, out, str(tiny_model_dir), workers=2, shard_docs=11)
     assert [s["documents"] for s in top["shards"]] == [11, 11, 11, 10]
     same_entries(out, single)
-    # the output directory was checked from both nodes; each key-stage actor ran on a node of its own
+    # the output directory was checked from both nodes; the key-stage actors ran on worker nodes: on both, or on one
+    # when the build ended before Ray Data could place its second actor, whose CPUs the CPU-stage tasks held at first
+    # (the FAISS and Serve stages below show both nodes at work)
     assert set(_where("task", "_sees", 2)) == worker_ids
-    assert sorted(_where("actor", "KeyStage", 2)) == sorted(worker_ids)
+    key_nodes = set(_where("actor", "KeyStage", 1))
+    assert key_nodes and key_nodes <= worker_ids
     assert set(_where("task", "_register", 4)) <= worker_ids
 
     store = ShardedDatastore(out)
