@@ -61,9 +61,10 @@ def test_a_build_index_and_service_on_two_nodes_equal_one_process(nodes, single,
     top = distributed.build(DEMO, out, str(tiny_model_dir), workers=2, shard_docs=11)
     assert [s["documents"] for s in top["shards"]] == [11, 11, 11, 10]
     same_entries(out, single)
-    # the output directory was checked from both nodes; the key-stage actors ran on worker nodes: on both, or on one
-    # when the build ended before Ray Data could place its second actor, whose CPUs the CPU-stage tasks held at first
-    # (the FAISS and Serve stages below show both nodes at work)
+    # the output directory was checked from both nodes (a task pinned to each); the build's and the FAISS fill's work
+    # ran on worker nodes, on both or on one as Ray placed it: Ray Data can leave its second key-stage actor pending
+    # while the CPU-stage tasks hold the CPUs, and Ray can run the 4 short fill tasks on one node; the Serve replicas
+    # below need both nodes' CPUs
     assert set(_where("task", "_sees", 2)) == worker_ids
     key_nodes = set(_where("actor", "KeyStage", 1))
     assert key_nodes and key_nodes <= worker_ids
@@ -71,11 +72,13 @@ def test_a_build_index_and_service_on_two_nodes_equal_one_process(nodes, single,
 
     store = ShardedDatastore(out)
     ShardedFaiss.build(store, "Flat", on_ray=True)
-    assert set(_where("task", "_fill_shard", 4)) == worker_ids  # one CPU each: both nodes fill shards
+    fill_nodes = set(_where("task", "_fill_shard", 4))
+    assert fill_nodes and fill_nodes <= worker_ids
     port = free_port()
     ray_serve.run(str(out), "127.0.0.1", port, Runtime(threads=1), replicas=1, blocking=False)
     try:
-        assert set(_where("actor", "ServeReplica", 5)) == worker_ids  # the ingress and 4 shards, on both nodes
+        # the ingress (1 CPU) and 4 shards (0.5 CPU each) fit in neither node's 2 CPUs alone: both nodes serve
+        assert set(_where("actor", "ServeReplica", 5)) == worker_ids
         local = single
         for question, subject in [
             ("Ilsa Varnhold was born in [MASK] .", "Ilsa Varnhold"),
