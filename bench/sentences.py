@@ -3,7 +3,7 @@ and without the sentence weights (`sentence_temperature`), on the fresh facts, a
 question, in one run.
 
     python bench/sentences.py [--base-docs 1000] [--temperatures 0.01,0.02,0.05] [--lama-dev 5] [--cost-docs 300]
-                              [--skip-fresh] [--skip-lama] [--skip-cost] [--corpus F] [--smoke]
+                              [--skip-fresh] [--skip-lama] [--skip-cost] [--skip-judge] [--corpus F] [--smoke]
 
 Fresh facts: a lazy datastore of the first --base-docs evidence documents, with the several-facts set
 (bench/fresh_facts/several_*.jsonl: 40 invented people with four cities and two languages each, 20 companies founded
@@ -18,8 +18,13 @@ without subjects: macro P@1 over relations, without sentence weights and with ea
 
 Sentence choice (no datastore): for each several-facts question, the candidate answers of its document (its cities,
 languages and years) scored by their sentence alone, the document's names taken out: by word overlap (content words,
-scikit-learn's English stopwords dropped) and by the sentence encoder's cosine (`sentences.SentenceMatch`). Printed:
-how often the top-scored candidate is the answer (ties shared).
+scikit-learn's English stopwords dropped), by the sentence encoder's cosine of the question and the sentence alone,
+and by `sentences.SentenceMatch.scores` (three views less the background: what the sentence weights use). Printed:
+how often the top-scored candidate is the answer (ties shared), dev / test.
+
+The LM reads the evidence (with the fresh facts, unless --skip-judge): the several-facts questions at the first of
+--temperatures, BERT-kNN's 3 best words re-ranked by log p + beta log p_LM(word | evidence sentence, question),
+each word's nearest evidence sentence read alone or the three together; measured, not kept in bertknn.
 
 Cost: an eager build of the first --cost-docs evidence documents (ONNX backend, the CLI's default) plus the
 several-facts documents; the p50 of one question asked alone (the several-facts questions without subjects, the
@@ -115,6 +120,8 @@ def fresh(args) -> None:
                     f"{_share(hits[(name, s, 'bert_knn')])} ({_share(hits[(name, s, 'knn')])})" for s in ("dev", "test")
                 ]
                 print(f"| {name} | {mode} | {t:g} | " + " | ".join(cells) + " |", flush=True)
+    if not args.skip_judge:
+        judge(knn, [q for q in questions if q["set"] == "several"], _temperatures(args)[1])
     print("\nBERT-kNN P@1 per relation, dev / test\n")
     temps = _temperatures(args)
     print("| set | relation | subject | " + " | ".join(f"T_s {t:g}" for t in temps) + " |")
@@ -127,6 +134,41 @@ def fresh(args) -> None:
                 for t in temps
             ]
             print(f"| {name} | {relation} | {mode} | " + " | ".join(cells) + " |")
+
+
+def judge(knn, questions: list[dict], t: float) -> None:
+    """The LM as a judge of the evidence (measured, not kept): BERT-kNN's 3 best words re-ranked by log p + beta log
+    p_LM, p_LM the LM's probability of the word with evidence before the question: each word's nearest neighbour's
+    sentence ("per word", one pass per word), or the three sentences together ("together", one pass)."""
+    import numpy as np
+
+    print(f"\n## The LM reads the evidence: several-facts questions, T_s {t:g}, BERT-kNN P@1 dev / test\n")
+    print("| subject | judge | beta 0 | 0.25 | 0.5 | 1 |\n|---|---|---|---|---|---|")
+    for mode in ("subject", "no subject"):
+        subjects = [q["subject"] if mode == "subject" else None for q in questions]
+        found = knn.predict_batch([q["question"] for q in questions], subjects, 3, 1, sentence_temperature=t)
+        sentences = [
+            [p.evidence[w.token][0].sentence if p.evidence.get(w.token) else "" for w in p.bert_knn] for p in found
+        ]
+        texts = {
+            "per word": [f"{s} {q['question']}" for q, mine in zip(questions, sentences) for s in mine],
+            "together": [" ".join(dict.fromkeys(mine)) + " " + q["question"] for q, mine in zip(questions, sentences)],
+        }
+        for name, read in texts.items():
+            probs, _ = knn.encoder.query_ids([(x.ids, x.mask) for x in knn.preprocess(read, [None] * len(read))])
+            at = 0
+            hits = defaultdict(list)
+            for q, p in zip(questions, found):
+                ids = [w.id for w in p.bert_knn]
+                rows = probs[at : at + len(ids)] if name == "per word" else [probs[at]] * len(ids)
+                at += len(ids) if name == "per word" else 1
+                judged = np.log(np.maximum([row[i] for row, i in zip(rows, ids)], 1e-12))
+                base = np.log(np.maximum([w.probability for w in p.bert_knn], 1e-12))
+                for beta in (0, 0.25, 0.5, 1):
+                    best = p.bert_knn[int(np.argmax(base + beta * judged))]
+                    hits[(beta, _split(q))].append(best.token == q["answer"])
+            cells = [f"{_share(hits[(b, 'dev')])} / {_share(hits[(b, 'test')])}" for b in (0, 0.25, 0.5, 1)]
+            print(f"| {mode} | {name} | " + " | ".join(cells) + " |", flush=True)
 
 
 def choice(args) -> None:
@@ -145,24 +187,32 @@ def choice(args) -> None:
     def content(text: str) -> set[str]:
         return {w for w in re.findall(r"[a-z]+", text.lower()) if w not in ENGLISH_STOP_WORDS}
 
-    hits: dict[str, list[float]] = defaultdict(list)
+    def cosines(question: str, found: list, title: str) -> np.ndarray:
+        v = match.vectors([without_names(t, title) for t in (question, *(s for s, _ in found))])
+        return np.array([float(v[without_names(question, title)] @ v[without_names(s, title)]) for s, _ in found])
+
+    hits: dict[tuple[str, str], list[float]] = defaultdict(list)
     for q in questions:
         title = docs[q["document"]]["title"]
         sentences = re.split(r"(?<=\.) ", docs[q["document"]]["text"])
-        found = [(s, w.lower()) for s in sentences for w in re.findall(r"[A-Za-z]+|\d{4}", s)]
-        found = [(s, w) for s, w in found if w in answers or w.isdigit()]
+        found = [(s, m.span()) for s in sentences for m in re.finditer(r"[A-Za-z]+|\d{4}", s)]
+        found = [(s, (a, b)) for s, (a, b) in found if s[a:b].lower() in answers or s[a:b].isdigit()]
         asked = content(without_names(q["question"], title))
         scores = {
             "word overlap": np.array([len(asked & content(without_names(s, title))) for s, _ in found], float),
-            "sentence encoder": match.similarities([[(q["question"], s, title) for s, _ in found]])[0],
+            "sentence encoder, the sentence alone (cosine)": cosines(q["question"], found, title),
+            "sentence encoder, three views less the background (`SentenceMatch.scores`)": match.scores(
+                [[(q["question"], s, span, title) for s, span in found]]
+            )[0],
         }
         for name, score in scores.items():
             best = np.flatnonzero(score == score.max())
-            hits[name].append(float(np.mean([found[i][1] == q["answer"] for i in best])))
+            hit = float(np.mean([found[i][0][slice(*found[i][1])].lower() == q["answer"] for i in best]))
+            hits[(name, _split(q))].append(hit)
     print(f"\n## Sentence choice: {len(questions)} several-facts questions, the answer scored first (%)\n")
-    print("| score | right |\n|---|---|")
-    for name, values in hits.items():
-        print(f"| {name} | {100 * np.mean(values):.1f} |")
+    print("| score | dev | test |\n|---|---|---|")
+    for name in dict.fromkeys(n for n, _ in hits):
+        print(f"| {name} | {100 * np.mean(hits[(name, 'dev')]):.1f} | {100 * np.mean(hits[(name, 'test')]):.1f} |")
 
 
 def lama(args) -> None:
@@ -245,6 +295,7 @@ def main() -> None:
     parser.add_argument("--skip-fresh", action="store_true")
     parser.add_argument("--skip-lama", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")
+    parser.add_argument("--skip-judge", action="store_true", help="the LM as a judge of the evidence (in fresh)")
     parser.add_argument("--corpus", type=Path, default=EVIDENCE, help="LAMA dev's corpus [default: evidence]")
     parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()

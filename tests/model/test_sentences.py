@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from bertknn.model.encoder import Encoder
-from bertknn.model.sentences import SentenceMatch, log_weights, without_names
+from bertknn.model.sentences import BACKGROUND, PLACEHOLDER, SentenceMatch, clause, log_weights, without_names
 from bertknn.query.knn import document_vote, knn_distribution
 from bertknn.query.pipeline import BertKNN
-from bertknn.query.settings import PAPER, SENTENCE_WORDS, Settings
+from bertknn.query.settings import PAPER, SENTENCE_LM_WORDS, Settings
 from tests.conftest import write_corpus
 
 
@@ -80,32 +80,89 @@ class _Counting:
         return self.encoder.sentence_vectors(texts)
 
 
-def test_similarities_compare_the_texts_without_names_and_reuse_cached_vectors(encoder):
+def _span(sentence: str, word: str) -> tuple[int, int]:
+    start = sentence.rindex(word)
+    return start, start + len(word)
+
+
+@pytest.mark.parametrize(
+    ("sentence", "word", "title", "expected"),
+    [
+        ("Holtby came into the world in Bergen in 1979.", "1979", "Maren Holtby", " in something"),
+        ("Holtby came into the world in Bergen in 1979.", "Bergen", "Maren Holtby",
+         "Holtby came into the world in something"),
+        ("She studied in Zurich and later worked in Madrid.", "Madrid", "Ada Quen", " and later worked in something"),
+        ("She studied in Zurich and later worked in Madrid.", "Zurich", "Ada Quen", "She studied in something"),
+        ("As a student, Holtby spent years at the academy of Zurich.", "Zurich", "Maren Holtby",
+         "As a student, Holtby spent years at the academy of something"),
+        ("Bergen was where she grew up in 1990.", "1990", "Ada Quen", "Bergen was where she grew up in something"),
+        ("In 1902 the firm moved to Oslo.", "Oslo", "Brakvel Works", " the firm moved to something"),
+        ("Oslo.", "Oslo", "", "something"),
+    ],
+)  # fmt: skip
+def test_a_clause_runs_from_the_previous_name_or_number_to_the_target(sentence, word, title, expected):
+    assert clause(sentence, _span(sentence, word), title) == expected
+
+
+def test_scores_sum_three_views_less_the_background_and_reuse_cached_vectors(encoder):
     counting = _Counting(encoder)
-    match = SentenceMatch(encoder=counting, cache=4)
-    pairs = [
-        [("Maren Holtby was born in [MASK] .", "Holtby was born in Bergen.", "Maren Holtby")],
+    match = SentenceMatch(encoder=counting, cache=12)
+    born = "Holtby came into the world in Bergen in 1979."
+    asked = [
         [
-            ("Ada Quen died in [MASK] .", "Quen died in Vienna.", "Ada Quen"),
-            ("Ada Quen died in [MASK] .", "x", "Other"),
+            ("Maren Holtby was born in [MASK] .", born, _span(born, "Bergen"), "Maren Holtby"),
+            ("Maren Holtby was born in [MASK] .", born, _span(born, "1979"), "Maren Holtby"),
         ],
+        [("Ada Quen died in [MASK] .", "Quen died in Vienna.", (13, 19), "Ada Quen")],
     ]
-    got = match.similarities(pairs)
-    texts = ["was born in .", "was born in Bergen.", "died in .", "died in Vienna.", "Ada Quen died in .", "x"]
-    vec = dict(zip(texts, encoder.sentence_vectors(texts)))
-    np.testing.assert_allclose(got[0], [vec["was born in ."] @ vec["was born in Bergen."]], rtol=1e-5)
-    np.testing.assert_allclose(
-        got[1], [vec["died in ."] @ vec["died in Vienna."], vec["Ada Quen died in ."] @ vec["x"]], rtol=1e-5
-    )
+    got = match.scores(asked)
+    texts = [
+        "was born in .", "was born in Bergen .", "was born in something .", "came into the world in Bergen in 1979.",
+        "came into the world in something", "was born in 1979 .", "in something",
+        "died in .", "died in Vienna .", "died in something .", "died in Vienna.", "died in something",
+    ]  # fmt: skip
+    v = dict(zip(texts, encoder.sentence_vectors(texts)))
+    b = encoder.sentence_vectors(BACKGROUND).mean(0)
+    sentence = v["came into the world in Bergen in 1979."]
+
+    def score(question, claim, placed, sentence, part):
+        return (v[question] + v[claim] - 2 * b) @ sentence + (v[placed] - b) @ v[part]
+
+    asked_born = ("was born in .", "was born in something .")
+    expected = [
+        score(asked_born[0], "was born in Bergen .", asked_born[1], sentence, "came into the world in something"),
+        score(asked_born[0], "was born in 1979 .", asked_born[1], sentence, "in something"),
+    ]
+    np.testing.assert_allclose(got[0], expected, rtol=1e-5)
+    expected = score("died in .", "died in Vienna .", "died in something .", v["died in Vienna."], "died in something")
+    np.testing.assert_allclose(got[1], [expected], rtol=1e-5)
     assert sorted(counting.calls[0]) == sorted(texts)
-    assert len(match._vectors) == 4  # at most `cache`: emptied, then the first 4 new ones kept
-    match.similarities(pairs[:1])
-    assert len(counting.calls) == 1  # both cached
-    np.testing.assert_allclose(match.similarities([pairs[1][1:]])[0], got[1][1:], rtol=1e-6)
-    assert counting.calls[1:] == [["Ada Quen died in .", "x"]]
+    assert counting.calls[1] == list(BACKGROUND)  # once, then kept
+    assert len(match._vectors) == 12
+    match.scores(asked[1:])
+    assert len(counting.calls) == 2  # all cached
+    assert all(f"{PLACEHOLDER}" in text for text in BACKGROUND)
 
 
-def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder):
+def test_the_sentence_encoder_tells_which_place_a_question_asks_for():
+    """all-MiniLM-L6-v2 through `scores`: of one document's places, each question's own scores highest, though
+    the evidence is phrased unlike the question and the year of the same sentence is a candidate too."""
+    match = SentenceMatch("torch")
+    title = "Maren Holtby"
+    born, died = "Holtby came into the world in Bergen in 1979.", "She spent her last days in Oslo."
+    studied = "As a student, Holtby spent four years at the academy of Zurich."
+    places = [(born, _span(born, "Bergen")), (born, _span(born, "1979")), (died, _span(died, "Oslo"))]
+    places.append((studied, _span(studied, "Zurich")))
+    for question, right in [
+        ("Maren Holtby was born in [MASK] .", 0),
+        ("Maren Holtby died in [MASK] .", 2),
+        ("Maren Holtby studied in [MASK] .", 3),
+    ]:
+        (scores,) = match.scores([[(question, s, span, title) for s, span in places]])
+        assert int(np.argmax(scores)) == right, (question, scores)
+
+
+def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder, monkeypatch):
     docs = [
         {"id": "a", "title": "Maren Holtby", "text": "Holtby was born in Bergen. Holtby died in Oslo. She sang."},
         {"id": "b", "title": "Ada Quen", "text": "Quen lived in Vienna. Quen wrote books about Lyon."},
@@ -114,16 +171,27 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder)
     s = Settings(sentence_temperature=0.05)
     question = "Maren Holtby was born in [MASK] ."
     (query,) = knn.preprocess([question], ["Maren Holtby"])
-    _, (state,) = encoder.query_ids([(query.ids, query.mask)])
+    (p_lm,), (state,) = encoder.query_ids([(query.ids, query.mask)])
     found = knn.search("ir").search(question, "Maren Holtby", state, s)
     words = knn.words(found)
     plain = knn.vote(found, s, words)
-    (weights,) = knn.sentence_weights([question], [found], [words], [plain], s)
-    chosen = np.isin(words.index(found.values), words.best(plain, SENTENCE_WORDS))
     rows = knn.store.provenance(found.entries.tolist())
-    sims = np.array([knn.sentence_match.similarities([[(question, r.sentence, r.title)]])[0][0] for r in rows])
-    floor = sims[chosen].min()
-    np.testing.assert_allclose(weights, np.where(chosen, sims, floor) / 0.05, rtol=1e-5)
+    sims = np.array([knn.sentence_match.scores([[(question, r.sentence, r.span, r.title)]])[0][0] for r in rows])
+    assert np.isnan(sims[[r.sentence[slice(*r.span)].lower() == "born" for r in rows]]).all()  # a word it asks with
+
+    def expected(chosen):
+        scored = chosen & np.isfinite(sims)
+        return np.where(scored, sims, sims[scored].min()) / 0.05
+
+    monkeypatch.setattr("bertknn.query.pipeline.SENTENCE_WORDS", 2)  # fewer than the document's words
+    by_vote = np.isin(words.index(found.values), words.best(plain, 2))
+    (weights,) = knn.sentence_weights([question], [found], [words], [plain], s)
+    np.testing.assert_allclose(weights, expected(by_vote), rtol=1e-5)
+    by_lm = np.isin(words.index(found.values), words.best(np.where(plain > 0, words.lm(p_lm), 0), SENTENCE_LM_WORDS))
+    assert (by_lm & ~by_vote).any()
+    (with_lm,) = knn.sentence_weights([question], [found], [words], [plain], s, [p_lm])
+    np.testing.assert_allclose(with_lm, expected(by_vote | by_lm), rtol=1e-5)
+    weights = with_lm
     weighted = knn.vote(found, s, words, weights)
     assert not np.allclose(weighted, plain)
     p = knn.predict(question, "Maren Holtby", settings=s, top_k=3)

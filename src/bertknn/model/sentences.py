@@ -1,23 +1,30 @@
 """Sentence-level evidence: how well the sentence a neighbour comes from says what the question asks.
 
 Keys are read at one position, so the places of one document ("born in Bergen", "died in Oslo") lie close together
-whatever the question. The sentence around a key tells them apart: the question and each neighbour's sentence are
-embedded by a sentence encoder (all-MiniLM-L6-v2, shipped with the default model and used whatever the masked LM:
-`Encoder.sentence_vectors`, mean pooling), the names of the neighbour's document (its title's words: the subject,
-mostly) taken out of both, so that they match on what is said of the subject, not on who it is. The vote
-(`knn.document_vote`) then weighs each neighbour by exp(cos / T_s) within its document, so the document prior stays
-in charge of which documents answer. A lexical score would not do: questions are phrased unlike their evidence
-("born in" against "came into the world in"; bench/README.md).
+whatever the question. The sentence around a key tells them apart. A sentence encoder (all-MiniLM-L6-v2, shipped with
+the default model and used whatever the masked LM: `Encoder.sentence_vectors`, mean pooling) compares the question
+with each neighbour's evidence in three views, the names of the neighbour's document (its title's words: the subject,
+mostly) taken out of all texts, so that they match on what is said of the subject, not on who it is:
 
-Only the sentences of the neighbours whose words are among the kNN's best few are embedded (one model pass over
-short sentences per question, bounded); the other neighbours count as the least similar of those.
+- the question against the neighbour's sentence;
+- the question with the neighbour's word in its mask (a claim: "was born in Bergen") against the sentence;
+- the question with a placeholder in its mask against the neighbour's clause: the words before the neighbour back to
+  the previous name or number ("came into the world in something", not "... in Bergen in something" for the year of
+  the same sentence), which tells two facts of one sentence apart.
+
+Each evidence text is scored against the question less the average of generic questions (`BACKGROUND`): a sentence
+like every question ("in something") gains nothing. A lexical score would not do: questions are phrased unlike their
+evidence ("born in" against "came into the world in"); bench/README.md has each view's share of right choices.
+
+Only the evidence of the neighbours whose words are among the kNN's best few is embedded (one model pass over short
+texts per question, bounded); the other neighbours count as the least similar of those.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from itertools import islice
+from itertools import islice, pairwise
 
 import numpy as np
 
@@ -27,6 +34,21 @@ from bertknn.model.runtime import Runtime
 from bertknn.text import MASK
 
 CACHE = 50_000  # sentence vectors kept in memory (a service's questions meet the same documents again)
+PLACEHOLDER = "something"  # the unknown word in a question's and a clause's text
+# Generic statements of common relations, the subject left out: what any question says (hand-written, not LAMA's).
+BACKGROUND = tuple(
+    f"{relation} {PLACEHOLDER}"
+    for relation in (
+        "was born in", "died in", "worked in", "studied at", "is a citizen of", "speaks",
+        "the native language is", "plays", "is a member of", "was founded in", "has its headquarters in",
+        "is the capital of", "is located in", "is part of", "is a", "works as a", "is made by", "is owned by",
+        "was written in", "is named after", "shares a border with", "the official language is",
+        "plays in the position of", "was first shown on", "follows the religion of", "is produced by",
+        "was created in", "developed", "is a twin city of", "holds the office of", "records for the label",
+        "plays the instrument", "makes music in the genre", "lies on the continent of", "is a kind of",
+        "works in the field of", "is married to", "has relations with", "comes from", "is the son of",
+    )
+)  # fmt: skip
 
 
 def without_names(text: str, title: str) -> str:
@@ -39,20 +61,41 @@ def without_names(text: str, title: str) -> str:
     return " ".join(text.split())
 
 
+def _words(question: str, title: str) -> set[str]:
+    """The lowercased words of `question` without the title's names."""
+    return set(re.findall(r"\w+", without_names(question, title).lower()))
+
+
+def clause(sentence: str, span: tuple[int, int], title: str) -> str:
+    """The words of `sentence` before the target at character `span`, back to the previous name or number (a word
+    that starts with a capital letter or a digit, not the sentence's first word nor a word of `title`), then the
+    placeholder: the part of the sentence that says what the target is."""
+    names = {w.lower() for w in re.findall(r"\w+", title)}
+    cut = 0
+    for i, word in enumerate(re.finditer(r"\w+", sentence[: span[0]])):
+        text = word.group()
+        if i and (text[0].isupper() or text[0].isdigit()) and text.lower() not in names:
+            cut = word.end()
+    return f"{sentence[cut : span[0]]}{PLACEHOLDER}"
+
+
 def log_weights(similarity: np.ndarray, embedded: np.ndarray, temperature: float) -> np.ndarray:
-    """Each neighbour's sentence log weight, cos / `temperature`: `similarity` where `embedded`, the lowest of those
-    elsewhere (a neighbour whose sentence was not embedded counts as the least similar); zeros if none was."""
+    """Each neighbour's sentence log weight, score / `temperature`: `similarity` (`SentenceMatch.scores`) where
+    `embedded`, the lowest of those elsewhere (a neighbour whose evidence was not embedded counts as the least
+    similar, as does one scored NaN); zeros if none was."""
     sim = np.asarray(similarity, np.float64)
+    embedded = embedded & np.isfinite(sim)
     floor = sim[embedded].min() if embedded.any() else 0.0
     return np.where(embedded, sim, floor) / temperature
 
 
 class SentenceMatch:
-    """Cosine similarities of questions and evidence sentences, from a sentence encoder's vectors (cached); the
-    encoder (default: all-MiniLM-L6-v2 on `runtime`) is loaded when first needed."""
+    """How well each neighbour's evidence says what a question asks (`scores`), from a sentence encoder's vectors
+    (cached); the encoder (default: all-MiniLM-L6-v2 on `runtime`) is loaded when first needed."""
 
     def __init__(self, runtime: Runtime | str = "torch", encoder: Encoder | None = None, cache: int = CACHE) -> None:
         self.runtime, self._encoder, self.cache, self._vectors = runtime, encoder, cache, {}
+        self._background: np.ndarray | None = None
 
     @property
     def encoder(self) -> Encoder:
@@ -75,9 +118,30 @@ class SentenceMatch:
         self._vectors.update(islice(new.items(), self.cache))
         return {t: new[t] if t in new else self._vectors[t] for t in texts}
 
-    def similarities(self, pairs: Sequence[Sequence[tuple[str, str, str]]]) -> list[np.ndarray]:
-        """For each question's (question, sentence, title) triples, cos(question, sentence) with the title's names
-        taken out of both; all questions' texts embedded together."""
-        stripped = [[(without_names(q, t), without_names(s, t)) for q, s, t in mine] for mine in pairs]
-        found = self.vectors([text for mine in stripped for pair in mine for text in pair])
-        return [np.array([float(found[q] @ found[s]) for q, s in mine]) for mine in stripped]
+    def background(self) -> np.ndarray:
+        """The mean vector of the generic questions (`BACKGROUND`), computed once."""
+        if self._background is None:
+            self._background = self.encoder.sentence_vectors(BACKGROUND).mean(0)
+        return self._background
+
+    def scores(self, asked: Sequence[Sequence[tuple[str, str, tuple[int, int], str]]]) -> list[np.ndarray]:
+        """For each question's (question, sentence, target span, title) tuples, the three views' cosines summed, each
+        less the evidence's mean cosine with `BACKGROUND`: (q + claim - 2 b) . sentence + (q' - b) . clause, where q is
+        the question without its mask, claim the question with the target's word in the mask, q' the question with
+        the placeholder, b the background's mean vector; the title's names taken out of every text, all questions'
+        texts embedded together. A target whose word the question holds ("language" for "The second language of X
+        is [MASK] .") scores NaN: a cloze does not repeat its own words."""
+        views = [
+            [
+                without_names(x, t)
+                for x in (q, q.replace(MASK, s[a:b]), q.replace(MASK, PLACEHOLDER), s, clause(s, (a, b), t))
+            ]
+            for mine in asked
+            for q, s, (a, b), t in mine
+        ]
+        v, b = self.vectors([text for row in views for text in row]), self.background()
+        score = [float((v[q] + v[c] - 2 * b) @ v[s] + (v[p] - b) @ v[part]) for q, c, p, s, part in views]
+        repeated = [s[a:b].lower() in _words(q, t) for mine in asked for q, s, (a, b), t in mine]
+        score = np.where(repeated, np.nan, score)
+        at = np.cumsum([0, *map(len, asked)])
+        return [np.array(score[i:j]) for i, j in pairwise(at)]

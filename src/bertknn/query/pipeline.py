@@ -31,7 +31,7 @@ from bertknn.query.combine import (
 )
 from bertknn.query.knn import document_prior, document_vote, knn_distribution, neighbour_weights
 from bertknn.query.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, RemoteShards, Search
-from bertknn.query.settings import SENTENCE_WORDS, Settings
+from bertknn.query.settings import SENTENCE_LM_WORDS, SENTENCE_WORDS, Settings
 from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.shards import ShardedDatastore, open_store
 from bertknn.text import Document, unicode_error
@@ -261,7 +261,7 @@ class BertKNN:
                 words = [self.words(f) for f in found]
                 votes = [self.vote(f, s, w) for f, w in zip(found, words)]
                 if s.sentence_temperature:
-                    weights = self.sentence_weights([q.text for q in batch], found, words, votes, s)
+                    weights = self.sentence_weights([q.text for q in batch], found, words, votes, s, probs)
                     votes = [self.vote(f, s, w, lw) for f, w, lw in zip(found, words, weights)]
             chosen = [w.candidates(v, s.lm_words) for w, v in zip(words, votes)]
             pieces = [[w.pieces[j] for j in c] for w, c in zip(words, chosen)]
@@ -404,16 +404,23 @@ class BertKNN:
         words: Sequence[Words],
         votes: Sequence[np.ndarray | None],
         s: Settings,
+        lm: Sequence[np.ndarray] | None = None,
     ) -> list[np.ndarray | None]:
-        """Each question's neighbours' sentence log weights (`sentences.log_weights`): the sentences of the
-        neighbours holding the vote's SENTENCE_WORDS best words compared with the question, all questions' sentences
-        embedded together (None for a question without neighbours)."""
+        """Each question's neighbours' sentence log weights (`sentences.log_weights`): the evidence of the neighbours
+        holding the vote's SENTENCE_WORDS best words, and the SENTENCE_LM_WORDS best of its words by the LM's
+        distribution `lm` over the vocabulary when given (the LM knows what kind of word the question asks for: a
+        language, not a city), scored against the question (`SentenceMatch.scores`), all questions' texts embedded
+        together (None for a question without neighbours)."""
         chosen = [np.isin(w.index(f.values), Words.best(v, SENTENCE_WORDS)) for f, w, v in zip(found, words, votes)]
+        if lm is not None and SENTENCE_LM_WORDS:
+            for c, f, w, v, p in zip(chosen, found, words, votes, lm):
+                if v is not None:
+                    c |= np.isin(w.index(f.values), Words.best(np.where(v > 0, w.lm(p), 0.0), SENTENCE_LM_WORDS))
         rows = self.store.provenance(np.concatenate([f.entries[c] for f, c in zip(found, chosen)]).tolist())
         at = np.cumsum([0, *(int(c.sum()) for c in chosen)])
-        pairs = [[(q, e.sentence, e.title) for e in rows[a:b]] for q, a, b in zip(questions, at[:-1], at[1:])]
+        asked = [[(q, e.sentence, e.span, e.title) for e in rows[a:b]] for q, a, b in zip(questions, at[:-1], at[1:])]
         out = []
-        for c, sim in zip(chosen, self.sentence_match.similarities(pairs)):
+        for c, sim in zip(chosen, self.sentence_match.scores(asked)):
             full = np.zeros(len(c))
             full[c] = sim
             out.append(log_weights(full, c, s.sentence_temperature) if c.any() else None)
@@ -440,7 +447,8 @@ class BertKNN:
         if p_knn is None:
             p_knn = self.vote(found, s, words)
             if s.sentence_temperature and question:
-                p_knn = self.vote(found, s, words, self.sentence_weights([question], [found], [words], [p_knn], s)[0])
+                weights = self.sentence_weights([question], [found], [words], [p_knn], s, [p_bert])[0]
+                p_knn = self.vote(found, s, words, weights)
         p_bert = words.lm(p_bert)
         lam = confident_lam(p_knn, s.lam, len(found.entries)) if s.lam_by == "entropy" else s.lam
         p_lm = p_bert.astype(np.float64)

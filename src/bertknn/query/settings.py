@@ -20,10 +20,11 @@ LAM = 0.5  # lambda of that mixture (the paper's 0.3 is for the linear one)
 DOC_TEMPERATURE = 0.2  # the retrieval-aware vote's temperature; 0: the paper's vote
 LM_WORDS = 5  # the LM scores the words of several tokens among the kNN's this many most probable words; 0: all
 WORD_BONUS = 10.0  # the log-linear mixture's factor for a word of several tokens (bench/words.py fits it)
-SENTENCE_TEMPERATURE = 0.0  # T_s of the sentence weight exp(cos / T_s); 0: none (off: it cost LAMA dev P@1)
+SENTENCE_TEMPERATURE = 0.0  # T_s of the sentence weight exp(score / T_s); 0: none (off: it cost LAMA dev P@1)
 CONFIDENCE_TEMPERATURE = 1.25  # the probabilities' temperature, fitted by bench/calibration.py; 1: none
 LM_FLOOR = 0.4  # the share of the LM's distribution mixed into them, fitted with it; 0: none
-SENTENCE_WORDS = 5  # the sentences embedded are those of the neighbours holding the kNN's this many best words
+SENTENCE_WORDS = 10  # the sentences embedded are those of the neighbours holding the kNN's this many best words
+SENTENCE_LM_WORDS = 5  # and those of the neighbours holding the LM's this many best words among the vote's
 HPARAMS = ("n_docs", "k", "temperature", "lam")  # the numeric ones
 TUNED = (*HPARAMS, "mixture")  # what `bertknn tune` searches and stores
 
