@@ -82,6 +82,12 @@ def _share(hits: list[bool]) -> str:
     return f"{100 * sum(hits) / len(hits):.1f}" if hits else "-"
 
 
+def _floor(args) -> str:
+    from bertknn.query.settings import SENTENCE_FLOOR
+
+    return f"sentence_floor {SENTENCE_FLOOR if args.sentence_floor is None else args.sentence_floor:g}"
+
+
 def _temperatures(args) -> list[float]:
     return [0.0, *(float(t) for t in args.temperatures.split(","))]
 
@@ -98,14 +104,19 @@ def fresh(args) -> None:
     )
     knn.add_documents(docs)
     print(f"\n## Fresh facts: {len(docs)} documents added to a lazy datastore of {args.base_docs} evidence documents")
-    print("P@1 of BERT-kNN (kNN); dev: questions of even-numbered documents, test: odd-numbered\n")
+    print(f"P@1 of BERT-kNN (kNN), {_floor(args)}; dev: questions of even-numbered documents, test: odd-numbered\n")
     print("| set | subject | sentence_temperature | dev | test |\n|---|---|---|---|---|")
     per_relation = defaultdict(list)
     for mode in ("subject", "no subject"):
         subjects = [q["subject"] if mode == "subject" else None for q in questions]
         for t in _temperatures(args):
             found = knn.predict_batch(
-                [q["question"] for q in questions], subjects, top_k=1, evidence=0, sentence_temperature=t
+                [q["question"] for q in questions],
+                subjects,
+                top_k=1,
+                evidence=0,
+                sentence_temperature=t,
+                sentence_floor=args.sentence_floor,
             )
             hits = defaultdict(list)
             for q, p in zip(questions, found):
@@ -121,7 +132,7 @@ def fresh(args) -> None:
                 ]
                 print(f"| {name} | {mode} | {t:g} | " + " | ".join(cells) + " |", flush=True)
     if not args.skip_judge:
-        judge(knn, [q for q in questions if q["set"] == "several"], _temperatures(args)[1])
+        judge(knn, [q for q in questions if q["set"] == "several"], _temperatures(args)[1], args.sentence_floor)
     print("\nBERT-kNN P@1 per relation, dev / test\n")
     temps = _temperatures(args)
     print("| set | relation | subject | " + " | ".join(f"T_s {t:g}" for t in temps) + " |")
@@ -136,7 +147,7 @@ def fresh(args) -> None:
             print(f"| {name} | {relation} | {mode} | " + " | ".join(cells) + " |")
 
 
-def judge(knn, questions: list[dict], t: float) -> None:
+def judge(knn, questions: list[dict], t: float, floor: float | None) -> None:
     """The LM as a judge of the evidence (measured, not kept): BERT-kNN's 3 best words re-ranked by log p + beta log
     p_LM, p_LM the LM's probability of the word with evidence before the question: each word's nearest neighbour's
     sentence ("per word", one pass per word), or the three sentences together ("together", one pass)."""
@@ -146,7 +157,9 @@ def judge(knn, questions: list[dict], t: float) -> None:
     print("| subject | judge | beta 0 | 0.25 | 0.5 | 1 |\n|---|---|---|---|---|---|")
     for mode in ("subject", "no subject"):
         subjects = [q["subject"] if mode == "subject" else None for q in questions]
-        found = knn.predict_batch([q["question"] for q in questions], subjects, 3, 1, sentence_temperature=t)
+        found = knn.predict_batch(
+            [q["question"] for q in questions], subjects, 3, 1, sentence_temperature=t, sentence_floor=floor
+        )
         sentences = [
             [p.evidence[w.token][0].sentence if p.evidence.get(w.token) else "" for w in p.bert_knn] for p in found
         ]
@@ -229,14 +242,21 @@ def lama(args) -> None:
     if args.smoke:
         dev, directory = dev[:SMOKE_FACTS], args.corpus.parent / "store"
     reader = lama_reader(args.corpus, encoder, directory)
-    print(f"\n## LAMA dev: {len(dev)} facts ({args.lama_dev} per T-REx/Google-RE relation, seed 1); macro P@1\n")
+    per = f"{args.lama_dev} per T-REx/Google-RE relation, seed 1"
+    print(f"\n## LAMA dev: {len(dev)} facts ({per}); macro P@1, {_floor(args)}\n")
     print("| subject | sentence_temperature | BERT | kNN | BERT-kNN | s |\n|---|---|---|---|---|---|")
     for mode in ("subject", "no subject"):
         subjects = [ir_subject(f) if mode == "subject" else None for f in dev]
         for t in _temperatures(args):
             began = time.perf_counter()
             found = reader.predict_batch(
-                [f.question for f in dev], subjects, top_k=1, evidence=0, batch_size=32, sentence_temperature=t
+                [f.question for f in dev],
+                subjects,
+                top_k=1,
+                evidence=0,
+                batch_size=32,
+                sentence_temperature=t,
+                sentence_floor=args.sentence_floor,
             )
             size = encoder.vocab_size
             cells = [
@@ -292,6 +312,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="times each cost question is asked")
     parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
     parser.add_argument("--temperatures", default="0.02", help="comma-separated sentence temperatures beside 0")
+    parser.add_argument("--sentence-floor", type=float, help="the sentence weights' floor [default: bertknn's]")
     parser.add_argument("--skip-fresh", action="store_true")
     parser.add_argument("--skip-lama", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")

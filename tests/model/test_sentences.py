@@ -31,11 +31,13 @@ def test_the_names_of_the_document_title_are_taken_out(text, title, expected):
     assert without_names(text, title) == expected
 
 
-def test_sentence_log_weights_are_cosines_over_the_temperature_and_the_floor_elsewhere():
+def test_sentence_log_weights_are_scores_over_the_temperature_and_the_lowest_elsewhere():
     sim = np.array([0.5, 0.2, 0.9, 0.0])
     embedded = np.array([True, True, False, False])
     np.testing.assert_allclose(log_weights(sim, embedded, 0.1), [5.0, 2.0, 2.0, 2.0])
     np.testing.assert_allclose(log_weights(sim, np.zeros(4, bool), 0.1), [0.0] * 4)
+    floored = log_weights(np.array([1.5, 0.2, np.nan, 0.9, -3.0]), np.array([True, True, True, True, False]), 0.1, 1.0)
+    np.testing.assert_allclose(floored, [15.0, 10.0, 10.0, 10.0, 10.0])  # raised to 1; NaN and not embedded: lowest
 
 
 def test_the_sentence_weights_multiply_each_neighbour_within_its_document():
@@ -168,7 +170,7 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder,
         {"id": "b", "title": "Ada Quen", "text": "Quen lived in Vienna. Quen wrote books about Lyon."},
     ]
     knn = BertKNN.build(write_corpus(tmp_path / "c.jsonl", docs), tmp_path / "s", encoder)
-    s = Settings(sentence_temperature=0.05)
+    s = Settings(sentence_temperature=0.05, sentence_floor=0.7)
     question = "Maren Holtby was born in [MASK] ."
     (query,) = knn.preprocess([question], ["Maren Holtby"])
     (p_lm,), (state,) = encoder.query_ids([(query.ids, query.mask)])
@@ -181,9 +183,11 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder,
 
     def expected(chosen):
         scored = chosen & np.isfinite(sims)
-        return np.where(scored, sims, sims[scored].min()) / 0.05
+        lifted = np.maximum(sims, s.sentence_floor)
+        return np.where(scored, lifted, lifted[scored].min()) / 0.05
 
     monkeypatch.setattr("bertknn.query.pipeline.SENTENCE_WORDS", 2)  # fewer than the document's words
+    assert (sims < 0.7).any() and (sims > 0.7).any()  # the floor raises some scores and leaves others
     by_vote = np.isin(words.index(found.values), words.best(plain, 2))
     (weights,) = knn.sentence_weights([question], [found], [words], [plain], s)
     np.testing.assert_allclose(weights, expected(by_vote), rtol=1e-5)
@@ -210,6 +214,11 @@ def test_the_paper_and_bad_values_of_the_sentence_temperature():
     with pytest.raises(ValueError, match="sentence_temperature must be a number >= 0"):
         Settings(sentence_temperature=float("nan"))
     assert Settings(sentence_temperature=0.5).file_tag().endswith("-st0.5-ct1.25-f0.4")
+    assert Settings(sentence_temperature=0.5, sentence_floor=0).file_tag().endswith("-st0.5-sf0-ct1.25-f0.4")
+    assert Settings(sentence_floor=0).file_tag() == Settings().file_tag()  # no sentence weights: the floor is moot
+    for bad in (-0.5, float("inf"), "1", True):
+        with pytest.raises(ValueError, match="sentence_floor must be a number >= 0"):
+            Settings(sentence_floor=bad)
 
 
 def test_a_document_with_two_places_answers_both_questions(tmp_path):

@@ -34,7 +34,7 @@ QUESTION, SUBJECT = "Ilsa Varnhold was born in [MASK] .", "Ilsa Varnhold"
 def test_the_defaults_are_the_papers_but_the_vote_and_the_mixture():
     bertknns = {"doc_temperature": DOC_TEMPERATURE, "mixture": MIXTURE, "lam": LAM}  # each kept on the dev split
     bertknns |= {"confidence_temperature": 1.25, "lm_floor": 0.4}  # fitted on the dev split (bench/calibration.py)
-    assert SENTENCE_TEMPERATURE == 0  # off: it cost LAMA dev P@1 (bench/sentences.py)
+    assert SENTENCE_TEMPERATURE == 0  # off: its cost per question (bench/sentences.py)
     assert Settings() == DEFAULT == PAPER.replace(**bertknns)
     assert (DOC_TEMPERATURE, MIXTURE, LAM) == (0.2, "log-linear", 0.5) and MIXTURES == ("linear", "log-linear")
     assert PAPER.as_dict() == {
@@ -49,6 +49,7 @@ def test_the_defaults_are_the_papers_but_the_vote_and_the_mixture():
         "lm_words": 5,  # beyond the paper, which has no answers of several tokens
         "word_bonus": 10.0,  # used by the log-linear mixture only
         "sentence_temperature": 0.0,  # off: every sentence alike
+        "sentence_floor": 1.0,  # used by the sentence weights only
         "confidence_temperature": 1.0,  # the probabilities as combined
         "lm_floor": 0.0,
     }

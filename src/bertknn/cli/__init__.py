@@ -28,6 +28,7 @@ from bertknn.query.settings import (
     MIXTURE,
     MIXTURES,
     PAPER,
+    SENTENCE_FLOOR,
     SENTENCE_TEMPERATURE,
     WORD_BONUS,
 )
@@ -197,8 +198,16 @@ SentenceTemperatureOption = Annotated[
     float | None,
     typer.Option(
         min=0,
-        help="weigh each neighbour within its document by exp(cos / this), cos the similarity of its sentence to the "
-        f"question (all-MiniLM-L6-v2); 0: every sentence alike (the paper) [default: {SENTENCE_TEMPERATURE}]",
+        help="weigh each neighbour within its document by exp(score / this), the score how well its sentence says what "
+        f"the question asks (all-MiniLM-L6-v2); 0: every sentence alike (the paper) [default: {SENTENCE_TEMPERATURE}]",
+    ),
+]
+SentenceFloorOption = Annotated[
+    float | None,
+    typer.Option(
+        min=0,
+        help="sentence scores below this count as this, so that only evidence that says what is asked moves the vote; "
+        f"0 for a collection of one's own facts stated plainly [default: {SENTENCE_FLOOR}]",
     ),
 ]
 PaperOption = Annotated[

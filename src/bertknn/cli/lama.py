@@ -23,6 +23,7 @@ from bertknn.cli import (
     NDocsOption,
     PackOption,
     PaperOption,
+    SentenceFloorOption,
     SentenceTemperatureOption,
     TemperatureOption,
     ThreadsOption,
@@ -127,6 +128,7 @@ def eval_lama(
     lam_by: LamByOption = None,
     mixture: MixtureOption = None,
     sentence_temperature: SentenceTemperatureOption = None,
+    sentence_floor: SentenceFloorOption = None,
     paper: PaperOption = False,
     backend: BackendOption = CLI_BACKEND,
     device: DeviceOption = "auto",
@@ -148,7 +150,14 @@ def eval_lama(
         data, encoder.tokenizer, groups, common, heldout_only, sample_per_relation, seed, console.print
     )
     given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
-    given = query_options(paper, **given, lam_by=lam_by, mixture=mixture, sentence_temperature=sentence_temperature)
+    given = query_options(
+        paper,
+        **given,
+        lam_by=lam_by,
+        mixture=mixture,
+        sentence_temperature=sentence_temperature,
+        sentence_floor=sentence_floor,
+    )
     blocks = [int(x) for x in layers.split(",")] if layers else None
     options = {"phases": phase_progress, "max_seconds": max_minutes * 60 if max_minutes else None, "seed": seed}
     options |= {"pack": pack, "int8_keys": int8_keys, "with_subject": not no_subject}

@@ -27,6 +27,7 @@ from bertknn.cli import (
     NDocsOption,
     PackOption,
     PaperOption,
+    SentenceFloorOption,
     SentenceTemperatureOption,
     TemperatureOption,
     ThreadsOption,
@@ -198,6 +199,7 @@ def ask(
     lm_words: LmWordsOption = None,
     word_bonus: WordBonusOption = None,
     sentence_temperature: SentenceTemperatureOption = None,
+    sentence_floor: SentenceFloorOption = None,
     paper: PaperOption = False,
     retrieval: Annotated[
         str, typer.Option(help="neighbours from: ir (the paper), faiss (whole datastore; `bertknn index`), ir+faiss")
@@ -216,7 +218,7 @@ def ask(
 
     given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
     given |= {"lam_by": lam_by, "mixture": mixture, "lm_words": lm_words, "word_bonus": word_bonus}
-    options = query_options(paper, **given, sentence_temperature=sentence_temperature)
+    options = query_options(paper, **given, sentence_temperature=sentence_temperature, sentence_floor=sentence_floor)
     knn = BertKNN.load(datastore, model, runtime=backend, **options)
     prediction = knn.predict(question, subject=subject, top_k=top_k, retrieval=retrieval)
     if as_json:

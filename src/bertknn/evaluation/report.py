@@ -326,8 +326,9 @@ def _options_beyond_paper(settings: Settings) -> str:
         else "linear (the paper's)"
     )
     sentences = (
-        f"each neighbour weighted by exp(cos / {settings.sentence_temperature}), cos its sentence's similarity to the "
-        "question (sentence_temperature)"
+        f"each neighbour weighted by exp(score / {settings.sentence_temperature}), score how well its sentence and "
+        f"clause say what the question asks, at least {settings.sentence_floor} (sentence_temperature, "
+        "sentence_floor)"
         if settings.sentence_temperature
         else "all alike (the paper's)"
     )

@@ -14,13 +14,14 @@ from bertknn.evaluation.metrics import summarize
 
 RESULTS_NAME = re.compile(
     r"results-L(?P<layer>\d+)-(?P<hparams>n\d+-k\d+-T[^-]+-l[^-]+?)(?:-dt(?P<dt>[0-9.]+))?(?:-(?P<lam_by>entropy))?"
-    r"(?P<loglin>-loglin)?(?P<options>(?:-(?:w|b|st|ct|f)[0-9.]+)*)-(?P<vocab>full|common)(?P<nosubject>-nosubject)?"
+    r"(?P<loglin>-loglin)?(?P<options>(?:-(?:w|b|st|sf|ct|f)[0-9.]+)*)-(?P<vocab>full|common)(?P<nosubject>-nosubject)?"
     r"\.jsonl"
 )
 OPTION_TAGS = {
     "w": "lm_words",
     "b": "word_bonus",
     "st": "sentence_temperature",
+    "sf": "sentence_floor",
     "ct": "confidence_temperature",
     "f": "lm_floor",
 }  # `Settings.file_tag`'s

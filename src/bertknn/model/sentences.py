@@ -79,12 +79,13 @@ def clause(sentence: str, span: tuple[int, int], title: str) -> str:
     return f"{sentence[cut : span[0]]}{PLACEHOLDER}"
 
 
-def log_weights(similarity: np.ndarray, embedded: np.ndarray, temperature: float) -> np.ndarray:
-    """Each neighbour's sentence log weight, score / `temperature`: `similarity` (`SentenceMatch.scores`) where
-    `embedded`, the lowest of those elsewhere (a neighbour whose evidence was not embedded counts as the least
-    similar, as does one scored NaN); zeros if none was."""
+def log_weights(similarity: np.ndarray, embedded: np.ndarray, temperature: float, floor: float = 0.0) -> np.ndarray:
+    """Each neighbour's sentence log weight, score / `temperature`: `similarity` (`SentenceMatch.scores`), raised to
+    `floor`, where `embedded`, the lowest of those elsewhere (a neighbour whose evidence was not embedded counts as
+    the least similar, as does one scored NaN); zeros if none was."""
     sim = np.asarray(similarity, np.float64)
     embedded = embedded & np.isfinite(sim)
+    sim = np.where(embedded, np.maximum(sim, floor), sim)
     floor = sim[embedded].min() if embedded.any() else 0.0
     return np.where(embedded, sim, floor) / temperature
 

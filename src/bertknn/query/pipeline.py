@@ -423,7 +423,7 @@ class BertKNN:
         for c, sim in zip(chosen, self.sentence_match.scores(asked)):
             full = np.zeros(len(c))
             full[c] = sim
-            out.append(log_weights(full, c, s.sentence_temperature) if c.any() else None)
+            out.append(log_weights(full, c, s.sentence_temperature, s.sentence_floor) if c.any() else None)
         return out
 
     def distributions(

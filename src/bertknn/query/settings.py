@@ -20,7 +20,8 @@ LAM = 0.5  # lambda of that mixture (the paper's 0.3 is for the linear one)
 DOC_TEMPERATURE = 0.2  # the retrieval-aware vote's temperature; 0: the paper's vote
 LM_WORDS = 5  # the LM scores the words of several tokens among the kNN's this many most probable words; 0: all
 WORD_BONUS = 10.0  # the log-linear mixture's factor for a word of several tokens (bench/words.py fits it)
-SENTENCE_TEMPERATURE = 0.0  # T_s of the sentence weight exp(score / T_s); 0: none (off: it cost LAMA dev P@1)
+SENTENCE_TEMPERATURE = 0.0  # T_s of the sentence weight exp(score / T_s); 0: none (off: its cost per question)
+SENTENCE_FLOOR = 1.0  # sentence scores below it count as it: only evidence that says what is asked moves the vote
 CONFIDENCE_TEMPERATURE = 1.25  # the probabilities' temperature, fitted by bench/calibration.py; 1: none
 LM_FLOOR = 0.4  # the share of the LM's distribution mixed into them, fitted with it; 0: none
 SENTENCE_WORDS = 10  # the sentences embedded are those of the neighbours holding the kNN's this many best words
@@ -54,10 +55,12 @@ class Settings:
     word_bonus: the log-linear mixture multiplies a word of several tokens by this (1: none), a prior for such words
     like a speech recogniser's word insertion bonus: the LM is a weak judge of words it cannot spell in one token
     (it gives invented words that fit and that do not fit alike low scores) and would otherwise veto the neighbours'
-    evidence for them; sentence_temperature > 0 weighs each neighbour within its document by exp(cos / T_s), cos the
-    similarity of its sentence to the question (`sentences`), so that of one document's places the one said in a
-    sentence like the question wins (0: every sentence alike, as in the paper; off by default, since it cost LAMA
-    P@1 on the dev split where it helped invented facts: bench/sentences.py); confidence_temperature and lm_floor
+    evidence for them; sentence_temperature > 0 weighs each neighbour within its document by exp(score / T_s), the
+    score how well its sentence and clause say what the question asks (`sentences`), so that of one document's
+    places the one said in a sentence like the question wins (0: every sentence alike, as in the paper; off by
+    default for its cost per question: bench/sentences.py); sentence_floor: scores below it count as it, so that
+    only evidence that says what is asked moves the vote (LAMA's Wikipedia sentences mostly do not; 0 for a
+    collection of one's own facts stated plainly); confidence_temperature and lm_floor
     make the probabilities shown honest (`combine.calibrate`: temperature scaling, then a share of the LM's
     distribution mixed in), both fitted on a dev split (1 and 0: as combined).
     Made with bad values, it raises ValueError naming every problem.
@@ -74,6 +77,7 @@ class Settings:
     lm_words: int = LM_WORDS
     word_bonus: float = WORD_BONUS
     sentence_temperature: float = SENTENCE_TEMPERATURE
+    sentence_floor: float = SENTENCE_FLOOR
     confidence_temperature: float = CONFIDENCE_TEMPERATURE
     lm_floor: float = LM_FLOOR
 
@@ -119,6 +123,13 @@ class Settings:
             or not (math.isfinite(sent_t) and sent_t >= 0)
         ):
             problems.append(f"sentence_temperature must be a number >= 0 (0: no sentence weights), not {sent_t!r}")
+        sent_f = self.sentence_floor
+        if (
+            isinstance(sent_f, bool)
+            or not isinstance(sent_f, (int, float))
+            or not (math.isfinite(sent_f) and sent_f >= 0)
+        ):
+            problems.append(f"sentence_floor must be a number >= 0 (0: every sentence score counts), not {sent_f!r}")
         conf_t = self.confidence_temperature
         if (
             isinstance(conf_t, bool)
@@ -175,6 +186,11 @@ class Settings:
             + (f"-w{self.lm_words}" if self.lm_words != LM_WORDS else "")
             + (f"-b{self.word_bonus}" if self.word_bonus != WORD_BONUS else "")
             + (f"-st{self.sentence_temperature}" if self.sentence_temperature else "")
+            + (
+                f"-sf{self.sentence_floor}"
+                if self.sentence_temperature and self.sentence_floor != SENTENCE_FLOOR
+                else ""
+            )
             + (f"-ct{self.confidence_temperature}" if self.confidence_temperature != 1 else "")
             + (f"-f{self.lm_floor}" if self.lm_floor else "")
         )

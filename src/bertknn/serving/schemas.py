@@ -82,7 +82,14 @@ class Options(BaseModel):
         default=None,
         ge=0,
         allow_inf_nan=False,
-        description="weigh each neighbour by exp(cos / this), cos its sentence's similarity to the question; 0: none",
+        description="weigh each neighbour by exp(score / this), the score how well its sentence says what the question "
+        "asks; 0: none",
+    )
+    sentence_floor: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="sentence scores below this count as this: only evidence that says what is asked moves the vote",
     )
 
 
