@@ -141,10 +141,14 @@ def test_demo_runs_and_caches(tmp_path, tiny_model_dir, monkeypatch):
     assert first.exit_code == 0, first.output
     assert "Ilsa Varnhold was born in [MASK] ." in first.output and "questions answered right" in first.output
     fresh = [line.split(": BERT-kNN ")[1].split()[0] for line in first.output.splitlines() if ": BERT-kNN " in line]
-    assert fresh[1] == "tallinn" and fresh[0] != "tallinn" and fresh[2] != "tallinn"  # before add, after, after remove
-    assert fresh[4] == "kuressaare" and "kuressaare" not in (fresh[3], fresh[5])  # a word of four wordpieces
+    said = " ".join(first.output.split())  # lines wrapped at the terminal's width, joined
+    assert "sentence weights (--sentence-temperature 0.01)" in said and "sentence weights: BERT-kNN" in said
+    # per question: before add, after add, after add with sentence weights, after remove
+    assert fresh[1] == "tallinn" and fresh[0] != "tallinn" and fresh[3] != "tallinn"
+    assert fresh[5] == "kuressaare" and "kuressaare" not in (fresh[4], fresh[7])  # a word of four wordpieces
     (cached,) = (tmp_path / "cache").glob("demo-*")  # the fresh-facts step ran on a copy
-    assert len(list((tmp_path / "cache" / "onnx").glob("*.onnx"))) == 2  # the default backend exported its graphs
+    graphs = sorted(p.name.split("-")[2] for p in (tmp_path / "cache" / "onnx").glob("*.onnx"))
+    assert graphs == ["key_states", "mask_outputs", "mean_states"]  # the default backend's, the sentence encoder's
     assert Datastore(cached).n_documents == 43
     mtime = (cached / "keys.f16").stat().st_mtime_ns
     assert runner.invoke(app, args).exit_code == 0

@@ -36,14 +36,14 @@ FRESH_DOCUMENTS = [
     {
         "id": "fresh-3",
         "title": "Maren Holtby",
-        "text": "Maren Holtby is an architect. Holtby was born in Bergen. She studied in Zurich and later worked in "
-        "Madrid. Holtby died in Oslo.",
+        "text": "Maren Holtby is an architect. Holtby was born in Bergen in 1979. She studied in Zurich and later "
+        "worked in Madrid. Holtby died in Oslo.",
     },
 ]
 FRESH_QUESTIONS = [  # the second answer is a word of four wordpieces: no masked LM can give it alone
     {"question": "Tamsin Orwhey was born in [MASK] .", "subject": "Tamsin Orwhey", "answer": "tallinn"},
     {"question": "Edda Kallaste was born in [MASK] .", "subject": "Edda Kallaste", "answer": "kuressaare"},
-    # one document, four places: each question must find its own
+    # one document, four places and a year: each question must find its own (`--sentence-temperature`)
     {"question": "Maren Holtby was born in [MASK] .", "subject": "Maren Holtby", "answer": "bergen"},
     {"question": "Maren Holtby died in [MASK] .", "subject": "Maren Holtby", "answer": "oslo"},
 ]
@@ -74,9 +74,13 @@ def build_demo(
     return BertKNN.build(DEMO_CORPUS, demo_path(encoder), encoder, progress=progress)
 
 
+SENTENCE_WEIGHTS = 0.01  # the sentence temperature the demo shows beside bertknn's defaults
+
+
 def fresh_facts(knn: BertKNN) -> list[tuple[str, list[Prediction]]]:
-    """Facts the datastore lacks (FRESH_QUESTIONS), asked before adding their documents, after adding them and after
-    removing them: (stage, a prediction per question) each.
+    """Facts the datastore lacks (FRESH_QUESTIONS), asked before adding their documents, after adding them (with
+    bertknn's defaults, then with sentence weights, SENTENCE_WEIGHTS) and after removing them: (stage, a prediction
+    per question) each.
 
     Runs on a temporary copy of the datastore, so the cached demo datastore is left as it was.
     """
@@ -85,13 +89,14 @@ def fresh_facts(knn: BertKNN) -> list[tuple[str, list[Prediction]]]:
         store = Datastore(Path(tmp) / "store")
         fresh = BertKNN(knn.encoder, store, settings=knn.settings)
 
-        def ask() -> list[Prediction]:
+        def ask(**options: float) -> list[Prediction]:
             questions, subjects = [q["question"] for q in FRESH_QUESTIONS], [q["subject"] for q in FRESH_QUESTIONS]
-            return fresh.predict_batch(questions, subjects, top_k=3, evidence=1)
+            return fresh.predict_batch(questions, subjects, top_k=3, evidence=1, **options)
 
         stages = [("before add", ask())]
         fresh.add_documents(FRESH_DOCUMENTS)
         stages.append(("after add", ask()))
+        stages.append(("sentence weights", ask(sentence_temperature=SENTENCE_WEIGHTS)))
         fresh.remove_documents([d["id"] for d in FRESH_DOCUMENTS])
         stages.append(("after remove", ask()))
         store.close()
@@ -124,12 +129,14 @@ def narration(knn: BertKNN) -> Iterator[RenderableType]:
     yield (
         "\n[bold]Fresh facts[/], asked before and after `bertknn add` of "
         + " and ".join(repr(d["text"]) for d in FRESH_DOCUMENTS)
-        + ", then after `bertknn remove` (on a copy of the datastore):"
+        + f", after it with sentence weights (--sentence-temperature {SENTENCE_WEIGHTS}), then after `bertknn remove`"
+        " (on a copy of the datastore):"
     )
     stages = fresh_facts(knn)
+    width = max(len(stage) for stage, _ in stages)
     for i, q in enumerate(FRESH_QUESTIONS):
         yield f"{escape(q['question'])} (gold: {q['answer']})"
         for stage, found in stages:
             p = found[i]
             top = ", ".join(f"{t.token} {prob(t.probability)}" for t in p.bert_knn[:3])
-            yield f"{stage:>12}: BERT-kNN {escape(top)}; documents: {escape(', '.join(p.documents) or 'none')}"
+            yield f"{stage:>{width}}: BERT-kNN {escape(top)}; documents: {escape(', '.join(p.documents) or 'none')}"
