@@ -150,14 +150,8 @@ def eval_lama(
         data, encoder.tokenizer, groups, common, heldout_only, sample_per_relation, seed, console.print
     )
     given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
-    given = query_options(
-        paper,
-        **given,
-        lam_by=lam_by,
-        mixture=mixture,
-        sentence_temperature=sentence_temperature,
-        sentence_floor=sentence_floor,
-    )
+    given |= {"lam_by": lam_by, "mixture": mixture, "sentence_temperature": sentence_temperature}
+    given = query_options(paper, **given, sentence_floor=sentence_floor)
     blocks = [int(x) for x in layers.split(",")] if layers else None
     options = {"phases": phase_progress, "max_seconds": max_minutes * 60 if max_minutes else None, "seed": seed}
     options |= {"pack": pack, "int8_keys": int8_keys, "with_subject": not no_subject}

@@ -30,6 +30,32 @@ HPARAMS = ("n_docs", "k", "temperature", "lam")  # the numeric ones
 TUNED = (*HPARAMS, "mixture")  # what `bertknn tune` searches and stores
 
 
+BOUNDS = (  # the other numeric settings: (lowest, lowest excluded, above the highest) and what the error says
+    ("doc_temperature", (0, False, math.inf), ">= 0 (0: the paper's vote)"),
+    ("word_bonus", (0, True, math.inf), "> 0 (1: none)"),
+    ("sentence_temperature", (0, False, math.inf), ">= 0 (0: no sentence weights)"),
+    ("sentence_floor", (0, False, math.inf), ">= 0 (0: every sentence score counts)"),
+    ("confidence_temperature", (0, True, math.inf), "> 0 (1: none)"),
+    ("lm_floor", (0, False, 1), "in [0, 1) (0: none)"),
+)
+
+
+def _in_bounds(value: object, low: float, strict: bool, high: float) -> bool:
+    """Whether `value` is a finite number (not a bool) from `low` (excluded when `strict`) to below `high`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return (value > low if strict else value >= low) and value < high
+
+
+def _out_of_bounds(settings: Settings, bounds: tuple) -> list[str]:
+    """What is wrong with `settings`' values of `bounds` (BOUNDS rows), in their order."""
+    return [
+        f"{name} must be a number {what}, not {getattr(settings, name)!r}"
+        for name, (low, strict, high), what in bounds
+        if not _in_bounds(getattr(settings, name), low, strict, high)
+    ]
+
+
 def _check_names(names, known: tuple[str, ...]) -> None:
     unknown = set(names) - set(known)
     if unknown:
@@ -105,41 +131,13 @@ class Settings:
             )
             if bad
         ] + wrong_retrieval
-        doc_t = self.doc_temperature
-        if isinstance(doc_t, bool) or not isinstance(doc_t, (int, float)) or not (math.isfinite(doc_t) and doc_t >= 0):
-            problems.append(f"doc_temperature must be a number >= 0 (0: the paper's vote), not {doc_t!r}")
+        problems += _out_of_bounds(self, BOUNDS[:1])
         if self.lam_by not in LAM_RULES:
             problems.append(f"lam_by must be one of {', '.join(LAM_RULES)}, not {self.lam_by!r}")
         lm_words = self.lm_words
         if isinstance(lm_words, bool) or not isinstance(lm_words, int) or lm_words < 0:
             problems.append(f"lm_words must be a whole number >= 0 (0: every word of several tokens), not {lm_words!r}")
-        bonus = self.word_bonus
-        if isinstance(bonus, bool) or not isinstance(bonus, (int, float)) or not (math.isfinite(bonus) and bonus > 0):
-            problems.append(f"word_bonus must be a number > 0 (1: none), not {bonus!r}")
-        sent_t = self.sentence_temperature
-        if (
-            isinstance(sent_t, bool)
-            or not isinstance(sent_t, (int, float))
-            or not (math.isfinite(sent_t) and sent_t >= 0)
-        ):
-            problems.append(f"sentence_temperature must be a number >= 0 (0: no sentence weights), not {sent_t!r}")
-        sent_f = self.sentence_floor
-        if (
-            isinstance(sent_f, bool)
-            or not isinstance(sent_f, (int, float))
-            or not (math.isfinite(sent_f) and sent_f >= 0)
-        ):
-            problems.append(f"sentence_floor must be a number >= 0 (0: every sentence score counts), not {sent_f!r}")
-        conf_t = self.confidence_temperature
-        if (
-            isinstance(conf_t, bool)
-            or not isinstance(conf_t, (int, float))
-            or not (math.isfinite(conf_t) and conf_t > 0)
-        ):
-            problems.append(f"confidence_temperature must be a number > 0 (1: none), not {conf_t!r}")
-        floor = self.lm_floor
-        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor < 1:
-            problems.append(f"lm_floor must be a number in [0, 1) (0: none), not {floor!r}")
+        problems += _out_of_bounds(self, BOUNDS[1:])
         if self.mixture not in MIXTURES:
             problems.append(f"mixture must be one of {', '.join(MIXTURES)}, not {self.mixture!r}")
         if problems:
