@@ -13,8 +13,11 @@ mostly) taken out of all texts, so that they match on what is said of the subjec
   the same sentence), which tells two facts of one sentence apart.
 
 Each evidence text is scored against the question less the average of generic questions (`BACKGROUND`): a sentence
-like every question ("in something") gains nothing. A lexical score would not do: questions are phrased unlike their
-evidence ("born in" against "came into the world in"); bench/README.md has each view's share of right choices.
+like every question ("in something") gains nothing, as domain-conditional PMI scores an answer against its prior
+(Holtzman et al., Surface Form Competition, EMNLP 2021); the claim view checks a statement against the evidence, as
+question answering recast as inference does (Demszky et al., 2018). A lexical score would not do: questions are
+phrased unlike their evidence ("born in" against "came into the world in"); bench/README.md has each view's share
+of right choices.
 
 Only the evidence of the neighbours whose words are among the kNN's best few is embedded (one model pass over short
 texts per question, bounded); the other neighbours count as the least similar of those.
