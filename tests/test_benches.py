@@ -103,7 +103,16 @@ CASES = {
         "wiki",
         [r"^\| FAISS \(every shard\) \| .* \| True \|$", rf"^Ray Serve / local p50, IR path with subject: {NUMBER}$"],
     ),
-    "sentences": ("sentences.py", [], "lama", [r"^\| sentence encoder \| ", r"^\| no subject \| 0.02 \| "]),
+    "sentences": (
+        "sentences.py",
+        [],
+        "lama",
+        [
+            r"^\| sentence encoder, three views less the background ",
+            r"^\| subject \| per word \| ",
+            r"^\| no subject \| 0.02 \| ",
+        ],
+    ),
     "splitters": ("splitters.py", [], "wiki", [r"^\| pysbd \(older datastores\) \| ", r"^\| sentencex \| "]),
     "verify": ("verify.py", [], None, [r"^open-time sample \(\d+ \+ last\) +[\d.]+ s"]),
     "words": ("words.py", [], "wiki", [r"^\| whole words \+ names \| after add \| ", r"^questions per cell: "]),
