@@ -89,8 +89,8 @@ def log_weights(similarity: np.ndarray, embedded: np.ndarray, temperature: float
     sim = np.asarray(similarity, np.float64)
     embedded = embedded & np.isfinite(sim)
     sim = np.where(embedded, np.maximum(sim, floor), sim)
-    floor = sim[embedded].min() if embedded.any() else 0.0
-    return np.where(embedded, sim, floor) / temperature
+    lowest = sim[embedded].min() if embedded.any() else 0.0
+    return np.where(embedded, sim, lowest) / temperature
 
 
 class SentenceMatch:
