@@ -248,6 +248,29 @@ def test_a_document_with_two_places_answers_both_questions(tmp_path):
                 assert p_born["oslo"] > p_born["bergen"] / 2
 
 
+def test_the_issues_document_answers_each_of_its_places_with_the_sentence_weights(tmp_path):
+    """The default model on a document with four places, a year in the birth sentence and two facts in one sentence:
+    bertknn's defaults answer "born in" with the place of death (the year second); the sentence weights
+    (`--sentence-temperature 0.01`, the default floor) answer every question with its own place."""
+    from bertknn.demo import DEMO_CORPUS
+
+    docs = [json.loads(line) for line in DEMO_CORPUS.read_text(encoding="utf-8").splitlines()[:6]]
+    text = (
+        "Maren Holtby is an invented architect. Holtby was born in Bergen in 1979. She studied in Zurich and later "
+        "worked in Madrid. Holtby died in Oslo."
+    )
+    knn = BertKNN.build(
+        write_corpus(tmp_path / "c.jsonl", [*docs, {"id": "y1", "title": "Maren Holtby", "text": text}]), tmp_path / "s"
+    )
+    asked = {"was born in": "bergen", "studied in": "zurich", "worked in": "madrid", "died in": "oslo"}
+    questions = [f"Maren Holtby {relation} [MASK] ." for relation in asked]
+    plain = knn.predict_batch(questions, ["Maren Holtby"] * 4, top_k=2, evidence=0)
+    assert [w.token for w in plain[0].bert_knn] == ["oslo", "1979"]
+    for subject in ("Maren Holtby", None):
+        weighed = knn.predict_batch(questions, [subject] * 4, top_k=1, evidence=0, sentence_temperature=0.01)
+        assert [p.bert_knn[0].token for p in weighed] == list(asked.values())
+
+
 def test_the_sentence_encoder_gives_all_minilm_l6_v2s_sentence_embeddings():
     """The shipped model without the default masked LM's adapters, mean pooled: sentence-transformers' recipe."""
     from transformers import AutoModel, AutoTokenizer
