@@ -205,27 +205,39 @@ def choice(args) -> None:
         return np.array([float(v[without_names(question, title)] @ v[without_names(s, title)]) for s, _ in found])
 
     hits: dict[tuple[str, str], list[float]] = defaultdict(list)
+    best_scores: dict[str, list[float]] = defaultdict(list)
     for q in questions:
         title = docs[q["document"]]["title"]
         sentences = re.split(r"(?<=\.) ", docs[q["document"]]["text"])
         found = [(s, m.span()) for s in sentences for m in re.finditer(r"[A-Za-z]+|\d{4}", s)]
         found = [(s, (a, b)) for s, (a, b) in found if s[a:b].lower() in answers or s[a:b].isdigit()]
         asked = content(without_names(q["question"], title))
+        mine = [(q["question"], s, span, title) for s, span in found]
+        (views,) = match.views([mine])
+        (full,) = match.scores([mine])
         scores = {
             "word overlap": np.array([len(asked & content(without_names(s, title))) for s, _ in found], float),
             "sentence encoder, the sentence alone (cosine)": cosines(q["question"], found, title),
-            "sentence encoder, three views less the background (`SentenceMatch.scores`)": match.scores(
-                [[(q["question"], s, span, title) for s, span in found]]
-            )[0],
+            "the question against the sentence, less the background": views[:, 0],
+            "the claim against the sentence, less the background": views[:, 1],
+            "the placeholder against the clause, less the background": views[:, 2],
+            "the sentence and the clause views (no claim), less the background": views[:, 0] + views[:, 2],
+            "sentence encoder, three views less the background (`SentenceMatch.scores`)": full,
         }
+        right = np.array([s[slice(*span)].lower() == q["answer"] for s, span in found])
+        ok = np.isfinite(full)
+        best_scores["right answer's best"].append(full[right & ok].max())
+        best_scores["best wrong answer's"].append(full[~right & ok].max())
+        best_scores["any candidate's"] += full[ok].tolist()
         for name, score in scores.items():
-            best = np.flatnonzero(score == score.max())
-            hit = float(np.mean([found[i][0][slice(*found[i][1])].lower() == q["answer"] for i in best]))
-            hits[(name, _split(q))].append(hit)
+            best = np.flatnonzero(score == np.nanmax(score))
+            hits[(name, _split(q))].append(float(np.mean(right[best])))
     print(f"\n## Sentence choice: {len(questions)} several-facts questions, the answer scored first (%)\n")
     print("| score | dev | test |\n|---|---|---|")
     for name in dict.fromkeys(n for n, _ in hits):
         print(f"| {name} | {100 * np.mean(hits[(name, 'dev')]):.1f} | {100 * np.mean(hits[(name, 'test')]):.1f} |")
+    medians = ", ".join(f"{name} {np.median(values):.2f}" for name, values in best_scores.items())
+    print(f"\nmedian `SentenceMatch.scores` (what `sentence_floor` cuts): {medians}")
 
 
 def lama(args) -> None:

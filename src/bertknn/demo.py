@@ -40,6 +40,7 @@ FRESH_DOCUMENTS = [
         "worked in Madrid. Holtby died in Oslo.",
     },
 ]
+SENTENCE_WEIGHTS = 0.01  # the sentence temperature the demo shows beside bertknn's defaults
 FRESH_QUESTIONS = [  # the second answer is a word of four wordpieces: no masked LM can give it alone
     {"question": "Tamsin Orwhey was born in [MASK] .", "subject": "Tamsin Orwhey", "answer": "tallinn"},
     {"question": "Edda Kallaste was born in [MASK] .", "subject": "Edda Kallaste", "answer": "kuressaare"},
@@ -72,9 +73,6 @@ def build_demo(
     """The demo corpus's datastore for `model`, built on first use and cached under `cache_dir()` (`bertknn demo`)."""
     encoder = Encoder.load(model, runtime=runtime)
     return BertKNN.build(DEMO_CORPUS, demo_path(encoder), encoder, progress=progress)
-
-
-SENTENCE_WEIGHTS = 0.01  # the sentence temperature the demo shows beside bertknn's defaults
 
 
 def fresh_facts(knn: BertKNN) -> list[tuple[str, list[Prediction]]]:

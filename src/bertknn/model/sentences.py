@@ -128,14 +128,13 @@ class SentenceMatch:
             self._background = self.encoder.sentence_vectors(BACKGROUND).mean(0)
         return self._background
 
-    def scores(self, asked: Sequence[Sequence[tuple[str, str, tuple[int, int], str]]]) -> list[np.ndarray]:
-        """For each question's (question, sentence, target span, title) tuples, the three views' cosines summed, each
-        less the evidence's mean cosine with `BACKGROUND`: (q + claim - 2 b) . sentence + (q' - b) . clause, where q is
-        the question without its mask, claim the question with the target's word in the mask, q' the question with
-        the placeholder, b the background's mean vector; the title's names taken out of every text, all questions'
-        texts embedded together. A target whose word the question holds ("language" for "The second language of X
-        is [MASK] .") scores NaN: a cloze does not repeat its own words."""
-        views = [
+    def views(self, asked: Sequence[Sequence[tuple[str, str, tuple[int, int], str]]]) -> list[np.ndarray]:
+        """For each question's (question, sentence, target span, title) tuples, the three views' cosines, each less
+        the evidence's mean cosine with `BACKGROUND` ([n, 3]): (q - b) . sentence, (claim - b) . sentence and (q' - b)
+        . clause, where q is the question without its mask, claim the question with the target's word in the mask,
+        q' the question with the placeholder, b the background's mean vector; the title's names taken out of every
+        text, all questions' texts embedded together."""
+        texts = [
             [
                 without_names(x, t)
                 for x in (q, q.replace(MASK, s[a:b]), q.replace(MASK, PLACEHOLDER), s, clause(s, (a, b), t))
@@ -143,9 +142,17 @@ class SentenceMatch:
             for mine in asked
             for q, s, (a, b), t in mine
         ]
-        v, b = self.vectors([text for row in views for text in row]), self.background()
-        score = [float((v[q] + v[c] - 2 * b) @ v[s] + (v[p] - b) @ v[part]) for q, c, p, s, part in views]
-        repeated = [s[a:b].lower() in _words(q, t) for mine in asked for q, s, (a, b), t in mine]
-        score = np.where(repeated, np.nan, score)
+        v, b = self.vectors([text for row in texts for text in row]), self.background()
+        rows = [[(v[q] - b) @ v[s], (v[c] - b) @ v[s], (v[p] - b) @ v[part]] for q, c, p, s, part in texts]
         at = np.cumsum([0, *map(len, asked)])
-        return [np.array(score[i:j]) for i, j in pairwise(at)]
+        return [np.array(rows[i:j], np.float64).reshape(-1, 3) for i, j in pairwise(at)]
+
+    def scores(self, asked: Sequence[Sequence[tuple[str, str, tuple[int, int], str]]]) -> list[np.ndarray]:
+        """For each question's (question, sentence, target span, title) tuples, the sum of its `views`. A target
+        whose word the question holds ("language" for "The second language of X is [MASK] .") scores NaN: a cloze
+        does not repeat its own words."""
+        out = []
+        for mine, views in zip(asked, self.views(asked)):
+            repeated = [s[a:b].lower() in _words(q, t) for q, s, (a, b), t in mine]
+            out.append(np.where(repeated, np.nan, views.sum(1)))
+        return out
