@@ -2,7 +2,7 @@
 (`combine.calibrate`), chosen on a LAMA dev split and checked on the report's sample, in one run.
 
     python bench/calibration.py [--dev 5] [--test 30] [--temperatures 1,1.25,1.5,2,3] [--floors 0,0.01,...,0.7]
-                                [--corpus F] [--smoke]
+                                [--sentence-temperature T] [--sentence-floor F] [--corpus F] [--smoke]
 
 Dev: `tune.DevSplit` (--dev facts per T-REx and Google-RE relation, seed 1), asked with and without subjects; test:
 the report's sample (`eval lama --sample-per-relation --test --heldout-only`: T-REx and Google-RE, seed 0), asked
@@ -11,9 +11,10 @@ that `eval lama` uses (cached), through `predict_batch` with bertknn's defaults 
 (confidence_temperature 1, lm_floor 0); each (temperature, floor) of the grid is then applied to the same
 distributions. Chosen: the lowest mean negative log-likelihood of the gold answer on dev,
 both subject modes together. Printed per split and mode, uncalibrated and chosen: that NLL, the expected calibration
-error of the top answer (`evaluation.calibration`), and P@1. --corpus: another corpus than the evidence corpus (its
-lazy datastore cached alike). --smoke: a lazy datastore of the first 40 evidence documents (in a temporary
-directory), 8 dev and 8 test facts (1 per relation), a grid of 2 temperatures and 2 floors, one thread.
+error of the top answer (`evaluation.calibration`), and P@1, also with bertknn's calibration (`settings`).
+--sentence-temperature / --sentence-floor: all of it with the sentence weights on. --corpus: another corpus than the
+evidence corpus (its lazy datastore cached alike). --smoke: a lazy datastore of the first 40 evidence documents (in a
+temporary directory), 8 dev and 8 test facts (1 per relation), a grid of 2 temperatures and 2 floors, one thread.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import numpy as np
 from evidence import DATA, EVIDENCE, SMOKE, SMOKE_FACTS, smoke_corpus
 
 
-def _asked(reader, facts, with_subject: bool) -> list[tuple[np.ndarray, np.ndarray, int]]:
-    """(p over the question's words, the LM's p over them, gold index) per fact, uncalibrated."""
+def _asked(reader, facts, with_subject: bool, options: dict) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """(p over the question's words, the LM's p over them, gold index) per fact, uncalibrated (`options`: more
+    query settings)."""
     from bertknn.evaluation.facts import ir_subject
 
     subjects = [ir_subject(f) if with_subject else None for f in facts]
@@ -39,6 +41,7 @@ def _asked(reader, facts, with_subject: bool) -> list[tuple[np.ndarray, np.ndarr
         batch_size=32,
         confidence_temperature=1.0,
         lm_floor=0.0,
+        **options,
     )
     return [(p.p, p.p_bert, f.answer_id) for p, f in zip(found, facts)]
 
@@ -66,6 +69,8 @@ def main() -> None:
     parser.add_argument("--floors", default="0,0.01,0.03,0.1,0.2,0.3,0.4,0.5,0.6,0.7")
     parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
     parser.add_argument("--corpus", type=Path, default=EVIDENCE, help="the corpus [default: the evidence corpus]")
+    parser.add_argument("--sentence-temperature", type=float, default=0.0, help="sentence weights [default: off]")
+    parser.add_argument("--sentence-floor", type=float, help="their floor [default: bertknn's]")
     parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
     directory, most = None, None
@@ -78,6 +83,7 @@ def main() -> None:
     from bertknn.evaluation.tune import DevSplit
     from bertknn.model.encoder import Encoder
     from bertknn.model.runtime import Runtime
+    from bertknn.query.settings import CONFIDENCE_TEMPERATURE, LM_FLOOR
 
     Runtime(threads=1 if args.smoke else os.cpu_count() or 1).apply()
     encoder = Encoder.load(args.model, runtime="onnx")
@@ -89,15 +95,18 @@ def main() -> None:
     dev, test = dev[:most], test[:most]
     reader = lama_reader(args.corpus, encoder, directory)
     grid = [(float(t), float(f)) for t in args.temperatures.split(",") for f in args.floors.split(",")]
+    options = {"sentence_temperature": args.sentence_temperature, "sentence_floor": args.sentence_floor}
     asked = {
-        ("dev", "subject"): _asked(reader, dev, True),
-        ("dev", "no subject"): _asked(reader, dev, False),
-        ("test", "subject"): _asked(reader, test, True),
+        ("dev", "subject"): _asked(reader, dev, True, options),
+        ("dev", "no subject"): _asked(reader, dev, False, options),
+        ("test", "subject"): _asked(reader, test, True, options),
     }
     dev_runs = asked[("dev", "subject")] + asked[("dev", "no subject")]
     nll = {g: _measures(dev_runs, *g)[0] for g in grid}
     best = min(grid, key=lambda g: (nll[g], g))
-    print(f"\n## Calibration: LAMA dev {len(dev)} facts, test {len(test)} facts (the report's sample less dev)\n")
+    print(f"\n## Calibration: LAMA dev {len(dev)} facts, test {len(test)} facts (the report's sample less dev)")
+    floor = "bertknn's" if args.sentence_floor is None else f"{args.sentence_floor:g}"
+    print(f"sentence_temperature {args.sentence_temperature:g}, sentence_floor {floor}\n")
     print("Dev NLL of the gold answer per temperature (rows) and floor (columns):\n")
     floors = sorted({f for _, f in grid})
     print("| temperature | " + " | ".join(f"floor {f:g}" for f in floors) + " |")
@@ -107,7 +116,7 @@ def main() -> None:
     print(f"\nchosen: confidence_temperature {best[0]:g}, lm_floor {best[1]:g}\n")
     print("| split | subject | calibration | NLL | ECE | P@1 (micro) |\n|---|---|---|---|---|---|")
     for (split, mode), runs in asked.items():
-        for name, g in (("none", (1.0, 0.0)), ("chosen", best)):
+        for name, g in (("none", (1.0, 0.0)), ("bertknn's", (CONFIDENCE_TEMPERATURE, LM_FLOOR)), ("chosen", best)):
             n, ece, p1 = _measures(runs, *g)
             print(f"| {split} | {mode} | {name} | {n:.3f} | {ece:.1f} | {p1:.1f} |", flush=True)
 

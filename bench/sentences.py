@@ -10,7 +10,8 @@ Fresh facts: a lazy datastore of the first --base-docs evidence documents, with 
 in one city and run from another; made by make_several.py) and the single-fact set (documents.jsonl) added. Each
 question is asked with and without its subject, with bertknn's defaults and each sentence temperature (0: none).
 Printed: BERT-kNN and kNN P@1 for the questions of even-numbered documents (dev: where the temperature is chosen)
-and odd-numbered ones (test), then BERT-kNN per relation.
+and odd-numbered ones (test), the expected calibration error of BERT-kNN's top answer as shown (%), then BERT-kNN
+per relation.
 
 LAMA dev: `tune.DevSplit` (--lama-dev facts per T-REx and Google-RE relation, seed 1, disjoint from the report's
 sample) on the lazy datastore of the evidence corpus that `eval lama` uses (cached), through `predict_batch`, with and
@@ -93,6 +94,7 @@ def _temperatures(args) -> list[float]:
 
 
 def fresh(args) -> None:
+    from bertknn.evaluation.metrics import calibration
     from bertknn.query.pipeline import BertKNN
 
     sets = {"several": "several_", "single": ""}
@@ -105,7 +107,7 @@ def fresh(args) -> None:
     knn.add_documents(docs)
     print(f"\n## Fresh facts: {len(docs)} documents added to a lazy datastore of {args.base_docs} evidence documents")
     print(f"P@1 of BERT-kNN (kNN), {_floor(args)}; dev: questions of even-numbered documents, test: odd-numbered\n")
-    print("| set | subject | sentence_temperature | dev | test |\n|---|---|---|---|---|")
+    print("| set | subject | sentence_temperature | dev | test | ECE dev / test |\n|---|---|---|---|---|---|")
     per_relation = defaultdict(list)
     for mode in ("subject", "no subject"):
         subjects = [q["subject"] if mode == "subject" else None for q in questions]
@@ -118,8 +120,9 @@ def fresh(args) -> None:
                 sentence_temperature=t,
                 sentence_floor=args.sentence_floor,
             )
-            hits = defaultdict(list)
+            hits, shown = defaultdict(list), defaultdict(list)
             for q, p in zip(questions, found):
+                shown[(q["set"], _split(q))].append(p.bert_knn[0].probability)
                 for method in ("bert_knn", "knn"):
                     ranked = getattr(p, method)
                     hit = bool(ranked) and ranked[0].token.lower() == q["answer"]
@@ -130,6 +133,8 @@ def fresh(args) -> None:
                 cells = [
                     f"{_share(hits[(name, s, 'bert_knn')])} ({_share(hits[(name, s, 'knn')])})" for s in ("dev", "test")
                 ]
+                ece = [100 * calibration(shown[(name, s)], hits[(name, s, "bert_knn")])["ece"] for s in ("dev", "test")]
+                cells.append(" / ".join(f"{e:.1f}" for e in ece))
                 print(f"| {name} | {mode} | {t:g} | " + " | ".join(cells) + " |", flush=True)
     if not args.skip_judge:
         judge(knn, [q for q in questions if q["set"] == "several"], _temperatures(args)[1], args.sentence_floor)

@@ -25,6 +25,8 @@ from tests.conftest import write_corpus
         ("Oslofjord lies near Oslo.", "Oslo", "Oslofjord lies near ."),
         ("The Mercury (planet) is small.", "Mercury (planet)", "The is small."),
         ("Nothing to remove here.", "", "Nothing to remove here."),
+        ("Annabel met Ann and Annabelle.", "Ann Annabel", "met and Annabelle."),
+        ("Ann Annabel's book", "Ann Annabel", "book"),
     ],
 )
 def test_the_names_of_the_document_title_are_taken_out(text, title, expected):

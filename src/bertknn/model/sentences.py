@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from functools import lru_cache
 from itertools import islice, pairwise
 
 import numpy as np
@@ -54,14 +55,21 @@ BACKGROUND = tuple(
 )  # fmt: skip
 
 
+@lru_cache(maxsize=4096)
+def _names(title: str) -> re.Pattern[str] | None:
+    """One pattern for the title whole (tried first) and each of its words, with a possessive 's; None if none."""
+    names = sorted({n for n in (title, *title.split()) if n.strip()}, key=len, reverse=True)
+    alternatives = "|".join(map(re.escape, names))
+    return re.compile(rf"(?<!\w)(?:{alternatives})(?:'s)?(?!\w)", re.IGNORECASE) if names else None
+
+
+@lru_cache(maxsize=CACHE)
 def without_names(text: str, title: str) -> str:
     """`text` without the words of a document's `title` (and their possessive 's), the mask and extra spaces: what
-    a sentence or a question says of the subject rather than who the subject is."""
-    text = text.replace(MASK, " ")
-    for name in dict.fromkeys([title, *title.split()]):
-        if name.strip():
-            text = re.sub(rf"(?<!\w){re.escape(name)}(?:'s)?(?!\w)", " ", text, flags=re.IGNORECASE)
-    return " ".join(text.split())
+    a sentence or a question says of the subject rather than who the subject is. Cached: a question's texts recur
+    for each of its neighbours, a sentence for each of its words."""
+    text, names = text.replace(MASK, " "), _names(title)
+    return " ".join((names.sub(" ", text) if names else text).split())
 
 
 def _words(question: str, title: str) -> set[str]:
