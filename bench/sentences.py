@@ -31,7 +31,8 @@ Cost: an eager build of the first --cost-docs evidence documents (ONNX backend, 
 several-facts documents; the p50 of one question asked alone (the several-facts questions without subjects, the
 runs in turn, each first as often as the others): bertknn's defaults, the same uncalibrated, and with sentence
 weights at the first of --temperatures, the sentence-vector cache emptied before each question (the cost of a
-question about documents not asked of before) and kept (documents asked of before).
+question about documents not asked of before) and kept (documents asked of before); then what those questions
+embed, per kind of text (`sentences.TEXTS`): distinct texts and tokens per question.
 
 --corpus: LAMA dev on another corpus than the evidence corpus (its lazy datastore cached alike). --smoke: the first
 4 documents of each fresh-facts set (and their questions) over the first 3 evidence documents (the cost: the first
@@ -319,6 +320,30 @@ def cost(args) -> None:
     for name, values in times.items():
         p50, p90 = statistics.median(values), statistics.quantiles(values, n=10)[-1]
         print(f"| {name} | {1000 * p50:.1f} | {1000 * p90:.1f} | {p50 / base:.2f}x |")
+    read(knn, questions, weighted)
+
+
+def read(knn, questions: list[str], t: float) -> None:
+    """Print what the sentence weights embed for a question about documents not asked of before: the distinct texts
+    of each kind (`sentences.TEXTS`) per question, and their tokens (the sentence encoder's cost)."""
+    from bertknn.model.sentences import TEXTS
+
+    match, asked = knn.sentence_match, []
+    views = match.views
+    match.views = lambda rows: (asked.append(rows), views(rows))[1]  # records each batch of questions' neighbours
+    for text in questions:
+        knn.predict(text, evidence=0, sentence_temperature=t)
+    del match.views
+    count, tokens = defaultdict(int), defaultdict(int)
+    for mine in (mine for batch in asked for mine in batch):
+        for kind, texts in zip(TEXTS, zip(*(match.texts(*row) for row in mine))):
+            count[kind] += len(set(texts))
+            tokens[kind] += sum(len(ids) for ids in match.encoder.tokenizer(sorted(set(texts)))["input_ids"])
+    n, total = len(questions), sum(tokens.values())
+    print("\nEmbedded per question (distinct texts, their tokens with the encoder's special tokens):\n")
+    print("| text | texts | tokens | share of tokens |\n|---|---|---|---|")
+    for kind in TEXTS:
+        print(f"| {kind} | {count[kind] / n:.1f} | {tokens[kind] / n:.1f} | {tokens[kind] / total:.0%} |")
 
 
 def main() -> None:

@@ -39,6 +39,7 @@ from bertknn.text import MASK
 
 CACHE = 50_000  # sentence vectors kept in memory (a service's questions meet the same documents again)
 PLACEHOLDER = "something"  # the unknown word in a question's and a clause's text
+TEXTS = ("question", "claim", "placeholder", "sentence", "clause")  # what `SentenceMatch.texts` gives, in order
 # Generic statements of common relations, the subject left out: what any question says (hand-written, not LAMA's).
 BACKGROUND = tuple(
     f"{relation} {PLACEHOLDER}"
@@ -136,20 +137,21 @@ class SentenceMatch:
             self._background = self.encoder.sentence_vectors(BACKGROUND).mean(0)
         return self._background
 
+    @staticmethod
+    def texts(question: str, sentence: str, span: tuple[int, int], title: str) -> tuple[str, ...]:
+        """What a neighbour's views read (`TEXTS`), the title's names taken out of each: the question without its
+        mask, the question with the target's word in the mask (a claim), the question with the placeholder, the
+        sentence and the target's clause."""
+        claim, placed = question.replace(MASK, sentence[slice(*span)]), question.replace(MASK, PLACEHOLDER)
+        read = (question, claim, placed, sentence, clause(sentence, span, title))
+        return tuple(without_names(x, title) for x in read)
+
     def views(self, asked: Sequence[Sequence[tuple[str, str, tuple[int, int], str]]]) -> list[np.ndarray]:
         """For each question's (question, sentence, target span, title) tuples, the three views' cosines, each less
         the evidence's mean cosine with `BACKGROUND` ([n, 3]): (q - b) . sentence, (claim - b) . sentence and (q' - b)
-        . clause, where q is the question without its mask, claim the question with the target's word in the mask,
-        q' the question with the placeholder, b the background's mean vector; the title's names taken out of every
-        text, all questions' texts embedded together."""
-        texts = [
-            [
-                without_names(x, t)
-                for x in (q, q.replace(MASK, s[a:b]), q.replace(MASK, PLACEHOLDER), s, clause(s, (a, b), t))
-            ]
-            for mine in asked
-            for q, s, (a, b), t in mine
-        ]
+        . clause, where q, claim and q' are the question's `texts`, b the background's mean vector; all questions'
+        texts embedded together."""
+        texts = [self.texts(*row) for mine in asked for row in mine]
         v, b = self.vectors([text for row in texts for text in row]), self.background()
         rows = [[(v[q] - b) @ v[s], (v[c] - b) @ v[s], (v[p] - b) @ v[part]] for q, c, p, s, part in texts]
         at = np.cumsum([0, *map(len, asked)])
