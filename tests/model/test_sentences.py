@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bertknn.model.encoder import Encoder
-from bertknn.model.sentences import BACKGROUND, SentenceMatch, clause, log_weights, without_names
+from bertknn.model.sentences import BACKGROUND, TEXTS, SentenceMatch, clause, log_weights, without_names
 from bertknn.query.knn import document_vote, knn_distribution
 from bertknn.query.pipeline import BertKNN
 from bertknn.query.settings import PAPER, SENTENCE_LM_WORDS, Settings
@@ -106,6 +106,18 @@ def _span(sentence: str, word: str) -> tuple[int, int]:
 )  # fmt: skip
 def test_a_clause_runs_from_the_previous_name_or_number_to_the_target(sentence, word, title, expected):
     assert clause(sentence, _span(sentence, word), title) == expected
+
+
+def test_a_neighbour_is_read_as_five_texts_without_its_documents_names():
+    born = "Holtby came into the world in Bergen in 1979."
+    got = SentenceMatch.texts("Maren Holtby was born in [MASK] .", born, _span(born, "1979"), "Maren Holtby")
+    assert dict(zip(TEXTS, got, strict=True)) == {
+        "question": "was born in .",
+        "claim": "was born in 1979 .",
+        "placeholder": "was born in something .",
+        "sentence": "came into the world in Bergen in 1979.",
+        "clause": "in something",
+    }
 
 
 def test_scores_sum_three_views_less_the_background_and_reuse_cached_vectors(encoder):
