@@ -108,6 +108,21 @@ def test_a_clause_runs_from_the_previous_name_or_number_to_the_target(sentence, 
     assert clause(sentence, _span(sentence, word), title) == expected
 
 
+def test_a_full_cache_is_emptied_after_its_vectors_are_read(encoder):
+    counting = _Counting(encoder)
+    match = SentenceMatch(encoder=counting, cache=3)
+    texts = ["died in Oslo.", "was born in Bergen.", "studied in Zurich.", "worked in Madrid."]
+    expected = dict(zip(texts, encoder.sentence_vectors(texts)))
+    match.vectors(texts[:2])
+    got = match.vectors(texts[:1] + texts[2:])  # one cached, two new: over 3, so the cache is emptied
+    assert list(got) == texts[:1] + texts[2:]
+    for text, vector in got.items():
+        np.testing.assert_allclose(vector, expected[text], atol=1e-6)
+    assert counting.calls[1] == texts[2:]  # the cached one was not embedded again
+    assert sorted(match._vectors) == sorted(texts[2:])  # only the new ones kept
+    assert list(match.vectors(texts)) == texts
+
+
 def test_a_neighbour_is_read_as_five_texts_without_its_documents_names():
     born = "Holtby came into the world in Bergen in 1979."
     got = SentenceMatch.texts("Maren Holtby was born in [MASK] .", born, _span(born, "1979"), "Maren Holtby")

@@ -126,10 +126,11 @@ class SentenceMatch:
         `cache` vectors (emptied when the new ones would not fit)."""
         todo = list(dict.fromkeys(t for t in texts if t not in self._vectors))
         new = dict(zip(todo, self.encoder.sentence_vectors(todo))) if todo else {}
+        found = {t: new[t] if t in new else self._vectors[t] for t in texts}  # read before the cache is emptied
         if len(self._vectors) + len(new) > self.cache:
             self._vectors.clear()
         self._vectors.update(islice(new.items(), self.cache))
-        return {t: new[t] if t in new else self._vectors[t] for t in texts}
+        return found
 
     def background(self) -> np.ndarray:
         """The mean vector of the generic questions (`BACKGROUND`), computed once."""
