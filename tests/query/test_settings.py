@@ -205,13 +205,21 @@ def test_result_file_names_are_unchanged():
     names = sorted(p.name for p in ROOT.glob("reports/*/results-*.jsonl"))
     assert names, "no committed result files found"
     pattern = re.compile(
-        r"results-L(\d+)-n(\d+)-k(\d+)-T([\d.]+)-l([\d.]+)(?:-dt([\d.]+))?(-loglin)?-(full|common)(-nosubject)?\.jsonl"
+        r"results-L(\d+)-n(\d+)-k(\d+)-T([\d.]+)-l([\d.]+)(?:-dt([\d.]+))?(-loglin)?(?:-st([\d.]+))?(?:-ct([\d.]+))?"
+        r"(?:-f([\d.]+))?-(full|common)(-nosubject)?\.jsonl"
     )
     for name in names:
-        layer, n_docs, k, temperature, lam, dt, loglin, vocab, nosubject = pattern.fullmatch(name).groups()
+        layer, n_docs, k, temperature, lam, dt, loglin, st, ct, lf, vocab, nosubject = pattern.fullmatch(name).groups()
         numbers = {"n_docs": int(n_docs), "k": int(k), "temperature": float(temperature), "lam": float(lam)}
         mixture = "log-linear" if loglin else "linear"
-        settings = PAPER.replace(**numbers, doc_temperature=float(dt or 0), mixture=mixture)
+        settings = PAPER.replace(
+            **numbers,
+            doc_temperature=float(dt or 0),
+            mixture=mixture,
+            sentence_temperature=float(st or 0),
+            confidence_temperature=float(ct or 1),
+            lm_floor=float(lf or 0),
+        )
         assert f"results-L{layer}-{settings.file_tag()}-{vocab}{nosubject or ''}.jsonl" == name
     assert f"results-L5-{PAPER.file_tag()}-full.jsonl" in names
 
