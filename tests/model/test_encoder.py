@@ -168,7 +168,9 @@ def test_with_an_onnx_backend_onnx_runtime_takes_the_threads_and_pytorch_keeps_o
         onnx = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, runtime="onnx")
         onnx.query(["Rome is in [MASK] ."])
         (runner,) = onnx.graphs().values()
-        return runner.session().get_session_options().intra_op_num_threads
+        options = runner.session().get_session_options()
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"  # idle threads sleep
+        return options.intra_op_num_threads
 
     try:
         Runtime("onnx", threads=2).apply()
