@@ -102,7 +102,7 @@ class OnnxRunner:
         options.intra_op_num_threads = _threads or torch.get_num_threads()
         options.inter_op_num_threads = 1
         # Idle workers wait asleep, not spinning: a spinning pool holds a core after each run, which on few cores
-        # stalls the Python work between runs and the next session's run (a question's p50: bench/README.md).
+        # stalls the Python work between runs and another graph's run (a question's p50: bench/README.md).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
 
