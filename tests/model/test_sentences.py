@@ -11,7 +11,7 @@ from bertknn.model.encoder import Encoder
 from bertknn.model.sentences import BACKGROUND, TEXTS, SentenceMatch, clause, log_weights, without_names
 from bertknn.query.knn import document_vote, knn_distribution
 from bertknn.query.pipeline import BertKNN
-from bertknn.query.settings import PAPER, SENTENCE_LM_WORDS, Settings
+from bertknn.query.settings import PAPER, SENTENCE_LM_SHARE, SENTENCE_LM_WORDS, Settings
 from tests.conftest import write_corpus
 
 
@@ -226,6 +226,17 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder,
     assert (by_lm & ~by_vote).any()
     (with_lm,) = knn.sentence_weights([question], [found], [words], [plain], s, [p_lm])
     np.testing.assert_allclose(with_lm, expected(by_vote | by_lm), rtol=1e-5)
+    # an LM sure of one word: the neighbours of the words it gives under SENTENCE_LM_SHARE of its probability drop out
+    at = words.index(found.values)
+    below = at[by_vote & (at < words.vocab)][0]  # one of the vote's best words
+    top, above = [w for w in np.unique(at[at < words.vocab]) if w != below][:2]
+    sure = np.full(words.vocab, 1e-9)
+    sure[[top, above, below]] = 1.0, 1.1 * SENTENCE_LM_SHARE, 0.9 * SENTENCE_LM_SHARE
+    (by_sure,) = knn.sentence_weights([question], [found], [words], [plain], s, [sure / sure.sum()])
+    several = at >= words.vocab  # words of several tokens ("holtby"): the LM has not scored them yet, they stay
+    kept = (by_vote | np.isin(at, [top, above])) & (np.isin(at, [top, above]) | several)
+    np.testing.assert_allclose(by_sure, expected(kept), rtol=1e-5)
+    assert (at[by_vote & ~kept] == below).all() and (by_vote & several).any()
     weights = with_lm
     weighted = knn.vote(found, s, words, weights)
     assert not np.allclose(weighted, plain)

@@ -206,8 +206,8 @@ SentenceFloorOption = Annotated[
     float | None,
     typer.Option(
         min=0,
-        help="sentence scores below this count as this, so that only evidence that says what is asked moves the vote; "
-        f"0 for a collection of one's own facts stated plainly [default: {SENTENCE_FLOOR}]",
+        help="sentence scores below this count as this, so that only evidence that says what is asked moves the vote "
+        f"[default: {SENTENCE_FLOOR}]",
     ),
 ]
 PaperOption = Annotated[

@@ -31,7 +31,7 @@ from bertknn.query.combine import (
 )
 from bertknn.query.knn import document_prior, document_vote, knn_distribution, neighbour_weights
 from bertknn.query.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, RemoteShards, Search
-from bertknn.query.settings import SENTENCE_LM_WORDS, SENTENCE_WORDS, Settings
+from bertknn.query.settings import SENTENCE_LM_SHARE, SENTENCE_LM_WORDS, SENTENCE_WORDS, Settings
 from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.shards import ShardedDatastore, open_store
 from bertknn.text import Document, unicode_error
@@ -48,6 +48,18 @@ class Query:
     subject: str | None
     ids: list[int]
     mask: int
+
+
+def _by_lm(chosen: np.ndarray, found: Neighbours, words: Words, vote: np.ndarray, p_lm: np.ndarray) -> np.ndarray:
+    """`chosen` (the neighbours whose evidence the sentence weights score) with those holding the LM's
+    SENTENCE_LM_WORDS best of the vote's words added, and those holding a word the LM gives less than
+    SENTENCE_LM_SHARE of the best one's probability taken out: the LM knows what kind of word is asked (a year does
+    not answer "born in [MASK]"), as QA systems check a candidate's answer type. A word of several tokens, which the
+    LM has not scored yet, stays."""
+    lm, at = np.where(vote > 0, words.lm(p_lm), 0.0), words.index(found.values)
+    if SENTENCE_LM_WORDS:
+        chosen = chosen | np.isin(at, Words.best(lm, SENTENCE_LM_WORDS))
+    return chosen & ((lm[at] >= SENTENCE_LM_SHARE * lm.max()) | (at >= words.vocab))
 
 
 class BertKNN:
@@ -407,15 +419,14 @@ class BertKNN:
         lm: Sequence[np.ndarray] | None = None,
     ) -> list[np.ndarray | None]:
         """Each question's neighbours' sentence log weights (`sentences.log_weights`): the evidence of the neighbours
-        holding the vote's SENTENCE_WORDS best words, and the SENTENCE_LM_WORDS best of its words by the LM's
-        distribution `lm` over the vocabulary when given (the LM knows what kind of word the question asks for: a
-        language, not a city), scored against the question (`SentenceMatch.scores`), all questions' texts embedded
-        together (None for a question without neighbours)."""
+        holding the vote's SENTENCE_WORDS best words, chosen again by the LM's distribution `lm` over the vocabulary
+        when given (`_by_lm`: the LM knows what kind of word the question asks for, a language, not a city), scored
+        against the question (`SentenceMatch.scores`), all questions' texts embedded together (None for a question
+        without neighbours)."""
         chosen = [np.isin(w.index(f.values), Words.best(v, SENTENCE_WORDS)) for f, w, v in zip(found, words, votes)]
-        if lm is not None and SENTENCE_LM_WORDS:
-            for c, f, w, v, p in zip(chosen, found, words, votes, lm):
-                if v is not None:
-                    c |= np.isin(w.index(f.values), Words.best(np.where(v > 0, w.lm(p), 0.0), SENTENCE_LM_WORDS))
+        if lm is not None:
+            parts = zip(chosen, found, words, votes, lm)
+            chosen = [c if v is None else _by_lm(c, f, w, v, p) for c, f, w, v, p in parts]
         rows = self.store.provenance(np.concatenate([f.entries[c] for f, c in zip(found, chosen)]).tolist())
         at = np.cumsum([0, *(int(c.sum()) for c in chosen)])
         asked = [[(q, e.sentence, e.span, e.title) for e in rows[a:b]] for q, a, b in zip(questions, at[:-1], at[1:])]

@@ -21,11 +21,12 @@ DOC_TEMPERATURE = 0.2  # the retrieval-aware vote's temperature; 0: the paper's 
 LM_WORDS = 5  # the LM scores the words of several tokens among the kNN's this many most probable words; 0: all
 WORD_BONUS = 10.0  # the log-linear mixture's factor for a word of several tokens (bench/words.py fits it)
 SENTENCE_TEMPERATURE = 0.0  # T_s of the sentence weight exp(score / T_s); 0: none (off: its cost per question)
-SENTENCE_FLOOR = 1.0  # sentence scores below it count as it: only evidence that says what is asked moves the vote
+SENTENCE_FLOOR = 0.7  # sentence scores below it count as it: only evidence that says what is asked moves the vote
 CONFIDENCE_TEMPERATURE = 1.25  # the probabilities' temperature, fitted by bench/calibration.py; 1: none
 LM_FLOOR = 0.4  # the share of the LM's distribution mixed into them, fitted with it; 0: none
 SENTENCE_WORDS = 10  # the sentences embedded are those of the neighbours holding the kNN's this many best words
 SENTENCE_LM_WORDS = 5  # and those of the neighbours holding the LM's this many best words among the vote's
+SENTENCE_LM_SHARE = 0.005  # but not those of a word the LM gives less than this share of its best such word's p
 HPARAMS = ("n_docs", "k", "temperature", "lam")  # the numeric ones
 TUNED = (*HPARAMS, "mixture")  # what `bertknn tune` searches and stores
 
@@ -83,11 +84,11 @@ class Settings:
     (it gives invented words that fit and that do not fit alike low scores) and would otherwise veto the neighbours'
     evidence for them; sentence_temperature > 0 weighs each neighbour within its document by exp(score / T_s), the
     score how well its sentence and clause say what the question asks (`sentences`), so that of one document's
-    places the one said in a sentence like the question wins (0: every sentence alike, as in the paper; off by
-    default for its cost per question: bench/sentences.py); sentence_floor: scores below it count as it, so that
-    only evidence that says what is asked moves the vote (LAMA's Wikipedia sentences mostly do not; 0 for a
-    collection of one's own facts stated plainly); confidence_temperature and lm_floor
-    make the probabilities shown honest (`combine.calibrate`: temperature scaling, then a share of the LM's
+    places the one said in a sentence like the question wins, of the words the LM finds possible answers (a year
+    does not answer "born in": SENTENCE_LM_SHARE); 0: every sentence alike, as in the paper, and bertknn's default
+    for the cost per question (bench/sentences.py); sentence_floor: scores below it count as it, so that only
+    evidence that says what is asked moves the vote (LAMA's Wikipedia sentences mostly do not); confidence_temperature
+    and lm_floor make the probabilities shown honest (`combine.calibrate`: temperature scaling, then a share of the LM's
     distribution mixed in), both fitted on a dev split (1 and 0: as combined).
     Made with bad values, it raises ValueError naming every problem.
     """
