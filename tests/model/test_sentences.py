@@ -237,12 +237,21 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder,
     (by_sure,) = knn.sentence_weights([question], [found], [words], [plain], s, [sure / sure.sum()])
     np.testing.assert_allclose(by_sure, expected(np.isin(at, [top, above])), rtol=1e-5)
     assert (by_vote & (at == below)).any()  # one of the vote's words, left out
-    weights = with_lm
-    weighted = knn.vote(found, s, words, weights)
+    # predict scores the vote's words of several tokens first (the LM's choice needs their scores), each once
+    several = words.candidates(plain, 2)
+    scored = knn.word_scores([query], [words], [several])[0]
+    assert several and scored.scores[several].all()
+    asked = []
+    with monkeypatch.context() as patch:
+        patch.setattr(encoder, "word_scores", lambda q, pieces: (asked.append(pieces), [np.zeros(0)])[1])
+        again = knn.word_scores([query], [scored], [several])[0]
+    assert np.array_equal(again.scores, scored.scores) and asked == [[[]]]  # known: not computed again
+    (weights,) = knn.sentence_weights([question], [found], [scored], [plain], s, [p_lm])
+    weighted = knn.vote(found, s, scored, weights)
     assert not np.allclose(weighted, plain)
     p = knn.predict(question, "Maren Holtby", settings=s, top_k=3)
     np.testing.assert_allclose(p.p_knn, weighted, rtol=1e-6)
-    p_knn, _ = knn.distributions(p.p_bert[: words.vocab], found, s, words, question=question)
+    p_knn, _ = knn.distributions(p.p_bert[: words.vocab], found, s, scored, question=question)
     np.testing.assert_allclose(p_knn, weighted, rtol=1e-6)
     np.testing.assert_allclose(
         knn.predict(question, "Maren Holtby", settings=s.replace(sentence_temperature=0)).p_knn, plain

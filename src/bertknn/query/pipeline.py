@@ -54,8 +54,8 @@ def _by_lm(chosen: np.ndarray, found: Neighbours, words: Words, vote: np.ndarray
     """`chosen` (the neighbours whose evidence the sentence weights score) with those holding the LM's
     SENTENCE_LM_WORDS best of the vote's words added, and those holding a word the LM gives less than
     SENTENCE_LM_SHARE of the best one's probability taken out: the LM knows what kind of word is asked (a year does
-    not answer "born in [MASK]"), as QA systems check a candidate's answer type. A word of several tokens, which the
-    LM has not scored yet, is taken out too (let in, they cost LAMA dev: bench/README.md)."""
+    not answer "born in [MASK]"), as QA systems check a candidate's answer type. A word of several tokens counts by
+    the LM's score `words` holds (`BertKNN.word_scores`; unscored, 0: taken out)."""
     lm, at = np.where(vote > 0, words.lm(p_lm), 0.0), words.index(found.values)
     if SENTENCE_LM_WORDS:
         chosen = chosen | np.isin(at, Words.best(lm, SENTENCE_LM_WORDS))
@@ -272,16 +272,27 @@ class BertKNN:
                 found = search.batch_search([q.text for q in batch], [q.subject for q in batch], states, s)
                 words = [self.words(f) for f in found]
                 votes = [self.vote(f, s, w) for f, w in zip(found, words)]
-                if s.sentence_temperature:
+                if s.sentence_temperature:  # the LM's choice of words needs its scores of those of several tokens
+                    chosen = [w.candidates(v, SENTENCE_WORDS) for w, v in zip(words, votes)]
+                    words = self.word_scores(batch, words, chosen)
                     weights = self.sentence_weights([q.text for q in batch], found, words, votes, s, probs)
                     votes = [self.vote(f, s, w, lw) for f, w, lw in zip(found, words, weights)]
-            chosen = [w.candidates(v, s.lm_words) for w, v in zip(words, votes)]
-            pieces = [[w.pieces[j] for j in c] for w, c in zip(words, chosen)]
-            scores = self.encoder.word_scores([(q.ids, q.mask) for q in batch], pieces)
-            words = [w.scored(c, lm) for w, c, lm in zip(words, chosen, scores)]
+            words = self.word_scores(batch, words, [w.candidates(v, s.lm_words) for w, v in zip(words, votes)])
             with self.store.sqlite_errors():
                 parts = zip(batch, probs, found, words, votes)
                 out += [self.postprocess(*part, top_k, evidence, s) for part in parts]
+        return out
+
+    def word_scores(self, queries: Sequence[Query], words: Sequence[Words], chosen: Sequence[list[int]]) -> list[Words]:
+        """Each question's `words` scored by the LM at its words of several tokens `chosen` (indices into `values`)
+        and at none else (`Encoder.word_scores`; a score `words` already holds is reused, not computed again)."""
+        todo = [[j for j in c if not w.scores[j]] for w, c in zip(words, chosen)]
+        pieces = [[w.pieces[j] for j in t] for w, t in zip(words, todo)]
+        new = self.encoder.word_scores([(q.ids, q.mask) for q in queries], pieces)
+        out = []
+        for w, c, t, lm in zip(words, chosen, todo, new):
+            known = dict(zip(t, lm))
+            out.append(w.scored(c, np.array([known[j] if j in known else w.scores[j] for j in c], np.float64)))
         return out
 
     def words(self, found: Neighbours) -> Words:
