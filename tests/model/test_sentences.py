@@ -9,6 +9,7 @@ import torch
 
 from bertknn.model.encoder import Encoder
 from bertknn.model.sentences import BACKGROUND, TEXTS, SentenceMatch, clause, log_weights, without_names
+from bertknn.query.combine import Words
 from bertknn.query.knn import document_vote, knn_distribution
 from bertknn.query.pipeline import BertKNN
 from bertknn.query.settings import PAPER, SENTENCE_LM_SHARE, SENTENCE_LM_WORDS, Settings
@@ -256,6 +257,24 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder,
     np.testing.assert_allclose(
         knn.predict(question, "Maren Holtby", settings=s.replace(sentence_temperature=0)).p_knn, plain
     )
+
+
+def test_the_lm_chooses_the_words_whose_evidence_is_scored_a_word_of_several_tokens_with_its_bonus():
+    from types import SimpleNamespace
+
+    from bertknn.query.pipeline import _by_lm
+
+    # a vocabulary of 5 tokens and two words of several tokens (lexicon numbers 7 and 9): "port elsmere", "holtby"
+    words = Words(5, np.array([7, 9]), ((1, 2), (3, 4)), ("port elsmere", "holtby"), np.array([0.001, 0.001]))
+    p_vocab = np.array([0.5, 0.3, 0.0035, 0.002, 0.1945])  # the LM's best word: 0 (token 3 under 0.005 of it)
+    found = SimpleNamespace(values=np.array([0, 1, 2, 3, 7, 9, 1]))  # the neighbours' words
+    vote = np.array([0.3, 0.2, 0.1, 0.1, 0.0, 0.2, 0.1])  # token 4 held by no neighbour
+    chosen = np.array([True, True, True, True, True, True, False])
+    prior = words.prior(10.0, "Maren Holtby was born in [MASK] .")  # no bonus for the name the question holds
+    lm = words.lm(p_vocab)
+    assert lm[6] / lm[0] < SENTENCE_LM_SHARE < 10 * lm[6] / lm[0] and lm[3] / lm[0] < SENTENCE_LM_SHARE < lm[2] / lm[0]
+    assert _by_lm(chosen, found, words, vote, p_vocab, prior).tolist() == [True, True, True, False, True, False, True]
+    assert _by_lm(chosen, found, words, vote, p_vocab, None).tolist() == [True, True, True, False, False, False, True]
 
 
 def test_the_paper_and_bad_values_of_the_sentence_temperature():

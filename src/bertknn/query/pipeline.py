@@ -50,16 +50,20 @@ class Query:
     mask: int
 
 
-def _by_lm(chosen: np.ndarray, found: Neighbours, words: Words, vote: np.ndarray, p_lm: np.ndarray) -> np.ndarray:
+def _by_lm(
+    chosen: np.ndarray, found: Neighbours, words: Words, vote: np.ndarray, p_lm: np.ndarray, prior: np.ndarray | None
+) -> np.ndarray:
     """`chosen` (the neighbours whose evidence the sentence weights score) with those holding the LM's
     SENTENCE_LM_WORDS best of the vote's words added, and those holding a word the LM gives less than
     SENTENCE_LM_SHARE of the best one's probability taken out: the LM knows what kind of word is asked (a year does
     not answer "born in [MASK]"), as QA systems check a candidate's answer type. A word of several tokens counts by
-    the LM's score `words` holds (`BertKNN.word_scores`; unscored, 0: taken out)."""
+    the LM's score `words` holds (`BertKNN.word_scores`; unscored, 0: taken out) times its `prior` (`Words.prior`:
+    the mixture's word bonus, for the same reason: the LM is a weak judge of words it cannot spell in one token)."""
     lm, at = np.where(vote > 0, words.lm(p_lm), 0.0), words.index(found.values)
     if SENTENCE_LM_WORDS:
         chosen = chosen | np.isin(at, Words.best(lm, SENTENCE_LM_WORDS))
-    return chosen & (lm[at] >= SENTENCE_LM_SHARE * lm.max())
+    judged = lm[at] if prior is None else lm[at] * prior[at]
+    return chosen & (judged >= SENTENCE_LM_SHARE * lm.max())
 
 
 class BertKNN:
@@ -436,8 +440,8 @@ class BertKNN:
         without neighbours)."""
         chosen = [np.isin(w.index(f.values), Words.best(v, SENTENCE_WORDS)) for f, w, v in zip(found, words, votes)]
         if lm is not None:
-            parts = zip(chosen, found, words, votes, lm)
-            chosen = [c if v is None else _by_lm(c, f, w, v, p) for c, f, w, v, p in parts]
+            parts = zip(chosen, found, words, votes, lm, questions)
+            chosen = [c if v is None else _by_lm(c, f, w, v, p, w.prior(s.word_bonus, q)) for c, f, w, v, p, q in parts]
         rows = self.store.provenance(np.concatenate([f.entries[c] for f, c in zip(found, chosen)]).tolist())
         at = np.cumsum([0, *(int(c.sum()) for c in chosen)])
         asked = [[(q, e.sentence, e.span, e.title) for e in rows[a:b]] for q, a, b in zip(questions, at[:-1], at[1:])]
