@@ -465,8 +465,9 @@ class BertKNN:
         unscored, so the LM gives its words of several tokens 0), from `p_bert`, the LM's distribution over the
         vocabulary, as the settings say: a constant or an adaptive lambda (`lam_by`), the linear or the log-linear
         mixture (`mixture`; the latter with `word_bonus` for words of several tokens that `question` does not
-        contain); a vote made here weighs the neighbours' sentences against `question` (`sentence_temperature`). The
-        result is calibrated (`combine.calibrate`: `confidence_temperature`, `lm_floor`)."""
+        contain); a vote made here weighs the neighbours' sentences against `question` (`sentence_temperature`; its
+        words of several tokens as `words` is scored: `predict` scores the vote's first, `word_scores`). The result is
+        calibrated (`combine.calibrate`: `confidence_temperature`, `lm_floor`)."""
         if not len(found.entries):
             return None, p_bert.astype(np.float64)
         words = words or self.words(found)
