@@ -121,7 +121,16 @@ CASES = {
     ),
     "splitters": ("splitters.py", [], "wiki", [r"^\| pysbd \(older datastores\) \| ", r"^\| sentencex \| "]),
     "verify": ("verify.py", [], None, [r"^open-time sample \(\d+ \+ last\) +[\d.]+ s"]),
-    "words": ("words.py", [], "wiki", [r"^\| whole words \+ names \| after add \| ", r"^questions per cell: "]),
+    "words": (
+        "words.py",
+        ["--sentence-temperature", "0.01"],
+        "wiki",
+        [
+            r"^\| whole words \+ names \| after add \| ",
+            r"^\| whole words \| after add, sentence_temperature 0.01 \| ",
+            r"^questions per cell: ",
+        ],
+    ),
 }
 RAY = {"ray_build", "ray_nodes", "ray_serve"}
 
