@@ -295,8 +295,9 @@ class BertKNN:
         new = self.encoder.word_scores([(q.ids, q.mask) for q in queries], pieces)
         out = []
         for w, c, t, lm in zip(words, chosen, todo, new):
-            known = dict(zip(t, lm))
-            out.append(w.scored(c, np.array([known[j] if j in known else w.scores[j] for j in c], np.float64)))
+            scores = w.scores.copy()
+            scores[t] = lm
+            out.append(w.scored(c, scores[c]))
         return out
 
     def words(self, found: Neighbours) -> Words:
