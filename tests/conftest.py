@@ -156,6 +156,9 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "smoke: the slower group (benches, guides, a node lost): only with --smoke")
+    config.addinivalue_line(
+        "markers", "nodes: a simulated cluster of several nodes; CI runs each such file alone, in a process of its own"
+    )
 
 
 def pytest_collection_modifyitems(config, items):

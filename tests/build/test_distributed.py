@@ -35,11 +35,15 @@ cluster, built = ray_cluster.cluster, ray_cluster.built  # module-scoped: this f
 
 
 def key_stage_processes() -> list[int]:
-    """PIDs of the processes running a key-stage actor (Ray names them ray::MapWorker(MapBatches(KeyStage)))."""
+    """PIDs of the key-stage actors of this process's cluster (Ray names them ray::MapWorker(MapBatches(KeyStage))):
+    children of its raylet, so that a build of another cluster on the machine (a bench CI runs beside) is left alone."""
+    raylet = ray._private.worker._global_node.all_processes["raylet"][0].process.pid
     found = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and b"KeyStage" in (proc / "cmdline").read_bytes():
+            if not proc.name.isdigit() or b"KeyStage" not in (proc / "cmdline").read_bytes():
+                continue
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == raylet:  # the parent's pid
                 found.append(int(proc.name))
         except OSError:
             continue

@@ -20,7 +20,7 @@ from bertknn.store.shards import ShardedDatastore  # noqa: E402
 from .. import ray_cluster  # noqa: E402
 from ..ray_cluster import DEMO, ask, free_port, nodes_cluster, same_entries, state_address, teardown  # noqa: E402
 
-pytestmark = pytest.mark.smoke
+pytestmark = [pytest.mark.smoke, pytest.mark.nodes]
 single = ray_cluster.single  # module-scoped: the demo corpus built in one process
 
 

@@ -36,6 +36,7 @@ from ..ray_cluster import (  # noqa: E402
     teardown,
 )
 
+pytestmark = pytest.mark.nodes
 single = ray_cluster.single  # module-scoped: the demo corpus built in one process
 
 WAIT_S = 240
