@@ -129,7 +129,7 @@ def test_a_neighbour_is_read_as_five_texts_without_its_documents_names():
     got = SentenceMatch.texts("Maren Holtby was born in [MASK] .", born, _span(born, "1979"), "Maren Holtby")
     assert dict(zip(TEXTS, got, strict=True)) == {
         "question": "was born in .",
-        "claim": "was born in 1979 .",
+        "word": "1979",
         "placeholder": "was born in something .",
         "sentence": "came into the world in Bergen in 1979.",
         "clause": "in something",
@@ -149,24 +149,27 @@ def test_scores_sum_three_views_less_the_background_and_reuse_cached_vectors(enc
     ]
     got = match.scores(asked)
     texts = [
-        "was born in .", "was born in Bergen .", "was born in something .", "came into the world in Bergen in 1979.",
-        "came into the world in something", "was born in 1979 .", "in something",
-        "died in .", "died in Vienna .", "died in something .", "died in Vienna.", "died in something",
+        "was born in .", "Bergen", "was born in something .", "came into the world in Bergen in 1979.",
+        "came into the world in something", "1979", "in something",
+        "died in .", "Vienna", "died in something .", "died in Vienna.", "died in something",
     ]  # fmt: skip
     v = dict(zip(texts, encoder.sentence_vectors(texts)))
     b = encoder.sentence_vectors(BACKGROUND).mean(0)
     sentence = v["came into the world in Bergen in 1979."]
 
-    def score(question, claim, placed, sentence, part):
-        return (v[question] + v[claim] - 2 * b) @ sentence + (v[placed] - b) @ v[part]
+    def claim(placed, word):  # the claim's vector: the unit vector along the placeholder's and the word's
+        return (v[placed] + v[word]) / np.linalg.norm(v[placed] + v[word])
+
+    def score(question, word, placed, sentence, part):
+        return (v[question] + claim(placed, word) - 2 * b) @ sentence + (v[placed] - b) @ v[part]
 
     asked_born = ("was born in .", "was born in something .")
     expected = [
-        score(asked_born[0], "was born in Bergen .", asked_born[1], sentence, "came into the world in something"),
-        score(asked_born[0], "was born in 1979 .", asked_born[1], sentence, "in something"),
+        score(asked_born[0], "Bergen", asked_born[1], sentence, "came into the world in something"),
+        score(asked_born[0], "1979", asked_born[1], sentence, "in something"),
     ]
     np.testing.assert_allclose(got[0], expected, rtol=1e-5)
-    expected = score("died in .", "died in Vienna .", "died in something .", v["died in Vienna."], "died in something")
+    expected = score("died in .", "Vienna", "died in something .", v["died in Vienna."], "died in something")
     np.testing.assert_allclose(got[1], [expected], rtol=1e-5)
     assert sorted(counting.calls[0]) == sorted(texts)
     assert counting.calls[1] == list(BACKGROUND)  # once, then kept
@@ -174,7 +177,7 @@ def test_scores_sum_three_views_less_the_background_and_reuse_cached_vectors(enc
     match.scores(asked[1:])
     assert len(counting.calls) == 2  # all cached
     (died,) = match.views(asked[1:])[0]  # the three views apart, each less the background
-    expected = [(v[q] - b) @ v["died in Vienna."] for q in ("died in .", "died in Vienna .")]
+    expected = [(q - b) @ v["died in Vienna."] for q in (v["died in ."], claim("died in something .", "Vienna"))]
     np.testing.assert_allclose(died, [*expected, (v["died in something ."] - b) @ v["died in something"]], rtol=1e-5)
 
 

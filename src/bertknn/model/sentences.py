@@ -7,7 +7,10 @@ with each neighbour's evidence in three views, the names of the neighbour's docu
 mostly) taken out of all texts, so that they match on what is said of the subject, not on who it is:
 
 - the question against the neighbour's sentence;
-- the question with the neighbour's word in its mask (a claim: "was born in Bergen") against the sentence;
+- the question with the neighbour's word in its mask (a claim: "was born in Bergen") against the sentence, the
+  claim's vector composed, not embedded: the normalised sum of the question-with-placeholder's vector and the word's
+  own (additive composition, Mitchell and Lapata, ACL 2008), so that a word's vector serves every question that
+  meets it and a question embeds two texts, not one per candidate (bench/README.md measures both);
 - the question with a placeholder in its mask against the neighbour's clause: the words before the neighbour back to
   the previous name or number ("came into the world in something", not "... in Bergen in something" for the year of
   the same sentence), which tells two facts of one sentence apart.
@@ -39,7 +42,7 @@ from bertknn.text import MASK
 
 CACHE = 50_000  # sentence vectors kept in memory (a service's questions meet the same documents again)
 PLACEHOLDER = "something"  # the unknown word in a question's and a clause's text
-TEXTS = ("question", "claim", "placeholder", "sentence", "clause")  # what `SentenceMatch.texts` gives, in order
+TEXTS = ("question", "word", "placeholder", "sentence", "clause")  # what `SentenceMatch.texts` gives, in order
 # Generic statements of common relations, the subject left out: what any question says (hand-written, not LAMA's).
 BACKGROUND = tuple(
     f"{relation} {PLACEHOLDER}"
@@ -89,6 +92,10 @@ def clause(sentence: str, span: tuple[int, int], title: str) -> str:
         if i and (text[0].isupper() or text[0].isdigit()) and text.lower() not in names:
             cut = word.end()
     return f"{sentence[cut : span[0]]}{PLACEHOLDER}"
+
+
+def _unit(vector: np.ndarray) -> np.ndarray:
+    return vector / np.linalg.norm(vector)
 
 
 def log_weights(similarity: np.ndarray, embedded: np.ndarray, temperature: float, floor: float = 0.0) -> np.ndarray:
@@ -141,20 +148,19 @@ class SentenceMatch:
     @staticmethod
     def texts(question: str, sentence: str, span: tuple[int, int], title: str) -> tuple[str, ...]:
         """What a neighbour's views read (`TEXTS`), the title's names taken out of each: the question without its
-        mask, the question with the target's word in the mask (a claim), the question with the placeholder, the
-        sentence and the target's clause."""
-        claim, placed = question.replace(MASK, sentence[slice(*span)]), question.replace(MASK, PLACEHOLDER)
-        read = (question, claim, placed, sentence, clause(sentence, span, title))
+        mask, the target's word, the question with the placeholder, the sentence and the target's clause."""
+        placed = question.replace(MASK, PLACEHOLDER)
+        read = (question, sentence[slice(*span)], placed, sentence, clause(sentence, span, title))
         return tuple(without_names(x, title) for x in read)
 
     def views(self, asked: Sequence[Sequence[tuple[str, str, tuple[int, int], str]]]) -> list[np.ndarray]:
         """For each question's (question, sentence, target span, title) tuples, the three views' cosines, each less
         the evidence's mean cosine with `BACKGROUND` ([n, 3]): (q - b) . sentence, (claim - b) . sentence and (q' - b)
-        . clause, where q, claim and q' are the question's `texts`, b the background's mean vector; all questions'
-        texts embedded together."""
+        . clause, where q and q' are the question's `texts`, claim the unit vector along q' + the word's vector, b the
+        background's mean vector; all questions' texts embedded together."""
         texts = [self.texts(*row) for mine in asked for row in mine]
         v, b = self.vectors([text for row in texts for text in row]), self.background()
-        rows = [[(v[q] - b) @ v[s], (v[c] - b) @ v[s], (v[p] - b) @ v[part]] for q, c, p, s, part in texts]
+        rows = [[(v[q] - b) @ v[s], (_unit(v[p] + v[w]) - b) @ v[s], (v[p] - b) @ v[c]] for q, w, p, s, c in texts]
         at = np.cumsum([0, *map(len, asked)])
         return [np.array(rows[i:j], np.float64).reshape(-1, 3) for i, j in pairwise(at)]
 
