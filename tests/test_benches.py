@@ -116,7 +116,7 @@ CASES = {
             r"^\| subject \| per word \| ",
             r"^\| no subject \| 0.02 \| ",
             r"^\| several \| subject \| 0.02 \| .* \| [\d.]+ / [\d.]+ \|$",
-            r"^\| claim \| [\d.]+ \| [\d.]+ \| \d+% \|",
+            r"^\| word \| [\d.]+ \| [\d.]+ \| \d+% \|",
         ],
     ),
     "splitters": ("splitters.py", [], "wiki", [r"^\| pysbd \(older datastores\) \| ", r"^\| sentencex \| "]),
