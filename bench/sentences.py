@@ -3,7 +3,8 @@ and without the sentence weights (`sentence_temperature`), on the fresh facts, a
 question, in one run.
 
     python bench/sentences.py [--base-docs 1000] [--temperatures 0.01,0.02,0.05] [--lama-dev 5] [--cost-docs 300]
-                              [--skip-fresh] [--skip-lama] [--skip-cost] [--skip-judge] [--corpus F] [--smoke]
+                              [--skip-fresh] [--skip-lama] [--skip-cost] [--skip-judge] [--device cpu] [--corpus F]
+                              [--smoke]
 
 Fresh facts: a lazy datastore of the first --base-docs evidence documents, with the several-facts set
 (bench/fresh_facts/several_*.jsonl: 40 invented people with four cities and two languages each, 20 companies founded
@@ -27,12 +28,13 @@ The LM reads the evidence (with the fresh facts, unless --skip-judge): the sever
 --temperatures, BERT-kNN's 3 best words re-ranked by log p + beta log p_LM(word | evidence sentence, question),
 each word's nearest evidence sentence read alone or the three together; measured, not kept in bertknn.
 
-Cost: an eager build of the first --cost-docs evidence documents (ONNX backend, the CLI's default) plus the
-several-facts documents; the p50 of one question asked alone (the several-facts questions without subjects, the
-runs in turn, each first as often as the others): bertknn's defaults, the same uncalibrated, and with sentence
-weights at the first of --temperatures, the sentence-vector cache emptied before each question (the cost of a
-question about documents not asked of before) and kept (documents asked of before); then what those questions
-embed, per kind of text (`sentences.TEXTS`): distinct texts and tokens per question.
+Cost: an eager build of the first --cost-docs evidence documents (on CPU the ONNX backend, the CLI's default there;
+with `--device cuda`, PyTorch in float32 on the GPU, as `--backend auto` runs there) plus the several-facts
+documents; the p50 of one question asked alone (the several-facts questions without subjects, the runs in turn, each
+first as often as the others): bertknn's defaults, the same uncalibrated, and with sentence weights at the first of
+--temperatures, the sentence-vector cache emptied before each question (the cost of a question about documents not
+asked of before) and kept (documents asked of before); then what those questions embed, per kind of text
+(`sentences.TEXTS`): distinct texts and tokens per question.
 
 --corpus: LAMA dev on another corpus than the evidence corpus (its lazy datastore cached alike). --smoke: the first
 4 documents of each fresh-facts set (and their questions) over the first 3 evidence documents (the cost: the first
@@ -286,6 +288,9 @@ def lama(args) -> None:
 
 
 def cost(args) -> None:
+    import torch
+
+    from bertknn.model.runtime import Runtime
     from bertknn.query.pipeline import BertKNN
 
     weighted = _temperatures(args)[1]
@@ -293,7 +298,8 @@ def cost(args) -> None:
     questions = [q["question"] for q in asked]
     work = scratch()
     corpus = first_documents(args.cost_docs, work / "base.jsonl")
-    knn = BertKNN.build(corpus, work / "store", args.model, runtime="onnx")
+    runtime = "onnx" if args.device == "cpu" else Runtime(device=args.device)
+    knn = BertKNN.build(corpus, work / "store", args.model, runtime=runtime)
     knn.add_documents(several)
     knn.predict_batch(questions[:8], evidence=0)  # warm up
     runs = {  # name: (options, sentence cache emptied before each question)
@@ -313,7 +319,8 @@ def cost(args) -> None:
                 start = time.perf_counter()
                 knn.predict(text, top_k=5, evidence=3, **options)
                 times[name].append(time.perf_counter() - start)
-    print(f"\n## Question p50: eager build of {args.cost_docs} evidence documents + the several-facts documents, onnx")
+    where = "onnx" if args.device == "cpu" else f"torch on {torch.cuda.get_device_name(knn.encoder.runtime.device)}"
+    print(f"\n## Question p50: eager build of {args.cost_docs} evidence documents + the several-facts ones, {where}")
     print(f"{len(questions)} questions without subjects, {args.repeats} times, the runs in turn\n")
     print("| run | p50 ms | p90 ms | p50 ratio |\n|---|---|---|---|")
     base = statistics.median(times["no sentence weights (the default)"])
@@ -359,6 +366,7 @@ def main() -> None:
     parser.add_argument("--skip-lama", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")
     parser.add_argument("--skip-judge", action="store_true", help="the LM as a judge of the evidence (in fresh)")
+    parser.add_argument("--device", default="cpu", help="the cost's device: cpu (ONNX Runtime) or cuda[:N] (PyTorch)")
     parser.add_argument("--corpus", type=Path, default=EVIDENCE, help="LAMA dev's corpus [default: evidence]")
     parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
@@ -9,6 +10,7 @@ from bertknn.text import (
     CorpusError,
     iter_corpus,
     mask_count_error,
+    masked,
     split_sentences,
     tokenize_sentences,
     validate_corpus,
@@ -98,3 +100,30 @@ def test_mask_count_messages():
     assert mask_count_error("Dante was born in [MASK].") is None
     assert "has no [MASK]" in mask_count_error("Dante was born in Florence.")
     assert "has 2 [MASK] tokens" in mask_count_error("[MASK] was born in [MASK].")
+
+
+def reference_masked(ids: list[int], starts: dict[int, int], mask_id: int) -> tuple[list[int], list[int]]:
+    """`masked` by walking the tokens: a target's first token becomes the mask, its other tokens are dropped."""
+    out, where, i = [], [], 0
+    while i < len(ids):
+        if i in starts:
+            where.append(len(out))
+            out.append(mask_id)
+            i += starts[i]
+        else:
+            out.append(ids[i])
+            i += 1
+    return out, where
+
+
+@pytest.mark.parametrize("targets", [1, 2, 3])
+def test_masked_matches_walking_the_tokens(targets: int) -> None:
+    rng = np.random.default_rng(targets)
+    for _ in range(200):
+        ids = rng.integers(5, 1000, int(rng.integers(2 * targets + 2, 30))).astype(np.int32)
+        cuts = np.sort(rng.choice(np.arange(1, len(ids)), 2 * targets, replace=False))  # non-overlapping spans
+        positions, ends = cuts[0::2], cuts[1::2]
+        out, where = masked(ids, positions, ends - positions, 103)
+        expected_out, expected_where = reference_masked(ids.tolist(), dict(zip(positions, ends - positions)), 103)
+        assert out.tolist() == expected_out and where.tolist() == expected_where
+        assert out.dtype == ids.dtype

@@ -74,10 +74,14 @@ class Sentence:
 def masked(ids: np.ndarray, positions: np.ndarray, lengths: np.ndarray, mask_id: int) -> tuple[np.ndarray, np.ndarray]:
     """`ids` with each target (its first token at `positions`, `lengths` tokens) replaced by one `mask_id`, and the
     masks' positions there: a word of several wordpieces is read as a question asks for it, with one mask."""
+    ids = np.asarray(ids)
+    if len(positions) == 1:  # one target, as a build reads nearly every context: no boolean mask needed
+        p, n = int(positions[0]), int(lengths[0])
+        return np.concatenate((ids[:p], [mask_id], ids[p + n :])).astype(ids.dtype, copy=False), np.array([p])
     keep = np.ones(len(ids), bool)
     for p, n in zip(positions, lengths):
         keep[p + 1 : p + n] = False
-    out = np.asarray(ids)[keep]
+    out = ids[keep]
     where = (np.cumsum(keep) - 1)[positions]
     out[where] = mask_id
     return out, where

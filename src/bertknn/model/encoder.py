@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import __version__ as transformers_version
 
 from bertknn.model.default_model import DEFAULT_MODEL, load_default_model
@@ -27,6 +28,9 @@ from bertknn.model.runtime import Runtime
 from bertknn.text import MASK, Sentence, masked, question_error
 
 BLOCK_PATHS = ("encoder.layer", "transformer.layer", "encoder.layers", "layers")
+# Attention kernels on a GPU: not cuDNN's, which plans anew for each batch shape it meets and bertknn's length-sorted
+# batches vary in shape (bench/README.md, "GPU build and questions")
+GPU_ATTENTION = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 TOKEN_BUDGET = 1024  # padded tokens per model batch: faster than 8,192 for keys, 4,096 for questions (bench/README.md)
 
 
@@ -248,13 +252,12 @@ class Encoder:
         return ids, ids.index(self.mask_id)
 
     def _pad(self, seqs: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, seq in enumerate(seqs):
-            ids[i, : len(seq)] = torch.as_tensor(seq)
-            attention[i, : len(seq)] = 1
-        return ids, attention
+        """`seqs` right-padded into one batch: token ids and the attention mask, [n, longest] each."""
+        lengths = np.fromiter(map(len, seqs), np.int64, len(seqs))
+        attention = np.arange(lengths.max()) < lengths[:, None]
+        ids = np.full(attention.shape, self.pad_id, np.int64)
+        ids[attention] = np.concatenate(seqs)  # row by row, in order
+        return torch.from_numpy(ids), torch.from_numpy(attention.astype(np.int64))
 
     def query(self, texts: list[str], token_budget: int = TOKEN_BUDGET) -> tuple[np.ndarray, np.ndarray]:
         """LM probabilities at the mask [n, V] and layer-L states [n, d] of questions, one forward pass each."""
@@ -356,23 +359,14 @@ class Encoder:
         """
         if int8_keys and (self.runtime.device, self.runtime.dtype) != ("cpu", "float32"):
             raise ValueError("int8 keys are computed by ONNX Runtime on CPU: drop --int8-keys, or use --device cpu")
-        first = np.cumsum([0] + [len(s.positions) for s in sentences])
-        passes = [  # (window token ids with the group's targets masked, the masks' positions, their rows in `keys`)
-            (
-                *masked(ids, s.positions[targets[group]], s.lengths[targets[group]], self.mask_id),
-                first[i] + targets[group],
-            )
-            for i, s in enumerate(sentences)
-            for ids, targets in s.window_targets()
-            for group in mask_groups(len(targets), pack)
-        ]
-        keys = np.empty((first[-1], self.dim), dtype=np.float32)
+        passes = list(self._passes(sentences, pack))
+        keys = np.empty((sum(len(s.positions) for s in sentences), self.dim), dtype=np.float32)
         pending = None  # the batch the device is still computing: its keys are read after the next is launched
         for order in length_batches([len(ids) for ids, _, _ in passes], token_budget):
             batch = [passes[j] for j in order]
             ids, attention = self._pad([window for window, _, _ in batch])
-            rows = torch.tensor(np.concatenate([np.full(len(p), r) for r, (_, p, _) in enumerate(batch)]))
-            cols = torch.tensor(np.concatenate([p for _, p, _ in batch]).astype(np.int64))
+            rows = torch.from_numpy(np.repeat(np.arange(len(batch)), [len(p) for _, p, _ in batch]))
+            cols = torch.from_numpy(np.concatenate([p for _, p, _ in batch]).astype(np.int64))
             (states,) = self._launch(self._key_states, ("states",), ids, attention, rows, cols, int8=int8_keys)
             if pending:
                 keys[pending[0]] = pending[1]()
@@ -380,6 +374,17 @@ class Encoder:
         if pending:
             keys[pending[0]] = pending[1]()
         return keys
+
+    def _passes(self, sentences: list[Sentence], pack: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """`embed`'s model passes: the window's token ids with a group of targets masked, the masks' positions there
+        and the targets' rows in the keys."""
+        first = 0
+        for s in sentences:
+            for ids, targets in s.window_targets():
+                for group in mask_groups(len(targets), pack):
+                    chosen = targets[group]
+                    yield (*masked(ids, s.positions[chosen], s.lengths[chosen], self.mask_id), first + chosen)
+            first += len(s.positions)
 
     def _run(self, forward, outputs: tuple[str, ...], *inputs: torch.Tensor, int8: bool = False) -> list[np.ndarray]:
         """`forward(ids, attention, rows, cols)` on this encoder's runtime (ONNX Runtime int8 if `int8`), as float32."""
@@ -398,7 +403,9 @@ class Encoder:
                 return [lambda a=a: a for a in done]
             inputs = tuple(t.pin_memory().to(device, non_blocking=True) for t in inputs)
             hosts = []
-            for t in forward(*inputs):
+            with sdpa_kernel(list(GPU_ATTENTION)):
+                results = forward(*inputs)
+            for t in results:
                 host = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)
                 host.copy_(t.float(), non_blocking=True)
                 hosts.append(host)
