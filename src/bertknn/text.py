@@ -77,7 +77,7 @@ def masked(ids: np.ndarray, positions: np.ndarray, lengths: np.ndarray, mask_id:
     ids = np.asarray(ids)
     if len(positions) == 1:  # one target, as a build reads nearly every context: no boolean mask needed
         p, n = int(positions[0]), int(lengths[0])
-        return np.concatenate((ids[:p], [mask_id], ids[p + n :])).astype(ids.dtype, copy=False), np.array([p])
+        return np.concatenate((ids[:p], np.array([mask_id], ids.dtype), ids[p + n :])), np.array([p])
     keep = np.ones(len(ids), bool)
     for p, n in zip(positions, lengths):
         keep[p + 1 : p + n] = False
