@@ -69,6 +69,7 @@ def test_sentence_vectors_are_the_mean_of_the_last_states(tiny_model_dir, backen
     encoder = Encoder.load(str(tiny_model_dir), runtime=backend)
     texts = ["Holtby was born in Bergen.", "She died in Oslo many years later, in the winter of 1990.", "Oslo."]
     got = encoder.sentence_vectors(texts)
+    np.testing.assert_allclose(encoder.sentence_vectors(texts, token_budget=8), got, atol=1e-5)  # a text a batch
     for text, vector in zip(texts, got):
         ids = torch.tensor([encoder.tokenizer(text)["input_ids"]])
         with torch.no_grad():

@@ -32,6 +32,8 @@ BLOCK_PATHS = ("encoder.layer", "transformer.layer", "encoder.layers", "layers")
 # batches vary in shape (bench/README.md, "GPU build and questions")
 GPU_ATTENTION = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 TOKEN_BUDGET = 1024  # padded tokens per model batch: faster than 8,192 for keys, 4,096 for questions (bench/README.md)
+# The sentence weights' texts, single words to whole sentences, in smaller batches: less padding (bench/README.md)
+SENTENCE_BUDGET = 256
 
 
 def cache_dir() -> Path:
@@ -331,7 +333,7 @@ class Encoder:
         return out
 
     @torch.inference_mode()
-    def sentence_vectors(self, texts: Sequence[str], token_budget: int = TOKEN_BUDGET) -> np.ndarray:
+    def sentence_vectors(self, texts: Sequence[str], token_budget: int = SENTENCE_BUDGET) -> np.ndarray:
         """Unit-length vectors of whole texts [n, d]: the model's last hidden states averaged over each text's tokens
         (mean pooling, as sentence-transformers pools), for comparing a question with an evidence sentence. For the
         default model (all-MiniLM-L6-v2's encoder) these are that sentence model's own embeddings."""
