@@ -12,7 +12,7 @@ from bertknn.model.sentences import BACKGROUND, TEXTS, SentenceMatch, clause, lo
 from bertknn.query.combine import Words
 from bertknn.query.knn import document_vote, knn_distribution
 from bertknn.query.pipeline import BertKNN
-from bertknn.query.settings import PAPER, SENTENCE_LM_SHARE, SENTENCE_LM_WORDS, Settings
+from bertknn.query.settings import PAPER, SENTENCE_DISTANCE, SENTENCE_LM_SHARE, SENTENCE_LM_WORDS, Settings
 from tests.conftest import write_corpus
 
 
@@ -41,6 +41,19 @@ def test_sentence_log_weights_are_scores_over_the_temperature_and_the_lowest_els
     np.testing.assert_allclose(log_weights(sim, np.zeros(4, bool), 0.1), [0.0] * 4)
     floored = log_weights(np.array([1.5, 0.2, np.nan, 0.9, -3.0]), np.array([True, True, True, True, False]), 0.1, 1.0)
     np.testing.assert_allclose(floored, [15.0, 10.0, 10.0, 10.0, 10.0])  # raised to 1; NaN and not embedded: lowest
+
+
+def test_a_neighbour_scored_above_the_floor_has_its_key_distance_count_less():
+    sim = np.array([0.9, 0.5, 0.8, np.nan, 0.3])
+    embedded = np.array([True, True, True, True, False])
+    d = np.array([4.0, 2.0, 10.0, 1.0, 0.0])
+    got = log_weights(sim, embedded, 0.1, 0.6, (d, 2.0, 0.5))
+    np.testing.assert_allclose(got, [9.0 + 1.0, 6.0, 8.0 + 2.5, 6.0, 6.0])  # + (1 - 0.5) (d - 0) / 2 where above 0.6
+    in_full = log_weights(sim, embedded, 0.1, 0.6, (d, 2.0, 1.0))
+    np.testing.assert_allclose(in_full, log_weights(sim, embedded, 0.1, 0.6))
+    vote = knn_distribution(np.arange(5), d, 2.0, 5, got)  # the vote then weighs those by exp(-0.5 d / 2 + s / T_s)
+    expected = np.exp([-0.5 * 4 / 2 + 9, -2 / 2 + 6, -0.5 * 10 / 2 + 8, -1 / 2 + 6, -0 / 2 + 6])
+    np.testing.assert_allclose(vote, expected / expected.sum(), rtol=1e-12)
 
 
 def test_the_sentence_weights_multiply_each_neighbour_within_its_document():
@@ -220,7 +233,8 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder,
     def expected(chosen):
         scored = chosen & np.isfinite(sims)
         lifted = np.maximum(sims, s.sentence_floor)
-        return np.where(scored, lifted, lifted[scored].min()) / 0.05
+        nearer = (1 - SENTENCE_DISTANCE) * (found.distances - found.distances.min()) / s.temperature
+        return np.where(scored, lifted, lifted[scored].min()) / 0.05 + np.where(scored & (sims > 0.7), nearer, 0.0)
 
     monkeypatch.setattr("bertknn.query.pipeline.SENTENCE_WORDS", 2)  # fewer than the document's words
     assert (sims < 0.7).any() and (sims > 0.7).any()  # the floor raises some scores and leaves others

@@ -98,15 +98,30 @@ def _unit(vector: np.ndarray) -> np.ndarray:
     return vector / np.linalg.norm(vector)
 
 
-def log_weights(similarity: np.ndarray, embedded: np.ndarray, temperature: float, floor: float = 0.0) -> np.ndarray:
+def log_weights(
+    similarity: np.ndarray,
+    embedded: np.ndarray,
+    temperature: float,
+    floor: float = 0.0,
+    distance: tuple[np.ndarray, float, float] | None = None,
+) -> np.ndarray:
     """Each neighbour's sentence log weight, score / `temperature`: `similarity` (`SentenceMatch.scores`), raised to
     `floor`, where `embedded`, the lowest of those elsewhere (a neighbour whose evidence was not embedded counts as
-    the least similar, as does one scored NaN); zeros if none was."""
+    the least similar, as does one scored NaN); zeros if none was. With `distance` (the neighbours' squared key
+    distances d, the vote's temperature T and a share s), a neighbour scored above `floor` also gets (1 - s) (d -
+    min d) / T back, so that in the vote's exp(-d / T) its key distance counts s times as much: its sentence says
+    what is asked, and the keys alone do not tell one document's facts apart."""
     sim = np.asarray(similarity, np.float64)
     embedded = embedded & np.isfinite(sim)
+    above = embedded & (sim > floor)
     sim = np.where(embedded, np.maximum(sim, floor), sim)
     lowest = sim[embedded].min() if embedded.any() else 0.0
-    return np.where(embedded, sim, lowest) / temperature
+    out = np.where(embedded, sim, lowest) / temperature
+    if distance is not None:
+        d, knn_temperature, share = distance
+        d = np.asarray(d, np.float64)
+        out += np.where(above, (1.0 - share) * (d - d.min()) / knn_temperature, 0.0)
+    return out
 
 
 class SentenceMatch:

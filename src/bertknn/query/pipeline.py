@@ -31,7 +31,13 @@ from bertknn.query.combine import (
 )
 from bertknn.query.knn import document_prior, document_vote, knn_distribution, neighbour_weights
 from bertknn.query.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, RemoteShards, Search
-from bertknn.query.settings import SENTENCE_LM_SHARE, SENTENCE_LM_WORDS, SENTENCE_WORDS, Settings
+from bertknn.query.settings import (
+    SENTENCE_DISTANCE,
+    SENTENCE_LM_SHARE,
+    SENTENCE_LM_WORDS,
+    SENTENCE_WORDS,
+    Settings,
+)
 from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.shards import ShardedDatastore, open_store
 from bertknn.text import Document, unicode_error
@@ -447,10 +453,11 @@ class BertKNN:
         at = np.cumsum([0, *(int(c.sum()) for c in chosen)])
         asked = [[(q, e.sentence, e.span, e.title) for e in rows[a:b]] for q, a, b in zip(questions, at[:-1], at[1:])]
         out = []
-        for c, sim in zip(chosen, self.sentence_match.scores(asked)):
+        for c, f, sim in zip(chosen, found, self.sentence_match.scores(asked)):
             full = np.zeros(len(c))
             full[c] = sim
-            out.append(log_weights(full, c, s.sentence_temperature, s.sentence_floor) if c.any() else None)
+            distance = (f.distances, s.temperature, SENTENCE_DISTANCE)
+            out.append(log_weights(full, c, s.sentence_temperature, s.sentence_floor, distance) if c.any() else None)
         return out
 
     def distributions(

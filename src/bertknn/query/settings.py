@@ -27,6 +27,7 @@ LM_FLOOR = 0.4  # the share of the LM's distribution mixed into them, fitted wit
 SENTENCE_WORDS = 10  # the sentences embedded are those of the neighbours holding the kNN's this many best words
 SENTENCE_LM_WORDS = 5  # and those of the neighbours holding the LM's this many best words among the vote's
 SENTENCE_LM_SHARE = 0.005  # but not those of a word the LM gives less than this share of its best such word's p
+SENTENCE_DISTANCE = 0.5  # a neighbour whose sentence scores above the floor: its key distance counts this much
 HPARAMS = ("n_docs", "k", "temperature", "lam")  # the numeric ones
 TUNED = (*HPARAMS, "mixture")  # what `bertknn tune` searches and stores
 
@@ -87,7 +88,9 @@ class Settings:
     places the one said in a sentence like the question wins, of the words the LM finds possible answers (a year
     does not answer "born in": SENTENCE_LM_SHARE); 0: every sentence alike, as in the paper, and bertknn's default
     for the cost per question (bench/sentences.py); sentence_floor: scores below it count as it, so that only
-    evidence that says what is asked moves the vote (LAMA's Wikipedia sentences mostly do not); confidence_temperature
+    evidence that says what is asked moves the vote (LAMA's Wikipedia sentences mostly do not), and a neighbour
+    scored above it has its key distance count SENTENCE_DISTANCE as much (the keys place one document's places
+    close together: the sentence tells them apart); confidence_temperature
     and lm_floor make the probabilities shown honest (`combine.calibrate`: temperature scaling, then a share of the LM's
     distribution mixed in), both fitted on a dev split (1 and 0: as combined).
     Made with bad values, it raises ValueError naming every problem.
