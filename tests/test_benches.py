@@ -117,6 +117,7 @@ CASES = {
             r"^\| no subject \| 0.02 \| ",
             r"^\| several \| subject \| 0.02 \| .* \| [\d.]+ / [\d.]+ \|$",
             r"^\| word \| [\d.]+ \| [\d.]+ \| \d+% \|",
+            r"^\| sentence weights, each question once, shuffled, cache kept \| [\d.]+ \| [\d.]+ \| [\d.]+x \|$",
         ],
     ),
     "splitters": ("splitters.py", [], "wiki", [r"^\| pysbd \(older datastores\) \| ", r"^\| sentencex \| "]),
