@@ -354,7 +354,7 @@ def read(knn, questions: list[str], t: float) -> None:
     del match.views
     count, tokens = defaultdict(int), defaultdict(int)
     for mine in (mine for batch in asked for mine in batch):
-        for kind, texts in zip(TEXTS, zip(*(match.texts(*row) for row in mine))):
+        for kind, texts in zip(TEXTS, zip(*match.texts(mine))):
             count[kind] += len(set(texts))
             tokens[kind] += sum(len(ids) for ids in match.encoder.tokenizer(sorted(set(texts)))["input_ids"])
     n, total = len(questions), sum(tokens.values())

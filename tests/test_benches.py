@@ -124,11 +124,11 @@ CASES = {
     "verify": ("verify.py", [], None, [r"^open-time sample \(\d+ \+ last\) +[\d.]+ s"]),
     "words": (
         "words.py",
-        ["--sentence-temperature", "0.01"],
+        ["--sentence-temperature", "0.015"],
         "wiki",
         [
             r"^\| whole words \+ names \| after add \| ",
-            r"^\| whole words \| after add, sentence_temperature 0.01 \| ",
+            r"^\| whole words \| after add, sentence_temperature 0.015 \| ",
             r"^questions per cell: ",
         ],
     ),

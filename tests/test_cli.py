@@ -142,7 +142,7 @@ def test_demo_runs_and_caches(tmp_path, tiny_model_dir, monkeypatch):
     assert "Ilsa Varnhold was born in [MASK] ." in first.output and "questions answered right" in first.output
     fresh = [line.split(": BERT-kNN ")[1].split()[0] for line in first.output.splitlines() if ": BERT-kNN " in line]
     said = " ".join(first.output.split())  # lines wrapped at the terminal's width, joined
-    assert "sentence weights (--sentence-temperature 0.01)" in said and "sentence weights: BERT-kNN" in said
+    assert "sentence weights (--sentence-temperature 0.015)" in said and "sentence weights: BERT-kNN" in said
     # per question: before add, after add, after add with sentence weights, after remove
     assert fresh[1] == "tallinn" and fresh[0] != "tallinn" and fresh[3] != "tallinn"
     assert fresh[5] == "kuressaare" and "kuressaare" not in (fresh[4], fresh[7])  # a word of four wordpieces

@@ -40,7 +40,7 @@ FRESH_DOCUMENTS = [
         "worked in Madrid. Holtby died in Oslo.",
     },
 ]
-SENTENCE_WEIGHTS = 0.01  # the sentence temperature the demo shows beside bertknn's defaults
+SENTENCE_WEIGHTS = 0.015  # the sentence temperature the demo shows beside bertknn's defaults
 FRESH_QUESTIONS = [  # the second answer is a word of four wordpieces: no masked LM can give it alone
     {"question": "Tamsin Orwhey was born in [MASK] .", "subject": "Tamsin Orwhey", "answer": "tallinn"},
     {"question": "Edda Kallaste was born in [MASK] .", "subject": "Edda Kallaste", "answer": "kuressaare"},

@@ -138,21 +138,36 @@ def test_a_full_cache_is_emptied_after_its_vectors_are_read(encoder):
     assert list(match.vectors(texts)) == texts
 
 
-def test_a_neighbour_is_read_as_five_texts_without_its_documents_names():
+def test_a_neighbour_is_read_as_four_texts_without_its_documents_names():
     born = "Holtby came into the world in Bergen in 1979."
-    got = SentenceMatch.texts("Maren Holtby was born in [MASK] .", born, _span(born, "1979"), "Maren Holtby")
+    (got,) = SentenceMatch.texts([("Maren Holtby was born in [MASK] .", born, _span(born, "1979"), "Maren Holtby")])
     assert dict(zip(TEXTS, got, strict=True)) == {
-        "question": "was born in .",
+        "question": "was born in something .",
         "word": "1979",
-        "placeholder": "was born in something .",
         "sentence": "came into the world in Bergen in 1979.",
         "clause": "in something",
     }
 
 
+def test_a_question_reads_one_text_whatever_its_documents():
+    """The names of all the question's documents leave the question, each document's own its evidence: the question
+    is one text for all its neighbours, and the same for another subject asked alike."""
+    holtby, quen = "Holtby died in Oslo.", "Ada Quen died in Vienna."
+    mine = [
+        ("Maren Holtby died in [MASK] .", holtby, _span(holtby, "Oslo"), "Maren Holtby"),
+        ("Maren Holtby died in [MASK] .", quen, _span(quen, "Vienna"), "Ada Quen"),
+    ]
+    assert SentenceMatch.texts(mine) == [
+        ("died in something .", "Oslo", "died in Oslo.", "died in something"),
+        ("died in something .", "Vienna", "died in Vienna.", "died in something"),
+    ]
+    other = [("Ada Quen died in [MASK] .", quen, _span(quen, "Vienna"), "Ada Quen")]
+    assert SentenceMatch.texts(other)[0][0] == "died in something ."
+
+
 def test_scores_sum_three_views_less_the_background_and_reuse_cached_vectors(encoder):
     counting = _Counting(encoder)
-    match = SentenceMatch(encoder=counting, cache=12)
+    match = SentenceMatch(encoder=counting, cache=10)
     born = "Holtby came into the world in Bergen in 1979."
     asked = [
         [
@@ -163,36 +178,36 @@ def test_scores_sum_three_views_less_the_background_and_reuse_cached_vectors(enc
     ]
     got = match.scores(asked)
     texts = [
-        "was born in .", "Bergen", "was born in something .", "came into the world in Bergen in 1979.",
+        "was born in something .", "Bergen", "came into the world in Bergen in 1979.",
         "came into the world in something", "1979", "in something",
-        "died in .", "Vienna", "died in something .", "died in Vienna.", "died in something",
+        "died in something .", "Vienna", "died in Vienna.", "died in something",
     ]  # fmt: skip
     v = dict(zip(texts, encoder.sentence_vectors(texts)))
     b = encoder.sentence_vectors(BACKGROUND).mean(0)
     sentence = v["came into the world in Bergen in 1979."]
 
-    def claim(placed, word):  # the claim's vector: the unit vector along the placeholder's and the word's
-        return (v[placed] + v[word]) / np.linalg.norm(v[placed] + v[word])
+    def claim(question, word):  # the claim's vector: the unit vector along the question's and the word's
+        return (v[question] + v[word]) / np.linalg.norm(v[question] + v[word])
 
-    def score(question, word, placed, sentence, part):
-        return (v[question] + claim(placed, word) - 2 * b) @ sentence + (v[placed] - b) @ v[part]
+    def score(question, word, sentence, part):
+        return (v[question] + claim(question, word) - 2 * b) @ sentence + (v[question] - b) @ v[part]
 
-    asked_born = ("was born in .", "was born in something .")
     expected = [
-        score(asked_born[0], "Bergen", asked_born[1], sentence, "came into the world in something"),
-        score(asked_born[0], "1979", asked_born[1], sentence, "in something"),
+        score("was born in something .", "Bergen", sentence, "came into the world in something"),
+        score("was born in something .", "1979", sentence, "in something"),
     ]
     np.testing.assert_allclose(got[0], expected, rtol=1e-5)
-    expected = score("died in .", "Vienna", "died in something .", v["died in Vienna."], "died in something")
+    expected = score("died in something .", "Vienna", v["died in Vienna."], "died in something")
     np.testing.assert_allclose(got[1], [expected], rtol=1e-5)
     assert sorted(counting.calls[0]) == sorted(texts)
     assert counting.calls[1] == list(BACKGROUND)  # once, then kept
-    assert len(match._vectors) == 12
+    assert len(match._vectors) == 10
     match.scores(asked[1:])
     assert len(counting.calls) == 2  # all cached
     (died,) = match.views(asked[1:])[0]  # the three views apart, each less the background
-    expected = [(q - b) @ v["died in Vienna."] for q in (v["died in ."], claim("died in something .", "Vienna"))]
-    np.testing.assert_allclose(died, [*expected, (v["died in something ."] - b) @ v["died in something"]], rtol=1e-5)
+    question = v["died in something ."]
+    expected = [(q - b) @ v["died in Vienna."] for q in (question, claim("died in something .", "Vienna"))]
+    np.testing.assert_allclose(died, [*expected, (question - b) @ v["died in something"]], rtol=1e-5)
 
 
 def test_the_sentence_encoder_tells_which_place_a_question_asks_for():
@@ -325,7 +340,7 @@ def test_a_document_with_two_places_answers_both_questions(tmp_path):
     )
     knn = BertKNN.build(write_corpus(tmp_path / "c.jsonl", docs), tmp_path / "s")
     for subject in ("Maren Holtby", None):
-        for weights in (0.0, 0.01):  # bertknn's default, and the sentence weights
+        for weights in (0.0, 0.015):  # bertknn's default, and the sentence weights
             born = knn.predict("Maren Holtby was born in [MASK] .", subject, top_k=3, sentence_temperature=weights)
             died = knn.predict("Maren Holtby died in [MASK] .", subject, top_k=3, sentence_temperature=weights)
             assert (born.bert_knn[0].token, died.bert_knn[0].token) == ("bergen", "oslo")
@@ -339,7 +354,7 @@ def test_a_document_with_two_places_answers_both_questions(tmp_path):
 def test_the_issues_document_answers_each_of_its_places_with_the_sentence_weights(tmp_path):
     """The default model on a document with four places, a year in the birth sentence and two facts in one sentence:
     bertknn's defaults answer "born in" with the place of death (the year second); the sentence weights
-    (`--sentence-temperature 0.01`, the default floor) answer every question with its own place."""
+    (`--sentence-temperature 0.015`, the default floor) answer every question with its own place."""
     from bertknn.demo import DEMO_CORPUS
 
     docs = [json.loads(line) for line in DEMO_CORPUS.read_text(encoding="utf-8").splitlines()[:6]]
@@ -355,7 +370,7 @@ def test_the_issues_document_answers_each_of_its_places_with_the_sentence_weight
     plain = knn.predict_batch(questions, ["Maren Holtby"] * 4, top_k=2, evidence=0)
     assert [w.token for w in plain[0].bert_knn] == ["oslo", "1979"]
     for subject in ("Maren Holtby", None):
-        weighed = knn.predict_batch(questions, [subject] * 4, top_k=1, evidence=0, sentence_temperature=0.01)
+        weighed = knn.predict_batch(questions, [subject] * 4, top_k=1, evidence=0, sentence_temperature=0.015)
         assert [p.bert_knn[0].token for p in weighed] == list(asked.values())
 
 

@@ -49,7 +49,7 @@ def test_the_defaults_are_the_papers_but_the_vote_and_the_mixture():
         "lm_words": 5,  # beyond the paper, which has no answers of several tokens
         "word_bonus": 10.0,  # used by the log-linear mixture only
         "sentence_temperature": 0.0,  # off: every sentence alike
-        "sentence_floor": 0.6,  # used by the sentence weights only
+        "sentence_floor": 0.7,  # used by the sentence weights only
         "confidence_temperature": 1.0,  # the probabilities as combined
         "lm_floor": 0.0,
     }

@@ -2,18 +2,21 @@
 
 Keys are read at one position, so the places of one document ("born in Bergen", "died in Oslo") lie close together
 whatever the question. The sentence around a key tells them apart. A sentence encoder (all-MiniLM-L6-v2, shipped with
-the default model and used whatever the masked LM: `Encoder.sentence_vectors`, mean pooling) compares the question
-with each neighbour's evidence in three views, the names of the neighbour's document (its title's words: the subject,
-mostly) taken out of all texts, so that they match on what is said of the subject, not on who it is:
+the default model and used whatever the masked LM: `Encoder.sentence_vectors`, mean pooling) compares the question,
+a placeholder in its mask, with each neighbour's evidence in three views. Names are taken out of all texts (a
+document's names: its title's words, the subject mostly), so that they match on what is said of the subject, not on
+who it is: the neighbour's own document's from its sentence, clause and word, and those of all the question's
+documents from the question, so that a question reads one text whatever its documents, the same for every question
+of one phrasing ("was born in something"), and its vector is cached across questions:
 
 - the question against the neighbour's sentence;
 - the question with the neighbour's word in its mask (a claim: "was born in Bergen") against the sentence, the
-  claim's vector composed, not embedded: the normalised sum of the question-with-placeholder's vector and the word's
-  own (additive composition, Mitchell and Lapata, ACL 2008), so that a word's vector serves every question that
-  meets it and a question embeds two texts, not one per candidate (bench/README.md measures both);
-- the question with a placeholder in its mask against the neighbour's clause: the words before the neighbour back to
-  the previous name or number ("came into the world in something", not "... in Bergen in something" for the year of
-  the same sentence), which tells two facts of one sentence apart.
+  claim's vector composed, not embedded: the normalised sum of the question's vector and the word's own (additive
+  composition, Mitchell and Lapata, ACL 2008), so that a word's vector serves every question that meets it and a
+  question embeds one text, not one per candidate (bench/README.md measures both);
+- the question against the neighbour's clause: the words before the neighbour back to the previous name or number
+  ("came into the world in something", not "... in Bergen in something" for the year of the same sentence), which
+  tells two facts of one sentence apart.
 
 Each evidence text is scored against the question less the average of generic questions (`BACKGROUND`): a sentence
 like every question ("in something") gains nothing, as domain-conditional PMI scores an answer against its prior
@@ -42,7 +45,7 @@ from bertknn.text import MASK
 
 CACHE = 50_000  # sentence vectors kept in memory (a service's questions meet the same documents again)
 PLACEHOLDER = "something"  # the unknown word in a question's and a clause's text
-TEXTS = ("question", "word", "placeholder", "sentence", "clause")  # what `SentenceMatch.texts` gives, in order
+TEXTS = ("question", "word", "sentence", "clause")  # what `SentenceMatch.texts` gives for a neighbour, in order
 # Generic statements of common relations, the subject left out: what any question says (hand-written, not LAMA's).
 BACKGROUND = tuple(
     f"{relation} {PLACEHOLDER}"
@@ -161,21 +164,28 @@ class SentenceMatch:
         return self._background
 
     @staticmethod
-    def texts(question: str, sentence: str, span: tuple[int, int], title: str) -> tuple[str, ...]:
-        """What a neighbour's views read (`TEXTS`), the title's names taken out of each: the question without its
-        mask, the target's word, the question with the placeholder, the sentence and the target's clause."""
-        placed = question.replace(MASK, PLACEHOLDER)
-        read = (question, sentence[slice(*span)], placed, sentence, clause(sentence, span, title))
-        return tuple(without_names(x, title) for x in read)
+    def texts(mine: Sequence[tuple[str, str, tuple[int, int], str]]) -> list[tuple[str, ...]]:
+        """What the views of one question's neighbours, (question, sentence, target span, title) tuples, read
+        (`TEXTS`): the question with the placeholder in its mask, the names of all the neighbours' documents taken
+        out; the target's word, the sentence and the target's clause, the names of the neighbour's own document
+        taken out."""
+        titles = " ".join(dict.fromkeys(title for *_, title in mine))
+        return [
+            (
+                without_names(question.replace(MASK, PLACEHOLDER), titles),
+                *(without_names(x, title) for x in (sentence[slice(*span)], sentence, clause(sentence, span, title))),
+            )
+            for question, sentence, span, title in mine
+        ]
 
     def views(self, asked: Sequence[Sequence[tuple[str, str, tuple[int, int], str]]]) -> list[np.ndarray]:
         """For each question's (question, sentence, target span, title) tuples, the three views' cosines, each less
-        the evidence's mean cosine with `BACKGROUND` ([n, 3]): (q - b) . sentence, (claim - b) . sentence and (q' - b)
-        . clause, where q and q' are the question's `texts`, claim the unit vector along q' + the word's vector, b the
+        the evidence's mean cosine with `BACKGROUND` ([n, 3]): (q - b) . sentence, (claim - b) . sentence and (q - b)
+        . clause, where q is the question's text (`texts`), claim the unit vector along q + the word's vector, b the
         background's mean vector; all questions' texts embedded together."""
-        texts = [self.texts(*row) for mine in asked for row in mine]
+        texts = [row for mine in asked for row in self.texts(mine)]
         v, b = self.vectors([text for row in texts for text in row]), self.background()
-        rows = [[(v[q] - b) @ v[s], (_unit(v[p] + v[w]) - b) @ v[s], (v[p] - b) @ v[c]] for q, w, p, s, c in texts]
+        rows = [[(v[q] - b) @ v[s], (_unit(v[q] + v[w]) - b) @ v[s], (v[q] - b) @ v[c]] for q, w, s, c in texts]
         at = np.cumsum([0, *map(len, asked)])
         return [np.array(rows[i:j], np.float64).reshape(-1, 3) for i, j in pairwise(at)]
 
