@@ -16,7 +16,7 @@ from sklearn.utils import murmurhash3_32
 
 from bertknn.build.writer import Writer
 from bertknn.index.retrieval import TfidfIndex, compact, listing, question_query
-from bertknn.store.datastore import Datastore, Part
+from bertknn.store.datastore import Datastore, DatastoreError, Part
 
 DOCS = [
     "Dante Alighieri was born in Florence. Florence is in Tuscany.",
@@ -88,6 +88,22 @@ def test_save_and_load_round_trip(tmp_path):
     assert loaded.top("Florence Tuscany", 3) == index.top("Florence Tuscany", 3)
     with pytest.raises(FileNotFoundError, match="no IR index"):
         _load(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("name", ["tfidf_logtf.npy", "tfidf_hashes.npy"])
+def test_a_damaged_header_is_reported_as_damage(tmp_path, name):
+    good = tmp_path / "good"
+    good.mkdir()
+    TfidfIndex.build(DOCS).save(good)
+    data = (good / name).read_bytes()
+    damaged = [data[:at] + bytes(len(data) - at) for at in range(0, 128, 4)]  # zeros from `at` on
+    damaged.append(data.replace(b"'<", b"',", 1))  # a dtype numpy fails to parse with SyntaxError
+    for i, wrong in enumerate(damaged):  # numpy raises ValueError, TokenError or SyntaxError, as the damage falls
+        shutil.copytree(good, tmp_path / f"{i}")
+        path = tmp_path / f"{i}" / name
+        path.write_bytes(wrong)
+        with pytest.raises(DatastoreError, match=rf"{re.escape(str(path))} is damaged \(.*`bertknn verify`"):
+            _load(path.parent)
 
 
 @pytest.mark.parametrize("split", [1, 3, 4])

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 from itertools import pairwise
 from pathlib import Path
+from tokenize import TokenError
 
 import numpy as np
 from sklearn.utils import murmurhash3_32
@@ -95,7 +96,8 @@ def _load_segment(part: Path) -> Segment:
     for name in FILES:
         try:
             arrays.append(np.load(part / name, mmap_mode="r"))
-        except (ValueError, OSError, EOFError) as err:
+        # numpy's header parser raises TokenError or SyntaxError, not ValueError, for some damaged headers
+        except (ValueError, OSError, EOFError, TokenError, SyntaxError) as err:
             if isinstance(err, FileNotFoundError):
                 raise
             raise DatastoreError(f"{part / name} is damaged ({err}); `bertknn verify` checks the store") from None
