@@ -33,10 +33,11 @@ with `--device cuda`, PyTorch in float32 on the GPU, as `--backend auto` runs th
 documents; the p50 of one question asked alone (the several-facts questions without subjects, the runs in turn, each
 first as often as the others): bertknn's defaults, the same uncalibrated, and with sentence weights at the first of
 --temperatures, the sentence-vector cache emptied before each question (the cost of a question about documents not
-asked of before) and kept (documents asked of before); before those, a service's stream: each question once in a
-shuffled order with the weights, the cache emptied only at the start (a question meets the vectors of documents asked
-of before); then what those questions embed, per kind of text
-(`sentences.TEXTS`): distinct texts and tokens per question.
+asked of before), kept (documents asked of before), and emptied with the evidence stored ahead (what `bertknn
+sentences` stores, in a scratch file: the question's own text is embedded); before those, a service's stream: each
+question once in a shuffled order with the weights, the cache emptied only at the start (a question meets the vectors
+of documents asked of before), without and with the evidence stored ahead; then the stored file's bytes per entry,
+and what those questions embed, per kind of text (`sentences.TEXTS`): distinct texts and tokens per question.
 
 --corpus: LAMA dev on another corpus than the evidence corpus (its lazy datastore cached alike). --smoke: the first
 4 documents of each fresh-facts set (and their questions) over the first 3 evidence documents (the cost: the first
@@ -294,6 +295,7 @@ def cost(args) -> None:
     import torch
 
     from bertknn.model.runtime import Runtime
+    from bertknn.model.sentence_vectors import StoredVectors
     from bertknn.query.pipeline import BertKNN
 
     weighted = _temperatures(args)[1]
@@ -304,41 +306,65 @@ def cost(args) -> None:
     runtime = "onnx" if args.device == "cpu" else Runtime(device=args.device)
     knn = BertKNN.build(corpus, work / "store", args.model, runtime=runtime)
     knn.add_documents(several)
+    match = knn.sentence_match
+    match.stored = stored = StoredVectors(work / "sentence-vectors.sqlite", match.stored.model)
+    began = time.perf_counter()
+    match.store_ahead(knn.store.provenance(list(range(knn.store.size))))  # what `bertknn sentences` stores
+    ahead_s = time.perf_counter() - began
     knn.predict_batch(questions[:8], evidence=0)  # warm up
-    runs = {  # name: (options, sentence cache emptied before each question)
-        "no sentence weights (the default)": ({}, False),
-        "uncalibrated, no sentence weights": ({"confidence_temperature": 1.0, "lm_floor": 0.0}, False),
-        "sentence weights, cache emptied": ({"sentence_temperature": weighted}, True),
-        "sentence weights, cache kept": ({"sentence_temperature": weighted}, False),
+    on = {"sentence_temperature": weighted}
+    runs = {  # name: (options, sentence cache emptied before each question, evidence stored ahead)
+        "no sentence weights (the default)": ({}, False, False),
+        "uncalibrated, no sentence weights": ({"confidence_temperature": 1.0, "lm_floor": 0.0}, False, False),
+        "sentence weights, cache emptied": (on, True, False),
+        "sentence weights, cache kept": (on, False, False),
+        "sentence weights, evidence stored ahead (`bertknn sentences`), cache emptied": (on, True, True),
     }
-    times = defaultdict(list)
-    stream = "sentence weights, each question once, shuffled, cache kept"
-    for repeat in range(args.repeats):  # a service's stream: documents asked of before are cached, new ones are not
-        knn.sentence_match.clear()
-        for text in random.Random(repeat).sample(questions, len(questions)):
-            start = time.perf_counter()
-            knn.predict(text, top_k=5, evidence=3, **runs["sentence weights, cache kept"][0])
-            times[stream].append(time.perf_counter() - start)
+    streams = {"sentence weights, each question once, shuffled, cache kept": None}
+    streams["the same, evidence stored ahead"] = stored
+    times = _timed(knn, questions, runs, streams, stored, args.repeats, on)
     names = list(runs)
-    for _ in range(args.repeats):
-        for i, text in enumerate(questions):
-            for name in names[i % len(names) :] + names[: i % len(names)]:  # each run first as often as the others
-                options, cold = runs[name]
-                if cold:
-                    knn.sentence_match.clear()
-                start = time.perf_counter()
-                knn.predict(text, top_k=5, evidence=3, **options)
-                times[name].append(time.perf_counter() - start)
     where = "onnx" if args.device == "cpu" else f"torch on {torch.cuda.get_device_name(knn.encoder.runtime.device)}"
     print(f"\n## Question p50: eager build of {args.cost_docs} evidence documents + the several-facts ones, {where}")
     print(f"{len(questions)} questions without subjects, {args.repeats} times, the runs in turn\n")
     print("| run | p50 ms | p90 ms | p50 ratio |\n|---|---|---|---|")
     base = statistics.median(times["no sentence weights (the default)"])
-    for name in [*names, stream]:
+    for name in [*names, *streams]:
         values = times[name]
         p50, p90 = statistics.median(values), statistics.quantiles(values, n=10)[-1]
         print(f"| {name} | {1000 * p50:.1f} | {1000 * p90:.1f} | {p50 / base:.2f}x |")
+    keys = sum(f.stat().st_size for f in (work / "store").glob("keys.*"))
+    print(
+        f"\nEvidence stored ahead: {stored.path.stat().st_size / knn.store.size:,.0f} bytes per entry in "
+        f"{ahead_s:.1f}s ({knn.store.size:,} entries; the keys: {keys / knn.store.size:,.0f} bytes per entry)"
+    )
     read(knn, questions, weighted)
+
+
+def _timed(knn, questions: list[str], runs: dict, streams: dict, stored, repeats: int, on: dict) -> dict:
+    """Seconds per question of each run and stream (`cost`): the streams first, then the runs in turn."""
+    match, times = knn.sentence_match, defaultdict(list)
+    for name, file in streams.items():  # a service's stream: documents asked of before are cached, new ones are not
+        match.stored = file
+        for repeat in range(repeats):
+            match.clear()
+            for text in random.Random(repeat).sample(questions, len(questions)):
+                start = time.perf_counter()
+                knn.predict(text, top_k=5, evidence=3, **on)
+                times[name].append(time.perf_counter() - start)
+    names = list(runs)
+    for _ in range(repeats):
+        for i, text in enumerate(questions):
+            for name in names[i % len(names) :] + names[: i % len(names)]:  # each run first as often as the others
+                options, cold, ahead = runs[name]
+                match.stored = stored if ahead else None
+                if cold:
+                    match.clear()
+                start = time.perf_counter()
+                knn.predict(text, top_k=5, evidence=3, **options)
+                times[name].append(time.perf_counter() - start)
+    match.stored = None
+    return times
 
 
 def read(knn, questions: list[str], t: float) -> None:

@@ -79,6 +79,17 @@ def write_corpus(path: Path, docs: list[dict]) -> Path:
     return path
 
 
+class CountingSentences:
+    """A sentence encoder that records the texts each call embeds (`calls`), then embeds them with `encoder`."""
+
+    def __init__(self, encoder) -> None:
+        self.encoder, self.calls = encoder, []
+
+    def sentence_vectors(self, texts):
+        self.calls.append(list(texts))
+        return self.encoder.sentence_vectors(texts)
+
+
 SMALL_DOCS = [
     {"id": "d1", "title": "Ilsa Varnhold", "text": "Ilsa Varnhold was born in Lisbon. She plays the cello in Vienna."},
     {"id": "d2", "title": "Quellbrook", "text": "Quellbrook is a town in Norway. It lies on a fjord near Bergen."},

@@ -118,6 +118,8 @@ CASES = {
             r"^\| several \| subject \| 0.02 \| .* \| [\d.]+ / [\d.]+ \|$",
             r"^\| word \| [\d.]+ \| [\d.]+ \| \d+% \|",
             r"^\| sentence weights, each question once, shuffled, cache kept \| [\d.]+ \| [\d.]+ \| [\d.]+x \|$",
+            r"^\| sentence weights, evidence stored ahead \(`bertknn sentences`\), cache emptied \| [\d.]+ \| ",
+            rf"^Evidence stored ahead: {NUMBER} bytes per entry in [\d.]+s \(",
         ],
     ),
     "splitters": ("splitters.py", [], "wiki", [r"^\| pysbd \(older datastores\) \| ", r"^\| sentencex \| "]),

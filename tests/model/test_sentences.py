@@ -13,7 +13,7 @@ from bertknn.query.combine import Words
 from bertknn.query.knn import document_vote, knn_distribution
 from bertknn.query.pipeline import BertKNN
 from bertknn.query.settings import PAPER, SENTENCE_DISTANCE, SENTENCE_LM_SHARE, SENTENCE_LM_WORDS, Settings
-from tests.conftest import write_corpus
+from tests.conftest import CountingSentences, write_corpus
 
 
 @pytest.mark.parametrize(
@@ -90,15 +90,6 @@ def test_sentence_vectors_are_the_mean_of_the_last_states(tiny_model_dir, backen
         np.testing.assert_allclose(vector, (mean / mean.norm()).numpy(), atol=1e-4)
 
 
-class _Counting:
-    def __init__(self, encoder):
-        self.encoder, self.calls = encoder, []
-
-    def sentence_vectors(self, texts):
-        self.calls.append(list(texts))
-        return self.encoder.sentence_vectors(texts)
-
-
 def _span(sentence: str, word: str) -> tuple[int, int]:
     start = sentence.rindex(word)
     return start, start + len(word)
@@ -124,7 +115,7 @@ def test_a_clause_runs_from_the_previous_name_or_number_to_the_target(sentence, 
 
 
 def test_a_full_cache_is_emptied_after_its_vectors_are_read(encoder):
-    counting = _Counting(encoder)
+    counting = CountingSentences(encoder)
     match = SentenceMatch(encoder=counting, cache=3)
     texts = ["died in Oslo.", "was born in Bergen.", "studied in Zurich.", "worked in Madrid."]
     expected = dict(zip(texts, encoder.sentence_vectors(texts)))
@@ -166,7 +157,7 @@ def test_a_question_reads_one_text_whatever_its_documents():
 
 
 def test_scores_sum_three_views_less_the_background_and_reuse_cached_vectors(encoder):
-    counting = _Counting(encoder)
+    counting = CountingSentences(encoder)
     match = SentenceMatch(encoder=counting, cache=10)
     born = "Holtby came into the world in Bergen in 1979."
     asked = [

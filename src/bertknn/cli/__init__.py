@@ -39,8 +39,8 @@ HELP = (
 )
 # the order a user meets the commands in; `bertknn --help` lists them so (click would sort them by name)
 ORDER = (
-    "demo", "build", "ask", "add", "remove", "index", "convert-keys", "prune", "serve", "verify", "eval", "tune",
-    "data", "train-head",
+    "demo", "build", "ask", "add", "remove", "index", "sentences", "convert-keys", "prune", "serve", "verify", "eval",
+    "tune", "data", "train-head",
 )  # fmt: skip
 if TYPE_CHECKING:  # the commands import the model and the library when they run: `--help` does not wait for them
     from bertknn.model.encoder import Encoder

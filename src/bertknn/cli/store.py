@@ -1,4 +1,4 @@
-"""Commands on a datastore: build, ask, index, add, remove, verify."""
+"""Commands on a datastore: build, ask, index, sentences, add, remove, verify."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from bertknn.build.corpus import Corpus
 
 SKIPPED_SHOWN = 10  # entries of no corpus format a note names; the rest are counted
+SENTENCE_CHUNK = 10_000  # entries whose texts `bertknn sentences` embeds and commits at a time
 
 
 CorpusArg = Annotated[
@@ -275,6 +276,40 @@ def index(
     console.print(
         f"FAISS index {built.settings['factory']!r} over {built.ntotal:,} keys in {where} "
         f"({time.time() - began:,.0f}s); ask with --retrieval faiss"
+    )
+
+
+@command(
+    interrupted="the vectors stored so far are kept; rerun the same command to go on",
+    example="bertknn sentences my_store",
+)
+def sentences(
+    datastore: DatastoreArg,
+    backend: BackendOption = CLI_BACKEND,
+    device: DeviceOption = "auto",
+    dtype: DtypeOption = "float32",
+    threads: ThreadsOption = 0,
+) -> None:
+    """Embed a datastore's evidence ahead for the sentence weights (`--sentence-temperature`): each entry's sentence
+    and word, and the clause of each name or number, stored in bertknn's cache directory, so that a question about
+    documents not asked of before embeds only its own text. Rerun to resume, or after `bertknn add`."""
+    from bertknn.model.sentences import SentenceMatch
+    from bertknn.store.shards import open_store
+
+    began, store = time.time(), open_store(datastore)
+    match = SentenceMatch.with_stored(backend)
+    made, size = 0, store.size
+    with phase_progress() as report:
+        report("embedding", 0, size)
+        for first in range(0, size, SENTENCE_CHUNK):
+            made += match.store_ahead(store.provenance(list(range(first, min(first + SENTENCE_CHUNK, size)))))
+            report("embedding", min(first + SENTENCE_CHUNK, size), size)
+    file = match.stored.path
+    console.print(
+        f"{made:,} texts of {size:,} entries embedded into {escape(str(file))} ({file.stat().st_size / 2**20:,.1f} MiB"
+        f" in all, {time.time() - began:,.0f}s); questions with --sentence-temperature read them"
+        if file.is_file()
+        else f"{escape(str(datastore))} holds no entries: nothing to embed"
     )
 
 

@@ -26,21 +26,24 @@ phrased unlike their evidence ("born in" against "came into the world in"); benc
 of right choices.
 
 Only the evidence of the neighbours whose words are among the kNN's best few is embedded (one model pass over short
-texts per question, bounded); the other neighbours count as the least similar of those.
+texts per question, bounded); the other neighbours count as the least similar of those. Vectors computed ahead
+(`sentence_vectors`, `bertknn sentences`) are read instead of embedding their texts again.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from itertools import islice, pairwise
+from typing import Protocol
 
 import numpy as np
 
 from bertknn.model.default_model import SENTENCE_MODEL, load_sentence_model
 from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime
+from bertknn.model.sentence_vectors import StoredVectors, default_path
 from bertknn.text import MASK
 
 CACHE = 50_000  # sentence vectors kept in memory (a service's questions meet the same documents again)
@@ -60,6 +63,14 @@ BACKGROUND = tuple(
         "works in the field of", "is married to", "has relations with", "comes from", "is the son of",
     )
 )  # fmt: skip
+
+
+class Evidence(Protocol):
+    """Where a stored entry comes from, as far as its texts go (`store.datastore.Provenance` is one)."""
+
+    sentence: str
+    span: tuple[int, int]
+    title: str
 
 
 @lru_cache(maxsize=4096)
@@ -97,6 +108,21 @@ def clause(sentence: str, span: tuple[int, int], title: str) -> str:
     return f"{sentence[cut : span[0]]}{PLACEHOLDER}"
 
 
+def evidence_texts(sentence: str, span: tuple[int, int], title: str) -> tuple[str, str, str]:
+    """A neighbour's texts after the question's (`TEXTS`): the target's word, the sentence and the target's clause
+    (`clause`), the names of the neighbour's document (`title`) taken out."""
+    return tuple(without_names(x, title) for x in (sentence[slice(*span)], sentence, clause(sentence, span, title)))
+
+
+def ahead(sentence: str, span: tuple[int, int], title: str) -> tuple[str, ...]:
+    """The texts of a stored entry that `bertknn sentences` embeds ahead: its word, its sentence and, where the
+    target is a name or a number (a capital letter or a digit first: the answers of factual questions), its clause;
+    a lower-case target's clause is embedded when a question needs it (bench/README.md: the stored bytes)."""
+    texts = evidence_texts(sentence, span, title)
+    first = sentence[span[0] : span[0] + 1]
+    return texts if first.isupper() or first.isdigit() else texts[:2]
+
+
 def _unit(vector: np.ndarray) -> np.ndarray:
     return vector / np.linalg.norm(vector)
 
@@ -131,9 +157,22 @@ class SentenceMatch:
     """How well each neighbour's evidence says what a question asks (`scores`), from a sentence encoder's vectors
     (cached); the encoder (default: all-MiniLM-L6-v2 on `runtime`) is loaded when first needed."""
 
-    def __init__(self, runtime: Runtime | str = "torch", encoder: Encoder | None = None, cache: int = CACHE) -> None:
+    def __init__(
+        self,
+        runtime: Runtime | str = "torch",
+        encoder: Encoder | None = None,
+        cache: int = CACHE,
+        stored: StoredVectors | None = None,
+    ) -> None:
         self.runtime, self._encoder, self.cache, self._vectors = runtime, encoder, cache, {}
+        self.stored = stored  # vectors computed ahead, read before a text is embedded
         self._background: np.ndarray | None = None
+
+    @classmethod
+    def with_stored(cls, runtime: Runtime | str = "torch") -> SentenceMatch:
+        """The default sentence encoder, reading the vectors `bertknn sentences` stored in bertknn's cache directory
+        (none there: every text is embedded)."""
+        return cls(runtime, stored=StoredVectors(default_path(SENTENCE_MODEL), SENTENCE_MODEL))
 
     @property
     def encoder(self) -> Encoder:
@@ -147,15 +186,25 @@ class SentenceMatch:
         self._vectors.clear()
 
     def vectors(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        """The vector of each distinct text, those not cached computed in one batch; the cache keeps at most
-        `cache` vectors (emptied when the new ones would not fit)."""
+        """The vector of each distinct text: cached, else stored (`stored`), else computed, all those in one batch;
+        the cache keeps at most `cache` vectors (emptied when the new ones would not fit)."""
         todo = list(dict.fromkeys(t for t in texts if t not in self._vectors))
-        new = dict(zip(todo, self.encoder.sentence_vectors(todo))) if todo else {}
+        new = self.stored.get(todo) if self.stored is not None and todo else {}
+        rest = [t for t in todo if t not in new]
+        new.update(zip(rest, self.encoder.sentence_vectors(rest)) if rest else ())
         found = {t: new[t] if t in new else self._vectors[t] for t in texts}  # read before the cache is emptied
         if len(self._vectors) + len(new) > self.cache:
             self._vectors.clear()
         self._vectors.update(islice(new.items(), self.cache))
         return found
+
+    def store_ahead(self, rows: Iterable[Evidence]) -> int:
+        """Embed the texts `ahead` of stored entries (their provenance: sentence, span, title) into `stored`, those
+        not there yet, in one transaction; how many were new."""
+        if self.stored is None:
+            raise ValueError("this SentenceMatch has no stored vectors to write (`SentenceMatch.with_stored`)")
+        texts = [text for row in rows for text in ahead(row.sentence, row.span, row.title)]
+        return self.stored.add(texts, self.encoder.sentence_vectors)
 
     def background(self) -> np.ndarray:
         """The mean vector of the generic questions (`BACKGROUND`), computed once."""
@@ -171,10 +220,7 @@ class SentenceMatch:
         taken out."""
         titles = " ".join(dict.fromkeys(title for *_, title in mine))
         return [
-            (
-                without_names(question.replace(MASK, PLACEHOLDER), titles),
-                *(without_names(x, title) for x in (sentence[slice(*span)], sentence, clause(sentence, span, title))),
-            )
+            (without_names(question.replace(MASK, PLACEHOLDER), titles), *evidence_texts(sentence, span, title))
             for question, sentence, span, title in mine
         ]
 

@@ -102,7 +102,7 @@ class BertKNN:
         builder.require_built(store)
         builder.check_encoder(store, encoder)
         self.encoder, self.store = encoder, store
-        self.sentence_match = SentenceMatch(encoder.runtime)
+        self.sentence_match = SentenceMatch.with_stored(encoder.runtime)
         self._writer: Writer | None = None
         self.index = index or self._load_index()
         self._faiss_stat: tuple | None = None  # (size, mtime) of the FAISS files when they were loaded

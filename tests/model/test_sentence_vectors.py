@@ -1,0 +1,123 @@
+"""Sentence vectors stored ahead: the file's round trip, damage read as missing, another encoder's file refused, and
+`bertknn sentences` storing every entry's texts so that a question embeds only its own, with the same answers."""
+
+import logging
+import sqlite3
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from bertknn.cli import app
+from bertknn.model.default_model import SENTENCE_MODEL
+from bertknn.model.sentence_vectors import StoredVectors, default_path
+from bertknn.model.sentences import SentenceMatch, ahead, evidence_texts
+from bertknn.query.pipeline import BertKNN
+from bertknn.store.datastore import Datastore
+from tests.conftest import CountingSentences, write_corpus
+
+TEXTS = ["was born in Bergen.", "died in Oslo.", "Bergen", "studied in something"]
+
+
+def test_stored_vectors_come_back_exactly_and_a_rerun_embeds_nothing(tmp_path, encoder):
+    stored = StoredVectors(tmp_path / "v.sqlite", "enc")
+    counting = CountingSentences(encoder)
+    assert stored.get(TEXTS) == {}  # no file yet
+    assert stored.add(TEXTS[:2] + TEXTS[:1], counting.sentence_vectors) == 2
+    assert stored.add(TEXTS, counting.sentence_vectors) == 2  # the two not stored yet
+    assert counting.calls == [TEXTS[:2], TEXTS[2:]]
+    got = StoredVectors(tmp_path / "v.sqlite", "enc").get([*TEXTS, "never stored"])
+    assert sorted(got) == sorted(TEXTS)
+    for text, vector in zip(TEXTS, encoder.sentence_vectors(TEXTS)):
+        np.testing.assert_array_equal(got[text], vector.astype(np.float32))
+
+
+def test_a_damaged_vector_is_read_as_missing_and_embedded_again(tmp_path, encoder, caplog):
+    path = tmp_path / "v.sqlite"
+    StoredVectors(path, "enc").add(TEXTS, encoder.sentence_vectors)
+    with sqlite3.connect(path) as db:  # one bit of one vector flipped, its CRC as it was
+        (vector,) = db.execute("SELECT vector FROM vectors WHERE text = ?", (TEXTS[1],)).fetchone()
+        flipped = bytearray(vector)
+        flipped[100] ^= 0x10
+        db.execute("UPDATE vectors SET vector = ? WHERE text = ?", (bytes(flipped), TEXTS[1]))
+    counting = CountingSentences(encoder)
+    match = SentenceMatch(encoder=counting, stored=StoredVectors(path, "enc"))
+    with caplog.at_level(logging.WARNING):
+        got = match.vectors(TEXTS)
+    assert counting.calls == [[TEXTS[1]]] and match.stored.damaged == 1
+    assert f"the vector of {TEXTS[1]!r} is damaged; embedded again" in caplog.text
+    np.testing.assert_allclose(got[TEXTS[1]], encoder.sentence_vectors(TEXTS[1:2])[0], atol=1e-6)
+    assert StoredVectors(path, "enc").add(TEXTS, counting.sentence_vectors) == 1  # a rerun stores it again
+    assert counting.calls[-1] == [TEXTS[1]] and sorted(StoredVectors(path, "enc").get(TEXTS)) == sorted(TEXTS)
+
+
+def test_another_encoders_or_an_unreadable_file_is_not_read(tmp_path, encoder, caplog):
+    path = tmp_path / "v.sqlite"
+    StoredVectors(path, "enc").add(TEXTS, encoder.sentence_vectors)
+    with caplog.at_level(logging.WARNING):
+        assert StoredVectors(path, "other").get(TEXTS) == {}
+    assert "holds the vectors of another sentence encoder, 'enc'" in caplog.text
+    with pytest.raises(ValueError, match="another sentence encoder, 'enc'"):
+        StoredVectors(path, "other").add(["new text"], encoder.sentence_vectors)
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"not a database" * 100)
+    assert StoredVectors(garbage, "enc").get(TEXTS) == {}
+    with pytest.raises(OSError, match=r"garbage\.sqlite cannot be read .*delete it and rerun `bertknn sentences`"):
+        StoredVectors(garbage, "enc").add(TEXTS, encoder.sentence_vectors)
+
+
+def test_an_entry_stores_its_word_and_sentence_and_a_names_or_numbers_clause():
+    sentence = "Holtby was born in Bergen in 1979 as a girl."
+    for word, clause in [("Bergen", "was born in something"), ("1979", "in something")]:
+        span = (sentence.index(word), sentence.index(word) + len(word))
+        assert ahead(sentence, span, "Maren Holtby") == (word, "was born in Bergen in 1979 as a girl.", clause)
+        assert ahead(sentence, span, "Maren Holtby") == evidence_texts(sentence, span, "Maren Holtby")
+    span = (sentence.index("girl"), sentence.index("girl") + 4)
+    assert ahead(sentence, span, "Maren Holtby") == ("girl", "was born in Bergen in 1979 as a girl.")
+
+
+DOCS = [
+    {"id": "a", "title": "Maren Holtby", "text": "Holtby was born in Bergen. Holtby died in Oslo. She sang songs."},
+    {"id": "b", "title": "Ada Quen", "text": "Quen lived in Vienna. Quen wrote books about Lyon."},
+]
+
+
+def test_bertknn_sentences_stores_every_entrys_texts_and_answers_stay_the_same(tmp_path, monkeypatch, encoder):
+    monkeypatch.setenv("BERTKNN_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "store"
+    BertKNN.build(write_corpus(tmp_path / "c.jsonl", DOCS), out, encoder).store.close()
+    result = CliRunner().invoke(app, ["sentences", str(out), "--backend", "torch", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    store = Datastore(out)
+    rows = store.provenance(list(range(store.size)))
+    expected = {text for r in rows for text in ahead(r.sentence, r.span, r.title)}
+    path = default_path(SENTENCE_MODEL)
+    with sqlite3.connect(path) as db:
+        assert {t for (t,) in db.execute("SELECT text FROM vectors")} == expected
+    assert f"{len(expected):,} texts of {store.size:,} entries embedded into" in " ".join(result.output.split())
+    again = CliRunner().invoke(app, ["sentences", str(out), "--backend", "torch", "--threads", "1"])
+    assert "0 texts of" in again.output
+
+    question = ("Maren Holtby was born in [MASK] .", "Maren Holtby")
+    plain = BertKNN(encoder, Datastore(out))
+    plain.sentence_match.stored = None
+    with_file = BertKNN(encoder, Datastore(out))
+    assert with_file.sentence_match.stored.path == path
+    with_file.sentence_match.background()  # embedded once, whatever is stored
+    counting = CountingSentences(with_file.sentence_match.encoder)
+    with_file.sentence_match._encoder = counting
+    a, b = (k.predict(*question, sentence_temperature=0.05) for k in (plain, with_file))
+    assert [w.token for w in a.bert_knn] == [w.token for w in b.bert_knn]
+    assert [w.probability for w in a.bert_knn] == pytest.approx([w.probability for w in b.bert_knn], rel=1e-5)
+    embedded = [t for call in counting.calls for t in call]  # the question's text, lower-case targets' clauses
+    lower = {evidence_texts(r.sentence, r.span, r.title)[2] for r in rows if r.sentence[r.span[0]].islower()}
+    assert embedded[0] == "was born in something ." and set(embedded[1:]) <= lower - expected
+
+
+def test_bertknn_sentences_on_a_directory_that_is_no_datastore_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("BERTKNN_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(app, ["sentences", str(tmp_path / "empty"), "--backend", "torch", "--threads", "1"])
+    assert result.exit_code == 2
+    assert "error: " in result.output and "is not a datastore" in " ".join(result.output.split())
+    assert not default_path(SENTENCE_MODEL).exists()
