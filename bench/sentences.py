@@ -309,7 +309,7 @@ def cost(args) -> None:
     match = knn.sentence_match
     match.stored = stored = StoredVectors(work / "sentence-vectors.sqlite", match.stored.model)
     began = time.perf_counter()
-    match.store_ahead(knn.store.provenance(list(range(knn.store.size))))  # what `bertknn sentences` stores
+    knn.store_sentences()  # what `bertknn sentences` stores
     ahead_s = time.perf_counter() - began
     knn.predict_batch(questions[:8], evidence=0)  # warm up
     on = {"sentence_temperature": weighted}

@@ -121,3 +121,24 @@ def test_bertknn_sentences_on_a_directory_that_is_no_datastore_says_so(tmp_path,
     assert result.exit_code == 2
     assert "error: " in result.output and "is not a datastore" in " ".join(result.output.split())
     assert not default_path(SENTENCE_MODEL).exists()
+
+
+def test_store_sentences_in_python_commits_in_chunks_and_reports_progress(tmp_path, monkeypatch, encoder):
+    monkeypatch.setenv("BERTKNN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("bertknn.model.sentences.STORE_CHUNK", 4)
+    knn = BertKNN.build(write_corpus(tmp_path / "c.jsonl", DOCS), tmp_path / "store", encoder)
+    knn.sentence_match._encoder = CountingSentences(encoder)  # the tiny model stands in for the sentence encoder
+    seen = []
+    rows = knn.store.provenance(list(range(knn.store.size)))
+    made = knn.store_sentences(lambda done, total: seen.append((done, total)))
+    assert made == len({text for r in rows for text in ahead(r.sentence, r.span, r.title)})
+    size = knn.store.size
+    assert seen == [(0, size), *((min(n, size), size) for n in range(4, size + 4, 4))]
+    known, calls = set(), []
+    for first in range(0, size, 4):  # one encoder call per chunk of 4 entries holding texts not stored before it
+        texts = [t for r in rows[first : first + 4] for t in ahead(r.sentence, r.span, r.title)]
+        new = list(dict.fromkeys(t for t in texts if t not in known))
+        known.update(new)
+        calls += [new] if new else []
+    assert knn.sentence_match._encoder.calls == calls
+    assert knn.store_sentences() == 0

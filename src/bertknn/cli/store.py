@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from bertknn.build.corpus import Corpus
 
 SKIPPED_SHOWN = 10  # entries of no corpus format a note names; the rest are counted
-SENTENCE_CHUNK = 10_000  # entries whose texts `bertknn sentences` embeds and commits at a time
 
 
 CorpusArg = Annotated[
@@ -298,12 +297,9 @@ def sentences(
 
     began, store = time.time(), open_store(datastore)
     match = SentenceMatch.with_stored(backend)
-    made, size = 0, store.size
     with phase_progress() as report:
-        report("embedding", 0, size)
-        for first in range(0, size, SENTENCE_CHUNK):
-            made += match.store_ahead(store.provenance(list(range(first, min(first + SENTENCE_CHUNK, size)))))
-            report("embedding", min(first + SENTENCE_CHUNK, size), size)
+        made = match.store_entries(store, lambda done, total: report("embedding", done, total))
+    size = store.size
     file = match.stored.path
     console.print(
         f"{made:,} texts of {size:,} entries embedded into {escape(str(file))} ({file.stat().st_size / 2**20:,.1f} MiB"

@@ -33,7 +33,7 @@ texts per question, bounded); the other neighbours count as the least similar of
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from itertools import islice, pairwise
 from typing import Protocol
@@ -47,6 +47,7 @@ from bertknn.model.sentence_vectors import StoredVectors, default_path
 from bertknn.text import MASK
 
 CACHE = 50_000  # sentence vectors kept in memory (a service's questions meet the same documents again)
+STORE_CHUNK = 10_000  # entries whose texts `SentenceMatch.store_entries` embeds and commits at a time
 PLACEHOLDER = "something"  # the unknown word in a question's and a clause's text
 TEXTS = ("question", "word", "sentence", "clause")  # what `SentenceMatch.texts` gives for a neighbour, in order
 # Generic statements of common relations, the subject left out: what any question says (hand-written, not LAMA's).
@@ -71,6 +72,14 @@ class Evidence(Protocol):
     sentence: str
     span: tuple[int, int]
     title: str
+
+
+class Entries(Protocol):
+    """A datastore as `SentenceMatch.store_entries` reads it (`store.datastore.Datastore` is one)."""
+
+    size: int
+
+    def provenance(self, entries: list[int]) -> Sequence[Evidence]: ...
 
 
 @lru_cache(maxsize=4096)
@@ -205,6 +214,16 @@ class SentenceMatch:
             raise ValueError("this SentenceMatch has no stored vectors to write (`SentenceMatch.with_stored`)")
         texts = [text for row in rows for text in ahead(row.sentence, row.span, row.title)]
         return self.stored.add(texts, self.encoder.sentence_vectors)
+
+    def store_entries(self, store: Entries, progress: Callable[[int, int], None] = lambda done, total: None) -> int:
+        """`store_ahead` for every entry of a datastore, `STORE_CHUNK` entries a transaction (a run killed keeps
+        what it committed; a rerun skips it); `progress(done, total)` after each; how many texts were new."""
+        made, size = 0, store.size
+        progress(0, size)
+        for first in range(0, size, STORE_CHUNK):
+            made += self.store_ahead(store.provenance(list(range(first, min(first + STORE_CHUNK, size)))))
+            progress(min(first + STORE_CHUNK, size), size)
+        return made
 
     def background(self) -> np.ndarray:
         """The mean vector of the generic questions (`BACKGROUND`), computed once."""

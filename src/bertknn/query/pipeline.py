@@ -513,6 +513,12 @@ class BertKNN:
         self._adopt(self.writer)
         return added
 
+    def store_sentences(self, progress: Callable[[int, int], None] = lambda done, total: None) -> int:
+        """Embed the datastore's evidence ahead for the sentence weights (`bertknn sentences`: each entry's word and
+        sentence, the clause of each name or number) into the vectors their questions read; how many texts were new.
+        Call it again after `add_documents`: what it has not stored is embedded as questions need it."""
+        return self.sentence_match.store_entries(self.store, progress)
+
     def _adopt(self, writer: Writer) -> None:
         """Read the indexes as `writer` just left them (what it wrote is what this reader would load)."""
         if isinstance(self.faiss, FaissIndex) and writer.faiss is not None and self.remote_shards is None:
