@@ -142,3 +142,26 @@ def test_store_sentences_in_python_commits_in_chunks_and_reports_progress(tmp_pa
         calls += [new] if new else []
     assert knn.sentence_match._encoder.calls == calls
     assert knn.store_sentences() == 0
+
+
+def test_a_run_stopped_midway_keeps_its_committed_chunks_and_a_rerun_finishes(tmp_path, monkeypatch, encoder):
+    monkeypatch.setenv("BERTKNN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("bertknn.model.sentences.STORE_CHUNK", 4)
+    knn = BertKNN.build(write_corpus(tmp_path / "c.jsonl", DOCS), tmp_path / "store", encoder)
+    counting = CountingSentences(encoder)
+
+    def embed_then_stop(texts):
+        if counting.calls:  # the second chunk: interrupted while embedding (Ctrl+C, a kill)
+            raise KeyboardInterrupt
+        return counting.sentence_vectors(texts)
+
+    knn.sentence_match._encoder = type("Stopping", (), {"sentence_vectors": staticmethod(embed_then_stop)})()
+    with pytest.raises(KeyboardInterrupt):
+        knn.store_sentences()
+    first = set(counting.calls[0])
+    assert set(StoredVectors(default_path(SENTENCE_MODEL), SENTENCE_MODEL).get(sorted(first))) == first
+    knn.sentence_match._encoder = CountingSentences(encoder)
+    rows = knn.store.provenance(list(range(knn.store.size)))
+    everything = {text for r in rows for text in ahead(r.sentence, r.span, r.title)}
+    assert knn.store_sentences() == len(everything - first)  # the rerun embeds only what was not committed
+    assert not first & {t for call in knn.sentence_match._encoder.calls for t in call}
