@@ -165,3 +165,19 @@ def test_a_run_stopped_midway_keeps_its_committed_chunks_and_a_rerun_finishes(tm
     everything = {text for r in rows for text in ahead(r.sentence, r.span, r.title)}
     assert knn.store_sentences() == len(everything - first)  # the rerun embeds only what was not committed
     assert not first & {t for call in knn.sentence_match._encoder.calls for t in call}
+
+
+def test_bertknn_sentences_reads_every_shard_of_a_sharded_datastore(tmp_path, monkeypatch, encoder):
+    from bertknn.store.shards import ShardedDatastore
+    from tests.sharded_store import make_sharded
+
+    monkeypatch.setenv("BERTKNN_CACHE", str(tmp_path / "cache"))
+    out = make_sharded(tmp_path / "sharded", encoder, [DOCS[:1], DOCS[1:]])
+    result = CliRunner().invoke(app, ["sentences", str(out), "--backend", "torch", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    store = ShardedDatastore(out)
+    rows = store.provenance(list(range(store.size)))
+    assert {r.doc_id for r in rows} == {"a", "b"}
+    expected = {text for r in rows for text in ahead(r.sentence, r.span, r.title)}
+    with sqlite3.connect(default_path(SENTENCE_MODEL)) as db:
+        assert {t for (t,) in db.execute("SELECT text FROM vectors")} == expected
