@@ -181,3 +181,16 @@ def test_bertknn_sentences_reads_every_shard_of_a_sharded_datastore(tmp_path, mo
     expected = {text for r in rows for text in ahead(r.sentence, r.span, r.title)}
     with sqlite3.connect(default_path(SENTENCE_MODEL)) as db:
         assert {t for (t,) in db.execute("SELECT text FROM vectors")} == expected
+
+
+def test_questions_read_the_committed_vectors_while_a_writer_holds_the_file(tmp_path, encoder):
+    path = tmp_path / "v.sqlite"
+    StoredVectors(path, "enc").add(TEXTS[:2], encoder.sentence_vectors)
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN EXCLUSIVE")  # `bertknn sentences` committing a chunk
+    writer.execute("DELETE FROM vectors")
+    try:
+        assert sorted(StoredVectors(path, "enc").get(TEXTS)) == sorted(TEXTS[:2])  # the last commit, not waiting
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
