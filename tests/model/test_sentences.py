@@ -254,13 +254,16 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder,
     one_token = at < words.vocab  # the LM has not scored a word of several tokens ("holtby") yet: left out
     assert (by_vote & ~one_token).any()
     np.testing.assert_allclose(with_lm, expected((by_vote | by_lm) & one_token), rtol=1e-5)
-    # an LM sure of one word: the neighbours of the words it gives under SENTENCE_LM_SHARE of its probability drop out
-    below = at[by_vote & (at < words.vocab)][0]  # one of the vote's best words
-    top, above = [w for w in np.unique(at[at < words.vocab]) if w != below][:2]
+    # an LM sure of one word: the neighbours of the words it gives under SENTENCE_LM_SHARE of its probability drop out,
+    # but for the vote's best word (SENTENCE_VOTE_WORDS): the LM's doubt alone does not demote the vote's own choice
+    (first,) = words.best(plain, 1)
+    below = at[by_vote & (at < words.vocab) & (at != first)][0]  # one of the vote's best words, not its first
+    top, above = [w for w in np.unique(at[at < words.vocab]) if w not in (below, first)][:2]
     sure = np.full(words.vocab, 1e-9)
     sure[[top, above, below]] = 1.0, 1.1 * SENTENCE_LM_SHARE, 0.9 * SENTENCE_LM_SHARE
+    assert first >= words.vocab  # "holtby" here (several tokens, unscored by the LM): kept, scored NaN (the question's)
     (by_sure,) = knn.sentence_weights([question], [found], [words], [plain], s, [sure / sure.sum()])
-    np.testing.assert_allclose(by_sure, expected(np.isin(at, [top, above])), rtol=1e-5)
+    np.testing.assert_allclose(by_sure, expected(np.isin(at, [top, above, first])), rtol=1e-5)
     assert (by_vote & (at == below)).any()  # one of the vote's words, left out
     # predict scores the vote's words of several tokens first (the LM's choice needs their scores), each once
     several = words.candidates(plain, 2)
@@ -299,6 +302,8 @@ def test_the_lm_chooses_the_words_whose_evidence_is_scored_a_word_of_several_tok
     assert lm[6] / lm[0] < SENTENCE_LM_SHARE < 10 * lm[6] / lm[0] and lm[3] / lm[0] < SENTENCE_LM_SHARE < lm[2] / lm[0]
     assert _by_lm(chosen, found, words, vote, p_vocab, prior).tolist() == [True, True, True, False, True, False, True]
     assert _by_lm(chosen, found, words, vote, p_vocab, None).tolist() == [True, True, True, False, False, False, True]
+    doubted = np.array([0.1, 0.1, 0.1, 0.4, 0.0, 0.2, 0.1])  # the vote's best word: token 3, under 0.005 of the LM's
+    assert _by_lm(chosen, found, words, doubted, p_vocab, None).tolist() == [True, True, True, True, False, False, True]
 
 
 def test_the_paper_and_bad_values_of_the_sentence_temperature():

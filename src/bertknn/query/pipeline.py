@@ -35,6 +35,7 @@ from bertknn.query.settings import (
     SENTENCE_DISTANCE,
     SENTENCE_LM_SHARE,
     SENTENCE_LM_WORDS,
+    SENTENCE_VOTE_WORDS,
     SENTENCE_WORDS,
     Settings,
 )
@@ -64,12 +65,14 @@ def _by_lm(
     SENTENCE_LM_SHARE of the best one's probability taken out: the LM knows what kind of word is asked (a year does
     not answer "born in [MASK]"), as QA systems check a candidate's answer type. A word of several tokens counts by
     the LM's score `words` holds (`BertKNN.word_scores`; unscored, 0: taken out) times its `prior` (`Words.prior`:
-    the mixture's word bonus, for the same reason: the LM is a weak judge of words it cannot spell in one token)."""
+    the mixture's word bonus, for the same reason: the LM is a weak judge of words it cannot spell in one token).
+    The vote's SENTENCE_VOTE_WORDS best words stay whatever the LM gives them: a word not scored counts as the least
+    similar, so taking out the vote's own choice would demote it on the LM's doubt alone; its sentence decides."""
     lm, at = np.where(vote > 0, words.lm(p_lm), 0.0), words.index(found.values)
     if SENTENCE_LM_WORDS:
         chosen = chosen | np.isin(at, Words.best(lm, SENTENCE_LM_WORDS))
     judged = lm[at] if prior is None else lm[at] * prior[at]
-    return chosen & (judged >= SENTENCE_LM_SHARE * lm.max())
+    return chosen & ((judged >= SENTENCE_LM_SHARE * lm.max()) | np.isin(at, Words.best(vote, SENTENCE_VOTE_WORDS)))
 
 
 class BertKNN:

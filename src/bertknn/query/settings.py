@@ -27,6 +27,7 @@ LM_FLOOR = 0.4  # the share of the LM's distribution mixed into them, fitted wit
 SENTENCE_WORDS = 10  # the sentences embedded are those of the neighbours holding the kNN's this many best words
 SENTENCE_LM_WORDS = 5  # and those of the neighbours holding the LM's this many best words among the vote's
 SENTENCE_LM_SHARE = 0.005  # but not those of a word the LM gives less than this share of its best such word's p
+SENTENCE_VOTE_WORDS = 1  # save those of the vote's this many best words: the LM's doubt alone does not demote them
 SENTENCE_DISTANCE = 0.5  # a neighbour whose sentence scores above the floor: its key distance counts this much
 HPARAMS = ("n_docs", "k", "temperature", "lam")  # the numeric ones
 TUNED = (*HPARAMS, "mixture")  # what `bertknn tune` searches and stores
