@@ -40,7 +40,7 @@ def _crc(text: str, vector: bytes) -> int:
 
 def _key(text: str) -> int:
     """A text's row id: 64 bits of its BLAKE2b hash (a rowid table keeps a row's vector in its page, where a table
-    keyed by the text itself spills rows of this size to overflow pages, about 3x the bytes)."""
+    keyed by the text itself spills rows of this size to overflow pages)."""
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
 
 

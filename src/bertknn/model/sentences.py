@@ -33,7 +33,7 @@ texts per question, bounded); the other neighbours count as the least similar of
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from itertools import islice, pairwise
 from typing import Protocol
@@ -207,21 +207,18 @@ class SentenceMatch:
         self._vectors.update(islice(new.items(), self.cache))
         return found
 
-    def store_ahead(self, rows: Iterable[Evidence]) -> int:
-        """Embed the texts `ahead` of stored entries (their provenance: sentence, span, title) into `stored`, those
-        not there yet, in one transaction; how many were new."""
+    def store_entries(self, store: Entries, progress: Callable[[int, int], None] = lambda done, total: None) -> int:
+        """Embed into `stored` the texts `ahead` of every entry of a datastore not stored yet, `STORE_CHUNK` entries
+        a transaction (a run killed keeps what it committed; a rerun skips it); `progress(done, total)` after each;
+        how many texts were new."""
         if self.stored is None:
             raise ValueError("this SentenceMatch has no stored vectors to write (`SentenceMatch.with_stored`)")
-        texts = [text for row in rows for text in ahead(row.sentence, row.span, row.title)]
-        return self.stored.add(texts, self.encoder.sentence_vectors)
-
-    def store_entries(self, store: Entries, progress: Callable[[int, int], None] = lambda done, total: None) -> int:
-        """`store_ahead` for every entry of a datastore, `STORE_CHUNK` entries a transaction (a run killed keeps
-        what it committed; a rerun skips it); `progress(done, total)` after each; how many texts were new."""
         made, size = 0, store.size
         progress(0, size)
         for first in range(0, size, STORE_CHUNK):
-            made += self.store_ahead(store.provenance(list(range(first, min(first + STORE_CHUNK, size)))))
+            rows = store.provenance(list(range(first, min(first + STORE_CHUNK, size))))
+            texts = [text for row in rows for text in ahead(row.sentence, row.span, row.title)]
+            made += self.stored.add(texts, self.encoder.sentence_vectors)
             progress(min(first + STORE_CHUNK, size), size)
         return made
 
