@@ -34,7 +34,8 @@ documents; the p50 of one question asked alone (the several-facts questions with
 first as often as the others): bertknn's defaults, the same uncalibrated, and with sentence weights at the first of
 --temperatures, the sentence-vector cache emptied before each question (the cost of a question about documents not
 asked of before), kept (documents asked of before), and emptied with the evidence stored ahead (what `bertknn
-sentences` stores, in a scratch file: the question's own text is embedded); before those, a service's stream: each
+sentences` stores, in a scratch file: the question's own text is embedded, beside the LM's pass as bertknn does, and
+after it); before those, a service's stream: each
 question once in a shuffled order with the weights, the cache emptied only at the start (a question meets the vectors
 of documents asked of before), without and with the evidence stored ahead; then the stored file's bytes per entry,
 and what those questions embed, per kind of text (`sentences.TEXTS`): distinct texts and tokens per question.
@@ -313,12 +314,13 @@ def cost(args) -> None:
     ahead_s = time.perf_counter() - began
     knn.predict_batch(questions[:8], evidence=0)  # warm up
     on = {"sentence_temperature": weighted}
-    runs = {  # name: (options, sentence cache emptied before each question, evidence stored ahead)
-        "no sentence weights (the default)": ({}, False, False),
-        "uncalibrated, no sentence weights": ({"confidence_temperature": 1.0, "lm_floor": 0.0}, False, False),
-        "sentence weights, cache emptied": (on, True, False),
-        "sentence weights, cache kept": (on, False, False),
-        "sentence weights, evidence stored ahead (`bertknn sentences`), cache emptied": (on, True, True),
+    runs = {  # name: (options, sentence cache emptied before each question, evidence stored ahead, text beside LM)
+        "no sentence weights (the default)": ({}, False, False, True),
+        "uncalibrated, no sentence weights": ({"confidence_temperature": 1.0, "lm_floor": 0.0}, False, False, True),
+        "sentence weights, cache emptied": (on, True, False, True),
+        "sentence weights, cache kept": (on, False, False, True),
+        "sentence weights, evidence stored ahead (`bertknn sentences`), cache emptied": (on, True, True, True),
+        "the same, the question's text embedded after the LM's pass": (on, True, True, False),
     }
     streams = {"sentence weights, each question once, shuffled, cache kept": None}
     streams["the same, evidence stored ahead"] = stored
@@ -352,18 +354,19 @@ def _timed(knn, questions: list[str], runs: dict, streams: dict, stored, repeats
                 start = time.perf_counter()
                 knn.predict(text, top_k=5, evidence=3, **on)
                 times[name].append(time.perf_counter() - start)
-    names = list(runs)
+    names, beside = list(runs), knn._question_texts_ahead
     for _ in range(repeats):
         for i, text in enumerate(questions):
             for name in names[i % len(names) :] + names[: i % len(names)]:  # each run first as often as the others
-                options, cold, ahead = runs[name]
+                options, cold, ahead, text_beside = runs[name]
                 match.stored = stored if ahead else None
+                knn._question_texts_ahead = beside if text_beside else lambda *args: lambda: None
                 if cold:
                     match.clear()
                 start = time.perf_counter()
                 knn.predict(text, top_k=5, evidence=3, **options)
                 times[name].append(time.perf_counter() - start)
-    match.stored = None
+    match.stored, knn._question_texts_ahead = None, beside
     return times
 
 

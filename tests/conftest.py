@@ -80,14 +80,16 @@ def write_corpus(path: Path, docs: list[dict]) -> Path:
 
 
 class CountingSentences:
-    """A sentence encoder that records the texts each call embeds (`calls`), then embeds them with `encoder`."""
+    """A sentence encoder that records the texts each call embeds (`calls`) and its options (`options`), then embeds
+    them with `encoder`."""
 
     def __init__(self, encoder) -> None:
-        self.encoder, self.calls = encoder, []
+        self.encoder, self.calls, self.options = encoder, [], []
 
-    def sentence_vectors(self, texts):
+    def sentence_vectors(self, texts, **options):
         self.calls.append(list(texts))
-        return self.encoder.sentence_vectors(texts)
+        self.options.append(options)
+        return self.encoder.sentence_vectors(texts, **options)
 
 
 SMALL_DOCS = [

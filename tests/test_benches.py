@@ -119,6 +119,7 @@ CASES = {
             r"^\| word \| [\d.]+ \| [\d.]+ \| \d+% \|",
             r"^\| sentence weights, each question once, shuffled, cache kept \| [\d.]+ \| [\d.]+ \| [\d.]+x \|$",
             r"^\| sentence weights, evidence stored ahead \(`bertknn sentences`\), cache emptied \| [\d.]+ \| ",
+            r"^\| the same, the question's text embedded after the LM's pass \| [\d.]+ \| [\d.]+ \| [\d.]+x \|$",
             rf"^Evidence stored ahead: {NUMBER} bytes per entry in [\d.]+s \(",
         ],
     ),

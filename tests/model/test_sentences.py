@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from bertknn.model.encoder import Encoder
-from bertknn.model.sentences import BACKGROUND, TEXTS, SentenceMatch, clause, log_weights, without_names
+from bertknn.model.sentences import (
+    AHEAD_THREADS,
+    BACKGROUND,
+    TEXTS,
+    SentenceMatch,
+    clause,
+    log_weights,
+    without_names,
+)
 from bertknn.query.combine import Words
 from bertknn.query.knn import document_vote, knn_distribution
 from bertknn.query.pipeline import BertKNN
@@ -83,6 +91,12 @@ def test_sentence_vectors_are_the_mean_of_the_last_states(tiny_model_dir, backen
     texts = ["Holtby was born in Bergen.", "She died in Oslo many years later, in the winter of 1990.", "Oslo."]
     got = encoder.sentence_vectors(texts)
     np.testing.assert_allclose(encoder.sentence_vectors(texts, token_budget=8), got, atol=1e-5)  # a text a batch
+    np.testing.assert_allclose(encoder.sentence_vectors(texts, threads=1), got, atol=1e-6)
+    if backend == "onnx":  # a session of its own on one thread, beside the runtime's
+        sessions = {
+            name: r.session().get_session_options().intra_op_num_threads for name, r in encoder.graphs().items()
+        }
+        assert sessions["mean_states-t1"] == 1 and "mean_states" in sessions
     for text, vector in zip(texts, got):
         ids = torch.tensor([encoder.tokenizer(text)["input_ids"]])
         with torch.no_grad():
@@ -154,6 +168,19 @@ def test_a_question_reads_one_text_whatever_its_documents():
     ]
     other = [("Ada Quen died in [MASK] .", quen, _span(quen, "Vienna"), "Ada Quen")]
     assert SentenceMatch.texts(other)[0][0] == "died in something ."
+
+
+def test_a_questions_text_is_embedded_ahead_on_its_own_thread_once(encoder):
+    counting = CountingSentences(encoder)
+    match = SentenceMatch(encoder=counting)
+    text = SentenceMatch.question_text("Maren Holtby's sister was born in [MASK] .", ["Maren Holtby", "Bergen"])
+    assert text == "sister was born in something ."
+    wait = match.embed_ahead([text, text])
+    wait()
+    assert counting.calls == [[text]] and counting.options == [{"threads": AHEAD_THREADS}]
+    np.testing.assert_allclose(match.vectors([text])[text], encoder.sentence_vectors([text])[0], atol=1e-6)
+    match.embed_ahead([text])()  # cached: nothing to embed
+    assert counting.calls == [[text]]
 
 
 def test_scores_sum_three_views_less_the_background_and_reuse_cached_vectors(encoder):
@@ -284,6 +311,45 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder,
     np.testing.assert_allclose(
         knn.predict(question, "Maren Holtby", settings=s.replace(sentence_temperature=0)).p_knn, plain
     )
+
+
+def test_predict_embeds_the_questions_text_beside_the_lms_pass_where_its_documents_are_known(
+    tmp_path, encoder, monkeypatch
+):
+    """The document search knows a question's documents before the LM's pass: its text (their names out) is
+    embedded meanwhile, on its own thread, and not again with the evidence; the answers are those made without it.
+    FAISS finds the documents from the state: the text comes with the evidence."""
+    from bertknn.index.faiss_index import FaissIndex
+
+    docs = [
+        {"id": "a", "title": "Maren Holtby", "text": "Holtby was born in Bergen. Holtby died in Oslo."},
+        {"id": "b", "title": "Ada Quen", "text": "Quen lived in Vienna. Quen was born in Lyon."},
+        {"id": "c", "title": "Lyon", "text": "Lyon is a city in France. It lies on the Rhone."},
+    ]
+    knn = BertKNN.build(write_corpus(tmp_path / "c.jsonl", docs), tmp_path / "s", encoder)
+    FaissIndex.build(knn.store, "Flat")
+    knn.refresh()
+    counting = CountingSentences(knn.sentence_match.encoder)
+    knn.sentence_match._encoder = counting
+    question, text, s = (
+        "Maren Holtby was born in [MASK] .",
+        "was born in something .",
+        Settings(sentence_temperature=0.05),
+    )
+    ahead = knn.predict(question, settings=s, top_k=3)
+    assert counting.calls[0] == [text] and counting.options[0] == {"threads": AHEAD_THREADS}
+    assert not any(text in texts for texts in counting.calls[1:])
+    knn.sentence_match.clear()
+    with monkeypatch.context() as patch:
+        patch.setattr(knn, "_question_texts_ahead", lambda *args: lambda: None)
+        after = knn.predict(question, settings=s, top_k=3)
+    assert [w.token for w in after.bert_knn] == [w.token for w in ahead.bert_knn]
+    np.testing.assert_allclose(after.p_knn, ahead.p_knn, rtol=1e-5, atol=1e-9)
+    knn.sentence_match.clear()
+    counting.calls.clear()
+    counting.options.clear()
+    knn.predict(question, settings=s.replace(retrieval="faiss"), top_k=3)
+    assert text in counting.calls[0] and counting.options[0] == {}
 
 
 def test_the_lm_chooses_the_words_whose_evidence_is_scored_a_word_of_several_tokens_with_its_bonus():

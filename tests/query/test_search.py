@@ -44,6 +44,20 @@ def test_document_search_is_exact_knn_over_the_chosen_documents(built):
     assert top.entries.tolist() == entries[:3].tolist() and top.documents == found.documents
 
 
+def test_documents_chosen_ahead_are_searched_without_choosing_them_again(built, monkeypatch):
+    documents, settings = built.search("ir"), PAPER.replace(k=7)
+    state = _state(built, QUESTION)
+    expected = documents.search(QUESTION, None, state, settings)
+    assert documents.ahead([QUESTION], [None], settings) == [expected.documents]
+    with monkeypatch.context() as patch:
+        patch.setattr(documents, "scored", lambda *args: pytest.fail("chosen again"))
+        (found,) = documents.batch_search([QUESTION], [None], state[None], settings)
+    assert found.documents == expected.documents and found.entries.tolist() == expected.entries.tolist()
+    assert not documents._ahead  # kept for one search: the next chooses again
+    (again,) = documents.batch_search([QUESTION], [None], state[None], settings)
+    assert again.entries.tolist() == expected.entries.tolist()
+
+
 def test_faiss_and_merged_search_over_a_flat_index_equal_brute_force_over_everything(built):
     FaissIndex.build(built.store, "Flat")
     built.refresh()
@@ -63,6 +77,8 @@ def test_faiss_and_merged_search_over_a_flat_index_equal_brute_force_over_everyt
     assert both.documents == ir.documents and both.searched.tolist() == ir.searched.tolist()
     (batched,) = merged.batch_search([QUESTION], [None], state[None], settings)
     assert batched.entries.tolist() == both.entries.tolist()
+    assert built.search("faiss").ahead([QUESTION], [None], settings) is None  # the documents come from the state
+    assert merged.ahead([QUESTION], [None], settings) is None
 
 
 def test_predict_eval_lama_and_tune_find_the_same_neighbours(built, tmp_path, monkeypatch):

@@ -333,16 +333,19 @@ class Encoder:
         return out
 
     @torch.inference_mode()
-    def sentence_vectors(self, texts: Sequence[str], token_budget: int = SENTENCE_BUDGET) -> np.ndarray:
+    def sentence_vectors(
+        self, texts: Sequence[str], token_budget: int = SENTENCE_BUDGET, threads: int = 0
+    ) -> np.ndarray:
         """Unit-length vectors of whole texts [n, d]: the model's last hidden states averaged over each text's tokens
         (mean pooling, as sentence-transformers pools), for comparing a question with an evidence sentence. For the
-        default model (all-MiniLM-L6-v2's encoder) these are that sentence model's own embeddings."""
+        default model (all-MiniLM-L6-v2's encoder) these are that sentence model's own embeddings. `threads`: ONNX
+        Runtime's threads for these passes (0: the runtime's; each count has a session of its own)."""
         encoded = self.tokenizer(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
         out = np.empty((len(texts), self.dim), np.float32)
         for batch in length_batches([len(ids) for ids in encoded], token_budget):
             ids, attention = self._pad([np.asarray(encoded[i]) for i in batch])
             rows, cols = torch.arange(len(batch)), torch.zeros(len(batch), dtype=torch.long)
-            (out[batch],) = self._run(self._mean_states, ("vectors",), ids, attention, rows, cols)
+            (out[batch],) = self._run(self._mean_states, ("vectors",), ids, attention, rows, cols, threads=threads)
         return out
 
     @torch.inference_mode()
@@ -388,12 +391,15 @@ class Encoder:
                     yield (*masked(ids, s.positions[chosen], s.lengths[chosen], self.mask_id), first + chosen)
             first += len(s.positions)
 
-    def _run(self, forward, outputs: tuple[str, ...], *inputs: torch.Tensor, int8: bool = False) -> list[np.ndarray]:
-        """`forward(ids, attention, rows, cols)` on this encoder's runtime (ONNX Runtime int8 if `int8`), as float32."""
-        return [result() for result in self._launch(forward, outputs, *inputs, int8=int8)]
+    def _run(
+        self, forward, outputs: tuple[str, ...], *inputs: torch.Tensor, int8: bool = False, threads: int = 0
+    ) -> list[np.ndarray]:
+        """`forward(ids, attention, rows, cols)` on this encoder's runtime (ONNX Runtime int8 if `int8`; on `threads`
+        if not 0), as float32."""
+        return [result() for result in self._launch(forward, outputs, *inputs, int8=int8, threads=threads)]
 
     def _launch(
-        self, forward, outputs: tuple[str, ...], *inputs: torch.Tensor, int8: bool = False
+        self, forward, outputs: tuple[str, ...], *inputs: torch.Tensor, int8: bool = False, threads: int = 0
     ) -> list[Callable[[], np.ndarray]]:
         """Start `forward` (as `_run`) and return a function per output that waits for it. On a GPU the inputs go
         from pinned memory and the outputs come back into pinned memory, both without blocking, so the CPU prepares
@@ -415,15 +421,15 @@ class Encoder:
             ready.record()
             return [lambda h=h: (ready.synchronize(), h.numpy())[1] for h in hosts]
         name = forward.__name__.strip("_")
-        key = f"{name}-int8" if int8 else name
+        key = f"{name}{'-int8' if int8 else ''}{f'-t{threads}' if threads else ''}"
         if key not in self._runners:
             versions = f"torch{torch.__version__}-transformers{transformers_version}"
             stem = f"{self.cache_tag}-{name}-{versions}"
             path = cache_dir() / "onnx" / f"{stem}.onnx"
             self._runners[key] = (
-                OnnxRunner(forward, self.model, outputs, path.with_name(f"{stem}-int8.onnx"), path)
+                OnnxRunner(forward, self.model, outputs, path.with_name(f"{stem}-int8.onnx"), path, threads)
                 if int8
-                else OnnxRunner(forward, self.model, outputs, path)
+                else OnnxRunner(forward, self.model, outputs, path, threads=threads)
             )
         return [lambda a=a: a for a in self._runners[key](*inputs)]
 

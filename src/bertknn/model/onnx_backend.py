@@ -85,13 +85,20 @@ class OnnxRunner:
     """One exported forward function run by ONNX Runtime; exported on first use, re-exported if the file is bad.
 
     With `float_path`, the graph at `path` is the int8 quantisation of the float32 graph exported to `float_path`.
+    `threads`: the session's threads (0: `set_threads`'s count, else PyTorch's).
     """
 
     def __init__(
-        self, forward: Forward, model: nn.Module, outputs: tuple[str, ...], path: Path, float_path: Path | None = None
+        self,
+        forward: Forward,
+        model: nn.Module,
+        outputs: tuple[str, ...],
+        path: Path,
+        float_path: Path | None = None,
+        threads: int = 0,
     ) -> None:
         self.forward, self.model, self.outputs, self.path = forward, model, outputs, path
-        self.float_path = float_path
+        self.float_path, self.threads = float_path, threads
         self._session = None
         self._inputs: set[str] | None = None  # the names of the session's inputs
 
@@ -99,7 +106,7 @@ class OnnxRunner:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
-        options.intra_op_num_threads = _threads or torch.get_num_threads()
+        options.intra_op_num_threads = self.threads or _threads or torch.get_num_threads()
         options.inter_op_num_threads = 1
         # Idle workers wait asleep, not spinning: a spinning pool holds a core after each run, which on few cores
         # stalls the Python work between runs and another graph's run (a question's p50: bench/README.md).

@@ -27,13 +27,16 @@ of right choices.
 
 Only the evidence of the neighbours whose words are among the kNN's best few is embedded (one model pass over short
 texts per question, bounded); the other neighbours count as the least similar of those. Vectors computed ahead
-(`sentence_vectors`, `bertknn sentences`) are read instead of embedding their texts again.
+(`sentence_vectors`, `bertknn sentences`) are read instead of embedding their texts again, and a question's own text
+can be embedded while the LM reads the question (`embed_ahead`), where its documents are known before (`question_text`
+of their titles).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from itertools import islice, pairwise
 from typing import Protocol
@@ -48,6 +51,7 @@ from bertknn.text import MASK
 
 CACHE = 50_000  # sentence vectors kept in memory (a service's questions meet the same documents again)
 STORE_CHUNK = 10_000  # entries whose texts `SentenceMatch.store_entries` embeds and commits at a time
+AHEAD_THREADS = 1  # ONNX Runtime's threads for `embed_ahead`'s pass, which runs beside the LM's (bench/README.md)
 PLACEHOLDER = "something"  # the unknown word in a question's and a clause's text
 TEXTS = ("question", "word", "sentence", "clause")  # what `SentenceMatch.texts` gives for a neighbour, in order
 # Generic statements of common relations, the subject left out: what any question says (hand-written, not LAMA's).
@@ -176,6 +180,7 @@ class SentenceMatch:
         self.runtime, self._encoder, self.cache, self._vectors = runtime, encoder, cache, {}
         self.stored = stored  # vectors computed ahead, read before a text is embedded
         self._background: np.ndarray | None = None
+        self._worker: ThreadPoolExecutor | None = None  # `embed_ahead`'s thread, started when first needed
 
     @classmethod
     def with_stored(cls, runtime: Runtime | str = "torch") -> SentenceMatch:
@@ -202,10 +207,28 @@ class SentenceMatch:
         rest = [t for t in todo if t not in new]
         new.update(zip(rest, self.encoder.sentence_vectors(rest)) if rest else ())
         found = {t: new[t] if t in new else self._vectors[t] for t in texts}  # read before the cache is emptied
+        self._keep(new)
+        return found
+
+    def _keep(self, new: dict[str, np.ndarray]) -> None:
+        """Cache `new` vectors, emptying the cache first when they would not fit in it."""
         if len(self._vectors) + len(new) > self.cache:
             self._vectors.clear()
         self._vectors.update(islice(new.items(), self.cache))
-        return found
+
+    def embed_ahead(self, texts: Sequence[str]) -> Callable[[], None]:
+        """Start embedding those of `texts` not cached, in a thread of their own, so that the caller's work goes on
+        beside it (the model's pass leaves Python's lock); the function returned waits for them and caches them.
+        For a question's own text (`question_text`) while the LM reads the question: a phrasing not asked before
+        costs one more pass of the sentence encoder, which would otherwise come after the LM's."""
+        todo = [text for text in dict.fromkeys(texts) if text not in self._vectors]
+        if not todo:
+            return lambda: None
+        encoder = self.encoder  # loaded here, not in the thread
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="bertknn-sentences")
+        future = self._worker.submit(encoder.sentence_vectors, todo, threads=AHEAD_THREADS)
+        return lambda: self._keep(dict(zip(todo, future.result())))
 
     def store_entries(self, store: Entries, progress: Callable[[int, int], None] = lambda done, total: None) -> int:
         """Embed into `stored` the texts `ahead` of every entry of a datastore not stored yet, `STORE_CHUNK` entries
@@ -229,16 +252,19 @@ class SentenceMatch:
         return self._background
 
     @staticmethod
-    def texts(mine: Sequence[tuple[str, str, tuple[int, int], str]]) -> list[tuple[str, ...]]:
+    def question_text(question: str, titles: Iterable[str]) -> str:
+        """What the views read of a question: its text with the placeholder in its mask, the names of the documents
+        titled `titles` taken out."""
+        return without_names(question.replace(MASK, PLACEHOLDER), " ".join(dict.fromkeys(titles)))
+
+    @classmethod
+    def texts(cls, mine: Sequence[tuple[str, str, tuple[int, int], str]]) -> list[tuple[str, ...]]:
         """What the views of one question's neighbours, (question, sentence, target span, title) tuples, read
-        (`TEXTS`): the question with the placeholder in its mask, the names of all the neighbours' documents taken
-        out; the target's word, the sentence and the target's clause, the names of the neighbour's own document
-        taken out."""
-        titles = " ".join(dict.fromkeys(title for *_, title in mine))
-        return [
-            (without_names(question.replace(MASK, PLACEHOLDER), titles), *evidence_texts(sentence, span, title))
-            for question, sentence, span, title in mine
-        ]
+        (`TEXTS`): the question's text (`question_text`) without the names of all the neighbours' documents; the
+        target's word, the sentence and the target's clause, the names of the neighbour's own document taken out."""
+        titles = [title for *_, title in mine]
+        asked = {question: cls.question_text(question, titles) for question in {question for question, *_ in mine}}
+        return [(asked[question], *evidence_texts(sentence, span, title)) for question, sentence, span, title in mine]
 
     def views(self, asked: Sequence[Sequence[tuple[str, str, tuple[int, int], str]]]) -> list[np.ndarray]:
         """For each question's (question, sentence, target span, title) tuples, the three views' cosines, each less

@@ -6,7 +6,9 @@ As Pyserini's searchers do, every searcher answers `search(question, subject, st
   their entries (a lazy datastore embeds them first);
 - `FaissSearch`: the whole datastore through its FAISS index, re-ranked by exact distance;
 - `MergedSearch(a, b)`: both, merged by distance.
-Prediction, evaluation and tuning all search through these: nothing else retrieves documents or neighbours.
+Prediction, evaluation and tuning all search through these: nothing else retrieves documents or neighbours. A searcher
+that knows a question's documents before its state (`ahead`: the document search) says so, so that work on them can
+run beside the model's pass.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ class Search(Protocol):
         self, questions: Sequence[str], subjects: Sequence[str | None], states: np.ndarray, settings: Settings
     ) -> list[Neighbours]: ...
 
+    def ahead(
+        self, questions: Sequence[str], subjects: Sequence[str | None], settings: Settings
+    ) -> list[list[int]] | None: ...
+
 
 class ShardUnavailable(RuntimeError):
     """A shard searched elsewhere did not answer: its replica died with its node, or gave no answer in time. The
@@ -91,6 +97,7 @@ class DocumentSearch:
         shards: RemoteShards | None = None,
     ):
         self.store, self.index, self.embed, self.shards = store, index, embed, shards
+        self._ahead: dict[tuple[str, str | None, int], tuple[list[int], list[float]]] = {}  # chosen by `ahead`
 
     def scored(self, question: str, subject: str | None, n_docs: int) -> tuple[list[int], list[float]]:
         """The documents searched for a question (the one titled `subject` if any, else TF-IDF's top n_docs) and
@@ -117,11 +124,20 @@ class DocumentSearch:
         docs, scores = self.scored(question, subject, settings.n_docs)
         return self.among(docs, state, settings.k, scores)
 
+    def ahead(self, questions: Sequence[str], subjects: Sequence[str | None], settings: Settings) -> list[list[int]]:
+        """The documents each question will search (`scored`), chosen before its state is known and kept for its
+        `batch_search`, which then does not choose them again."""
+        n = int(settings.n_docs)
+        for question, subject in zip(questions, subjects):
+            self._ahead[question, subject, n] = self.scored(question, subject, n)
+        return [self._ahead[q, s, n][0] for q, s in zip(questions, subjects)]
+
     def batch_search(
         self, questions: Sequence[str], subjects: Sequence[str | None], states: np.ndarray, settings: Settings
     ) -> list[Neighbours]:
         """The neighbours of many questions; a lazy datastore embeds all their documents in one run."""
-        chosen = [self.scored(q, s, settings.n_docs) for q, s in zip(questions, subjects)]
+        n = int(settings.n_docs)
+        chosen = [self._ahead.pop((q, s, n), None) or self.scored(q, s, n) for q, s in zip(questions, subjects)]
         if self.embed is not None:
             self.embed(sorted({d for docs, _ in chosen for d in docs}))
         return [self.among(docs, state, settings.k, scores) for (docs, scores), state in zip(chosen, states)]
@@ -154,6 +170,10 @@ class FaissSearch:
         """`search` for each question."""
         return [self.search(q, s, state, settings) for q, s, state in zip(questions, subjects, states)]
 
+    def ahead(self, questions: Sequence[str], subjects: Sequence[str | None], settings: Settings) -> None:
+        """None: the documents come from the neighbours, found from the states."""
+        return None
+
 
 class MergedSearch:
     """Two searches merged by distance (as Pyserini's hybrid searcher merges two): the k nearest of both, with the
@@ -179,3 +199,7 @@ class MergedSearch:
         a = self.first.batch_search(questions, subjects, states, settings)
         b = self.second.batch_search(questions, subjects, states, settings)
         return [self._merged(x, y, int(settings.k)) for x, y in zip(a, b)]
+
+    def ahead(self, questions: Sequence[str], subjects: Sequence[str | None], settings: Settings) -> None:
+        """None: the second search's documents come from its neighbours."""
+        return None
