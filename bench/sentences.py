@@ -360,7 +360,7 @@ def _timed(knn, questions: list[str], runs: dict, streams: dict, stored, repeats
             for name in names[i % len(names) :] + names[: i % len(names)]:  # each run first as often as the others
                 options, cold, ahead, text_beside = runs[name]
                 match.stored = stored if ahead else None
-                knn._question_texts_ahead = beside if text_beside else lambda *args: lambda: None
+                knn._question_texts_ahead = beside if text_beside else lambda *args: None
                 if cold:
                     match.clear()
                 start = time.perf_counter()

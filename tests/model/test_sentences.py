@@ -175,12 +175,15 @@ def test_a_questions_text_is_embedded_ahead_on_its_own_thread_once(encoder):
     match = SentenceMatch(encoder=counting)
     text = SentenceMatch.question_text("Maren Holtby's sister was born in [MASK] .", ["Maren Holtby", "Bergen"])
     assert text == "sister was born in something ."
-    wait = match.embed_ahead([text, text])
-    wait()
-    assert counting.calls == [[text]] and counting.options == [{"threads": AHEAD_THREADS}]
-    np.testing.assert_allclose(match.vectors([text])[text], encoder.sentence_vectors([text])[0], atol=1e-6)
-    match.embed_ahead([text])()  # cached: nothing to embed
-    assert counting.calls == [[text]]
+    match.embed_ahead([text, text])
+    other = "died in something ."
+    got = match.vectors([other, text])  # the other text embedded here, the question's waited for
+    assert list(got) == [other, text] and not match._ahead
+    embedded = sorted(zip(counting.calls, counting.options), key=str)
+    assert embedded == sorted([([text], {"threads": AHEAD_THREADS}), ([other], {})], key=str)
+    np.testing.assert_allclose(got[text], encoder.sentence_vectors([text])[0], atol=1e-6)
+    match.embed_ahead([text])  # cached: nothing to embed
+    assert not match._ahead and len(counting.calls) == 2
 
 
 def test_scores_sum_three_views_less_the_background_and_reuse_cached_vectors(encoder):
@@ -341,7 +344,7 @@ def test_predict_embeds_the_questions_text_beside_the_lms_pass_where_its_documen
     assert not any(text in texts for texts in counting.calls[1:])
     knn.sentence_match.clear()
     with monkeypatch.context() as patch:
-        patch.setattr(knn, "_question_texts_ahead", lambda *args: lambda: None)
+        patch.setattr(knn, "_question_texts_ahead", lambda *args: None)
         after = knn.predict(question, settings=s, top_k=3)
     assert [w.token for w in after.bert_knn] == [w.token for w in ahead.bert_knn]
     np.testing.assert_allclose(after.p_knn, ahead.p_knn, rtol=1e-5, atol=1e-9)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 from itertools import islice, pairwise
 from typing import Protocol
@@ -181,6 +181,7 @@ class SentenceMatch:
         self.stored = stored  # vectors computed ahead, read before a text is embedded
         self._background: np.ndarray | None = None
         self._worker: ThreadPoolExecutor | None = None  # `embed_ahead`'s thread, started when first needed
+        self._ahead: list[tuple[list[str], Future]] = []  # texts being embedded ahead, and their vectors to come
 
     @classmethod
     def with_stored(cls, runtime: Runtime | str = "torch") -> SentenceMatch:
@@ -196,16 +197,22 @@ class SentenceMatch:
         return self._encoder
 
     def clear(self) -> None:
-        """Forget the cached vectors."""
+        """Forget the cached vectors (and those being embedded ahead)."""
         self._vectors.clear()
+        self._ahead.clear()
 
     def vectors(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        """The vector of each distinct text: cached, else stored (`stored`), else computed, all those in one batch;
-        the cache keeps at most `cache` vectors (emptied when the new ones would not fit)."""
-        todo = list(dict.fromkeys(t for t in texts if t not in self._vectors))
+        """The vector of each distinct text: cached, else being embedded ahead (`embed_ahead`: waited for last),
+        else stored (`stored`), else computed, all those in one batch; the cache keeps at most `cache` vectors
+        (emptied when the new ones would not fit)."""
+        coming = {text for texts_ahead, _ in self._ahead for text in texts_ahead}
+        todo = list(dict.fromkeys(t for t in texts if t not in self._vectors and t not in coming))
         new = self.stored.get(todo) if self.stored is not None and todo else {}
         rest = [t for t in todo if t not in new]
         new.update(zip(rest, self.encoder.sentence_vectors(rest)) if rest else ())
+        for texts_ahead, future in self._ahead:
+            new.update(zip(texts_ahead, future.result()))
+        self._ahead.clear()
         found = {t: new[t] if t in new else self._vectors[t] for t in texts}  # read before the cache is emptied
         self._keep(new)
         return found
@@ -216,19 +223,17 @@ class SentenceMatch:
             self._vectors.clear()
         self._vectors.update(islice(new.items(), self.cache))
 
-    def embed_ahead(self, texts: Sequence[str]) -> Callable[[], None]:
+    def embed_ahead(self, texts: Sequence[str]) -> None:
         """Start embedding those of `texts` not cached, in a thread of their own, so that the caller's work goes on
-        beside it (the model's pass leaves Python's lock); the function returned waits for them and caches them.
-        For a question's own text (`question_text`) while the LM reads the question: a phrasing not asked before
-        costs one more pass of the sentence encoder, which would otherwise come after the LM's."""
+        beside it (the model's pass leaves Python's lock); the next `vectors` waits for them, after its other work,
+        and caches them. For a question's own text (`question_text`) while the LM reads the question: a phrasing
+        not asked before costs one more pass of the sentence encoder, which would otherwise come after the LM's."""
         todo = [text for text in dict.fromkeys(texts) if text not in self._vectors]
-        if not todo:
-            return lambda: None
-        encoder = self.encoder  # loaded here, not in the thread
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix="bertknn-sentences")
-        future = self._worker.submit(encoder.sentence_vectors, todo, threads=AHEAD_THREADS)
-        return lambda: self._keep(dict(zip(todo, future.result())))
+        if todo:
+            encoder = self.encoder  # loaded here, not in the thread
+            if self._worker is None:
+                self._worker = ThreadPoolExecutor(1, thread_name_prefix="bertknn-sentences")
+            self._ahead.append((todo, self._worker.submit(encoder.sentence_vectors, todo, threads=AHEAD_THREADS)))
 
     def store_entries(self, store: Entries, progress: Callable[[int, int], None] = lambda done, total: None) -> int:
         """Embed into `stored` the texts `ahead` of every entry of a datastore not stored yet, `STORE_CHUNK` entries

@@ -280,7 +280,7 @@ class BertKNN:
         out = []
         for start in range(0, len(queries), batch_size):
             batch = queries[start : start + batch_size]
-            texts_ready = self._question_texts_ahead(search, batch, s)
+            self._question_texts_ahead(search, batch, s)
             probs, states = self.encoder.query_ids([(q.ids, q.mask) for q in batch])
             with self.store.sqlite_errors():  # a damaged page met by a question: an error naming the file
                 found = search.batch_search([q.text for q in batch], [q.subject for q in batch], states, s)
@@ -289,7 +289,6 @@ class BertKNN:
                 if s.sentence_temperature:  # the LM's choice of words needs its scores of those of several tokens
                     chosen = [w.candidates(v, SENTENCE_WORDS) for w, v in zip(words, votes)]
                     words = self.word_scores(batch, words, chosen)
-                    texts_ready()  # embedded beside the LM's passes and the search
                     weights = self.sentence_weights([q.text for q in batch], found, words, votes, s, probs)
                     votes = [self.vote(f, s, w, lw) for f, w, lw in zip(found, words, weights)]
             words = self.word_scores(batch, words, [w.candidates(v, s.lm_words) for w, v in zip(words, votes)])
@@ -298,23 +297,21 @@ class BertKNN:
                 out += [self.postprocess(*part, top_k, evidence, s) for part in parts]
         return out
 
-    def _question_texts_ahead(self, search: Search, batch: Sequence[Query], s: Settings) -> Callable[[], None]:
+    def _question_texts_ahead(self, search: Search, batch: Sequence[Query], s: Settings) -> None:
         """With sentence weights, where the search knows the questions' documents before their states
         (`Search.ahead`), start embedding the questions' texts (`SentenceMatch.embed_ahead`), their documents' names
-        out, so that it runs beside the LM's pass; the function that waits for them. A question whose neighbours
-        come from fewer documents may read another text: it is embedded with its evidence, as without this."""
+        out, so that it runs beside the LM's pass and the search. A question whose neighbours come from fewer
+        documents may read another text: it is embedded with its evidence, as without this."""
         if not s.sentence_temperature:
-            return lambda: None
+            return
         with self.store.sqlite_errors():
             docs = search.ahead([q.text for q in batch], [q.subject for q in batch], s)
             if docs is None:
-                return lambda: None
+                return
             ids = sorted({d for chosen in docs for d in chosen})
             titles = dict(zip(ids, self.store.titles(ids)))
         match = self.sentence_match  # a question without documents has no neighbours to weigh
-        return match.embed_ahead(
-            [match.question_text(q.text, [titles[d] for d in c]) for q, c in zip(batch, docs) if c]
-        )
+        match.embed_ahead([match.question_text(q.text, [titles[d] for d in c]) for q, c in zip(batch, docs) if c])
 
     def word_scores(self, queries: Sequence[Query], words: Sequence[Words], chosen: Sequence[list[int]]) -> list[Words]:
         """Each question's `words` scored by the LM at its words of several tokens `chosen` (indices into `values`)
