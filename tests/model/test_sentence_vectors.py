@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from bertknn.cli import app
 from bertknn.model.default_model import SENTENCE_MODEL
 from bertknn.model.sentence_vectors import StoredVectors, default_path
-from bertknn.model.sentences import SentenceMatch, ahead, evidence_texts
+from bertknn.model.sentences import SentenceMatch, evidence_texts
 from bertknn.query.pipeline import BertKNN
 from bertknn.store.datastore import Datastore
 from tests.conftest import CountingSentences, write_corpus
@@ -66,16 +66,6 @@ def test_another_encoders_or_an_unreadable_file_is_not_read(tmp_path, encoder, c
         StoredVectors(garbage, "enc").add(TEXTS, encoder.sentence_vectors)
 
 
-def test_an_entry_stores_its_word_and_sentence_and_a_names_or_numbers_clause():
-    sentence = "Holtby was born in Bergen in 1979 as a girl."
-    for word, clause in [("Bergen", "was born in something"), ("1979", "in something")]:
-        span = (sentence.index(word), sentence.index(word) + len(word))
-        assert ahead(sentence, span, "Maren Holtby") == (word, "was born in Bergen in 1979 as a girl.", clause)
-        assert ahead(sentence, span, "Maren Holtby") == evidence_texts(sentence, span, "Maren Holtby")
-    span = (sentence.index("girl"), sentence.index("girl") + 4)
-    assert ahead(sentence, span, "Maren Holtby") == ("girl", "was born in Bergen in 1979 as a girl.")
-
-
 DOCS = [
     {"id": "a", "title": "Maren Holtby", "text": "Holtby was born in Bergen. Holtby died in Oslo. She sang songs."},
     {"id": "b", "title": "Ada Quen", "text": "Quen lived in Vienna. Quen wrote books about Lyon."},
@@ -90,7 +80,7 @@ def test_bertknn_sentences_stores_every_entrys_texts_and_answers_stay_the_same(t
     assert result.exit_code == 0, result.output
     store = Datastore(out)
     rows = store.provenance(list(range(store.size)))
-    expected = {text for r in rows for text in ahead(r.sentence, r.span, r.title)}
+    expected = {text for r in rows for text in evidence_texts(r.sentence, r.span, r.title)}
     path = default_path(SENTENCE_MODEL)
     with sqlite3.connect(path) as db:
         assert {t for (t,) in db.execute("SELECT text FROM vectors")} == expected
@@ -109,9 +99,7 @@ def test_bertknn_sentences_stores_every_entrys_texts_and_answers_stay_the_same(t
     a, b = (k.predict(*question, sentence_temperature=0.05) for k in (plain, with_file))
     assert [w.token for w in a.bert_knn] == [w.token for w in b.bert_knn]
     assert [w.probability for w in a.bert_knn] == pytest.approx([w.probability for w in b.bert_knn], rel=1e-5)
-    embedded = [t for call in counting.calls for t in call]  # the question's text, lower-case targets' clauses
-    lower = {evidence_texts(r.sentence, r.span, r.title)[2] for r in rows if r.sentence[r.span[0]].islower()}
-    assert embedded[0] == "was born in something ." and set(embedded[1:]) <= lower - expected
+    assert counting.calls == [["was born in something ."]]  # only the question's own text, beside the LM's pass
 
 
 def test_bertknn_sentences_on_a_directory_that_is_no_datastore_says_so(tmp_path, monkeypatch):
@@ -131,12 +119,12 @@ def test_store_sentences_in_python_commits_in_chunks_and_reports_progress(tmp_pa
     seen = []
     rows = knn.store.provenance(list(range(knn.store.size)))
     made = knn.store_sentences(lambda done, total: seen.append((done, total)))
-    assert made == len({text for r in rows for text in ahead(r.sentence, r.span, r.title)})
+    assert made == len({text for r in rows for text in evidence_texts(r.sentence, r.span, r.title)})
     size = knn.store.size
     assert seen == [(0, size), *((min(n, size), size) for n in range(4, size + 4, 4))]
     known, calls = set(), []
     for first in range(0, size, 4):  # one encoder call per chunk of 4 entries holding texts not stored before it
-        texts = [t for r in rows[first : first + 4] for t in ahead(r.sentence, r.span, r.title)]
+        texts = [t for r in rows[first : first + 4] for t in evidence_texts(r.sentence, r.span, r.title)]
         new = list(dict.fromkeys(t for t in texts if t not in known))
         known.update(new)
         calls += [new] if new else []
@@ -162,7 +150,7 @@ def test_a_run_stopped_midway_keeps_its_committed_chunks_and_a_rerun_finishes(tm
     assert set(StoredVectors(default_path(SENTENCE_MODEL), SENTENCE_MODEL).get(sorted(first))) == first
     knn.sentence_match._encoder = CountingSentences(encoder)
     rows = knn.store.provenance(list(range(knn.store.size)))
-    everything = {text for r in rows for text in ahead(r.sentence, r.span, r.title)}
+    everything = {text for r in rows for text in evidence_texts(r.sentence, r.span, r.title)}
     assert knn.store_sentences() == len(everything - first)  # the rerun embeds only what was not committed
     assert not first & {t for call in knn.sentence_match._encoder.calls for t in call}
 
@@ -178,7 +166,7 @@ def test_bertknn_sentences_reads_every_shard_of_a_sharded_datastore(tmp_path, mo
     store = ShardedDatastore(out)
     rows = store.provenance(list(range(store.size)))
     assert {r.doc_id for r in rows} == {"a", "b"}
-    expected = {text for r in rows for text in ahead(r.sentence, r.span, r.title)}
+    expected = {text for r in rows for text in evidence_texts(r.sentence, r.span, r.title)}
     with sqlite3.connect(default_path(SENTENCE_MODEL)) as db:
         assert {t for (t,) in db.execute("SELECT text FROM vectors")} == expected
 

@@ -289,9 +289,9 @@ def sentences(
     dtype: DtypeOption = "float32",
     threads: ThreadsOption = 0,
 ) -> None:
-    """Embed a datastore's evidence ahead for the sentence weights (`--sentence-temperature`): each entry's sentence
-    and word, and the clause of each name or number, stored in bertknn's cache directory, so that a question about
-    documents not asked of before embeds only its own text. Rerun to resume, or after `bertknn add`."""
+    """Embed a datastore's evidence ahead for the sentence weights (`--sentence-temperature`): each entry's sentence,
+    word and clause, stored in bertknn's cache directory, so that a question about documents not asked of before
+    embeds only its own text (while the LM reads the question). Rerun to resume, or after `bertknn add`."""
     from bertknn.model.sentences import SentenceMatch
     from bertknn.store.shards import open_store
 

@@ -127,15 +127,6 @@ def evidence_texts(sentence: str, span: tuple[int, int], title: str) -> tuple[st
     return tuple(without_names(x, title) for x in (sentence[slice(*span)], sentence, clause(sentence, span, title)))
 
 
-def ahead(sentence: str, span: tuple[int, int], title: str) -> tuple[str, ...]:
-    """The texts of a stored entry that `bertknn sentences` embeds ahead: its word, its sentence and, where the
-    target is a name or a number (a capital letter or a digit first: the answers of factual questions), its clause;
-    a lower-case target's clause is embedded when a question needs it (bench/README.md: the stored bytes)."""
-    texts = evidence_texts(sentence, span, title)
-    first = sentence[span[0] : span[0] + 1]
-    return texts if first.isupper() or first.isdigit() else texts[:2]
-
-
 def _unit(vector: np.ndarray) -> np.ndarray:
     return vector / np.linalg.norm(vector)
 
@@ -245,7 +236,7 @@ class SentenceMatch:
         progress(0, size)
         for first in range(0, size, STORE_CHUNK):
             rows = store.provenance(list(range(first, min(first + STORE_CHUNK, size))))
-            texts = [text for row in rows for text in ahead(row.sentence, row.span, row.title)]
+            texts = [text for row in rows for text in evidence_texts(row.sentence, row.span, row.title)]
             made += self.stored.add(texts, self.encoder.sentence_vectors)
             progress(min(first + STORE_CHUNK, size), size)
         return made

@@ -534,8 +534,8 @@ class BertKNN:
         return added
 
     def store_sentences(self, progress: Callable[[int, int], None] = lambda done, total: None) -> int:
-        """Embed the datastore's evidence ahead for the sentence weights (`bertknn sentences`: each entry's word and
-        sentence, the clause of each name or number) into the vectors their questions read; how many texts were new.
+        """Embed the datastore's evidence ahead for the sentence weights (`bertknn sentences`: each entry's word,
+        sentence and clause) into the vectors their questions read; how many texts were new.
         Call it again after `add_documents`: what it has not stored is embedded as questions need it."""
         return self.sentence_match.store_entries(self.store, progress)
 
