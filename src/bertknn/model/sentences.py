@@ -38,7 +38,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
-from itertools import islice, pairwise
+from itertools import islice
 from typing import Protocol
 
 import numpy as np
@@ -125,10 +125,6 @@ def evidence_texts(sentence: str, span: tuple[int, int], title: str) -> tuple[st
     """A neighbour's texts after the question's (`TEXTS`): the target's word, the sentence and the target's clause
     (`clause`), the names of the neighbour's document (`title`) taken out."""
     return tuple(without_names(x, title) for x in (sentence[slice(*span)], sentence, clause(sentence, span, title)))
-
-
-def _unit(vector: np.ndarray) -> np.ndarray:
-    return vector / np.linalg.norm(vector)
 
 
 def log_weights(
@@ -269,9 +265,11 @@ class SentenceMatch:
         background's mean vector; all questions' texts embedded together."""
         texts = [row for mine in asked for row in self.texts(mine)]
         v, b = self.vectors([text for row in texts for text in row]), self.background()
-        rows = [[(v[q] - b) @ v[s], (_unit(v[q] + v[w]) - b) @ v[s], (v[q] - b) @ v[c]] for q, w, s, c in texts]
-        at = np.cumsum([0, *map(len, asked)])
-        return [np.array(rows[i:j], np.float64).reshape(-1, 3) for i, j in pairwise(at)]
+        q, w, s, c = (np.array([v[row[i]] for row in texts], np.float64).reshape(-1, len(b)) for i in range(4))
+        claim = q + w
+        claim /= np.linalg.norm(claim, axis=1, keepdims=True)
+        rows = np.stack([((q - b) * s).sum(1), ((claim - b) * s).sum(1), ((q - b) * c).sum(1)], axis=1)
+        return np.split(rows, np.cumsum([len(mine) for mine in asked])[:-1])
 
     def scores(self, asked: Sequence[Sequence[tuple[str, str, tuple[int, int], str]]]) -> list[np.ndarray]:
         """For each question's (question, sentence, target span, title) tuples, the sum of its `views`. A target
