@@ -161,6 +161,24 @@ def test_onnx_graphs_are_cached_and_a_corrupt_one_is_exported_again(encoder, onn
     assert len(exports) == 1 and graph.stat().st_size > 1000
 
 
+def test_two_threads_opening_graphs_at_once_export_them_one_at_a_time(encoder, tmp_path, monkeypatch):
+    """The sentence weights embed a question's text in a thread of their own while the LM's pass runs: the first
+    question of a process may export two graphs at once (PyTorch's exporter keeps global state)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("BERTKNN_CACHE", str(tmp_path))  # nothing exported yet
+    onnx = Encoder(encoder.model, encoder.tokenizer, encoder.name, encoder.layer, runtime="onnx")
+    texts, start = ["Rome is in Italy.", "Oslo."], threading.Barrier(2)
+    with ThreadPoolExecutor(2) as pool:
+        beside = pool.submit(lambda: (start.wait(), onnx.sentence_vectors(texts, threads=1))[1])
+        asked = pool.submit(lambda: (start.wait(), onnx.query(["Rome is in [MASK] ."]))[1])
+        vectors, (probs, _) = beside.result(), asked.result()
+    np.testing.assert_allclose(vectors, encoder.sentence_vectors(texts), atol=1e-5)
+    np.testing.assert_allclose(probs, encoder.query(["Rome is in [MASK] ."])[0], atol=1e-6)
+    assert sorted(onnx.graphs()) == ["mask_outputs", "mean_states-t1"]
+
+
 def test_with_an_onnx_backend_onnx_runtime_takes_the_threads_and_pytorch_keeps_one(encoder):
     from bertknn.model.runtime import Runtime
 

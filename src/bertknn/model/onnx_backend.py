@@ -10,6 +10,7 @@ questions with backend "onnx-int8" (fidelity and speed in bench/README.md).
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from torch import nn
 
 INPUTS = ("ids", "attention", "rows", "cols")
 _threads: int | None = None  # intra-op threads of sessions opened from now on (None: PyTorch's count)
+_MAKING = threading.Lock()  # held while a session is opened (and its graph exported)
 
 
 def set_threads(n: int | None) -> None:
@@ -114,14 +116,16 @@ class OnnxRunner:
         return ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
 
     def session(self):
-        """The ONNX Runtime session, exporting (and quantising) the graph first when no valid file is cached."""
+        """The ONNX Runtime session, exporting (and quantising) the graph first when no valid file is cached. One
+        thread at a time: PyTorch's exporter keeps global state, and two sessions of one graph share its file."""
         if self._session is None:
-            if self.path.is_file():
-                with contextlib.suppress(Exception):  # a truncated or corrupt cache file: make it again
+            with _MAKING:
+                if self._session is None and self.path.is_file():
+                    with contextlib.suppress(Exception):  # a truncated or corrupt cache file: make it again
+                        self._session = self._open()
+                if self._session is None:
+                    self._make()
                     self._session = self._open()
-            if self._session is None:
-                self._make()
-                self._session = self._open()
         return self._session
 
     def _make(self) -> None:
