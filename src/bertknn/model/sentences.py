@@ -223,9 +223,9 @@ class SentenceMatch:
             self._ahead.append((todo, self._worker.submit(encoder.sentence_vectors, todo, threads=AHEAD_THREADS)))
 
     def store_entries(self, store: Entries, progress: Callable[[int, int], None] = lambda done, total: None) -> int:
-        """Embed into `stored` the texts `ahead` of every entry of a datastore not stored yet, `STORE_CHUNK` entries
-        a transaction (a run killed keeps what it committed; a rerun skips it); `progress(done, total)` after each;
-        how many texts were new."""
+        """Embed into `stored` the evidence texts (`evidence_texts`: word, sentence, clause) of every entry of a
+        datastore not stored yet, `STORE_CHUNK` entries a transaction (a run killed keeps what it committed; a rerun
+        skips it); `progress(done, total)` after each; how many texts were new."""
         if self.stored is None:
             raise ValueError("this SentenceMatch has no stored vectors to write (`SentenceMatch.with_stored`)")
         made, size = 0, store.size
