@@ -201,14 +201,10 @@ class SentenceMatch:
             new.update(zip(texts_ahead, future.result()))
         self._ahead.clear()
         found = {t: new[t] if t in new else self._vectors[t] for t in texts}  # read before the cache is emptied
-        self._keep(new)
-        return found
-
-    def _keep(self, new: dict[str, np.ndarray]) -> None:
-        """Cache `new` vectors, emptying the cache first when they would not fit in it."""
         if len(self._vectors) + len(new) > self.cache:
             self._vectors.clear()
         self._vectors.update(islice(new.items(), self.cache))
+        return found
 
     def embed_ahead(self, texts: Sequence[str]) -> None:
         """Start embedding those of `texts` not cached, in a thread of their own, so that the caller's work goes on
