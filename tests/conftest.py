@@ -5,12 +5,14 @@ from __future__ import annotations
 import errno
 import os
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("MKL_NUM_THREADS", "1")
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# one thread each (a worker per core); CI's second run, on other kernels, sets BERTKNN_TEST_THREADS=2 (tests/README.md)
+os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("BERTKNN_TEST_THREADS", "1"))
+os.environ.setdefault("MKL_NUM_THREADS", os.environ.get("BERTKNN_TEST_THREADS", "1"))
+os.environ.setdefault("OPENBLAS_NUM_THREADS", os.environ.get("BERTKNN_TEST_THREADS", "1"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import json
+import shutil
 from pathlib import Path
 
 # imported now, before any test starts Ray: hypothesis's pytest plugin imports it at the end of the run otherwise, and
@@ -20,12 +22,17 @@ import hypothesis  # noqa: F401
 import pytest
 import torch
 from threadpoolctl import threadpool_limits
-from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+from transformers import AutoTokenizer
 
 from bertknn.model.default_model import base_model_dir
 
-torch.set_num_threads(1)
-threadpool_limits(1)
+THREADS = int(os.environ.get("BERTKNN_TEST_THREADS", "1"))
+torch.set_num_threads(THREADS)
+threadpool_limits(THREADS)
+if os.environ.get("BERTKNN_TEST_FAISS_SIMD"):  # FAISS's kernels (NONE, AVX2, ...): it reads no variable of its own
+    import faiss
+
+    faiss.SIMDConfig.set_level(getattr(faiss, "SIMDLevel_" + os.environ["BERTKNN_TEST_FAISS_SIMD"]))
 
 SHARED_DATA = Path(os.environ.get("BERTKNN_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -46,18 +53,13 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
-    """A 4-block, 32-wide BERT masked LM with random weights, saved with its head as a local HF directory."""
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
+    """A 4-block, 32-wide BERT masked LM with random weights, saved with its head as a local HF directory.
+
+    The weights are a file (tests/data/tiny-bert: `BertForMaskedLM(config)` after `torch.manual_seed(0)`, saved once),
+    not drawn anew: PyTorch's normal_ gives other bits on other CPU kernels (its AVX2 and scalar paths differ), and
+    the datastore recorded in tests/data/format1 names these weights' hash."""
     path = tmp_path_factory.mktemp("tiny-bert")
-    BertForMaskedLM(config).save_pretrained(path)
+    shutil.copytree(Path(__file__).parent / "data" / "tiny-bert", path, dirs_exist_ok=True)
     tokenizer.save_pretrained(path)
     return path
 

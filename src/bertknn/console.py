@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -13,13 +15,30 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from bertknn.text import printable
+from bertknn.text import eta, printable
 
 if TYPE_CHECKING:
     from bertknn.query.combine import Prediction
 
 console = Console()
 LOG_EVERY_S = 30  # a progress line this often when the output is not a terminal (a log file, CI)
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler that writes to whatever sys.stderr is when it writes (a test runner swaps it per command)."""
+
+    stream = property(lambda self: sys.stderr, lambda self, value: None)
+
+
+def show_log() -> None:
+    """Show what the library logs at INFO and above on the `bertknn` logger (the progress of embedding a lazy
+    datastore's documents on demand, say) on stderr, a line each, a terminal or not; stdout stays the command's."""
+    logger = logging.getLogger("bertknn")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 def prob(p: float) -> str:
@@ -60,16 +79,6 @@ def phase_progress() -> Iterator[Callable[[str, int, int], None]]:
                 console.log(f"{phase}: {done:,} of {total:,} ({rate:,.1f}/s{left})")
 
         yield report
-
-
-def eta(remaining: float, rate: float) -> str:
-    """The time `remaining` units take at `rate` per second, as 42s, 7m05s or 3h12m."""
-    seconds = int(remaining / rate)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def render(prediction: Prediction, top_k: int = 10, evidence_words: int = 3) -> Group:

@@ -92,6 +92,16 @@ def printable(text: str) -> str:
     return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+def eta(remaining: float, rate: float) -> str:
+    """The time `remaining` units take at `rate` per second, as 42s, 7m05s or 3h12m (progress lines)."""
+    seconds = int(remaining / rate)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
 def normalize_title(title: str) -> str:
     """Normalise a title or subject for the title shortcut: NFKC, case-folded, single spaces."""
     return " ".join(unicodedata.normalize("NFKC", title).casefold().split())

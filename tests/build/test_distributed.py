@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from ..conftest import write_corpus
+from ..tolerances import FLOAT16_KEYS_RTOL, assert_neighbours_close, assert_ranking_close
 
 ray = pytest.importorskip("ray")
 
@@ -58,7 +59,8 @@ def test_shards_hold_exactly_the_single_build_s_entries(built):
     every = np.arange(single.store.size)
     assert sharded.size == top["entries"] == single.store.size and sharded.n_documents == 50
     np.testing.assert_array_equal(sharded.values[every], np.asarray(single.store.values))
-    # keys: the same contexts, batched per shard instead of over the whole corpus (float32 batching noise at most)
+    # keys: the same contexts, batched per shard instead of over the whole corpus: float32 batching noise, which can
+    # round an element to the next float16 (2e-3 at these states' scale)
     np.testing.assert_allclose(sharded.keys[every], np.asarray(single.store.keys), atol=2e-3)
     assert sharded.provenance(every.tolist()) == single.store.provenance(every.tolist())
     assert sharded.document_ranges([44, 3, 45]) == single.store.document_ranges([44, 3, 45])
@@ -72,7 +74,7 @@ def test_ir_scores_over_shards_equal_one_index_over_all(built):
     for query in ("Town 31", "bridge river", "Oslo", "people of Town 7 built"):
         (d1, s1), (d2, s2) = sharded.index.scores(query), single.index.scores(query)
         assert d1.tolist() == d2.tolist() and len(d1)
-        np.testing.assert_allclose(s1, s2, rtol=1e-9)
+        np.testing.assert_allclose(s1, s2, rtol=1e-9)  # float64 sums of the same counts (scipy, no BLAS): 1e-9
         assert sharded.index.top(query, 3) == single.index.top(query, 3)
 
 
@@ -82,9 +84,8 @@ def test_the_sharded_datastore_answers_adds_and_removes_like_one(built, tmp_path
     for question, subject in (("Town 33 lies near [MASK] .", "Town 33"), ("The people built a [MASK] .", None)):
         a, b = knn.predict(question, subject=subject), single.predict(question, subject=subject)
         assert a.documents == b.documents
-        assert [(t.token, round(t.probability, 5)) for t in a.bert_knn] == [
-            (t.token, round(t.probability, 5)) for t in b.bert_knn
-        ]
+        ranked = [[(t.token, t.probability) for t in p.bert_knn] for p in (a, b)]
+        assert_ranking_close(*ranked, rtol=FLOAT16_KEYS_RTOL)  # keys batched otherwise, stored as float16
     fresh = {"id": "new", "title": "Zorblat Quenmire", "text": "Zorblat Quenmire was born in Tallinn."}
     added = knn.add_documents([fresh])
     assert added > 0 and knn.store.n_documents == 51 and knn.store.shards[-1].n_documents == 6
@@ -237,8 +238,8 @@ def test_faiss_over_shards_returns_what_one_index_over_all_keys_returns(cluster,
             want, want_d = one.search(state, 10, hidden, rerank)
             # one index drops hidden entries from its 10 x rerank candidates; each shard drops them from its own
             # candidates, so the shards may fill up to k where one index returned fewer: the same, then more
-            assert got[: len(want)].tolist() == want.tolist() and len(got) >= len(want) and len(want) >= 9
-            np.testing.assert_allclose(got_d[: len(want)], want_d, rtol=1e-5)
+            assert len(got) >= len(want) >= 9
+            assert_neighbours_close(got[: len(want)], got_d[: len(want)], want, want_d)  # float32 sums otherwise
     assert knn.faiss is not None and knn.predict("Town 12 lies near [MASK] .", retrieval="faiss").knn
 
 

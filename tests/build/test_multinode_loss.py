@@ -35,6 +35,7 @@ from ..ray_cluster import (  # noqa: E402
     state_address,
     teardown,
 )
+from ..tolerances import assert_ranking_close  # noqa: E402
 
 pytestmark = pytest.mark.nodes
 single = ray_cluster.single  # module-scoped: the demo corpus built in one process
@@ -127,8 +128,8 @@ def _asking(port: int, log: list, stop: threading.Event) -> None:
         time.sleep(0.2)
 
 
-def _ranked(answer: dict) -> tuple:
-    return answer["documents"], [(t["token"], round(t["probability"], 4)) for t in answer["bert_knn"][:5]]
+def _ranked(answer: dict) -> list[tuple]:
+    return [(t["token"], t["probability"]) for t in answer["bert_knn"][:5]]
 
 
 @pytest.mark.smoke  # two minutes of a cluster of its own: in the slower group CI runs after the suite
@@ -181,7 +182,8 @@ def test_a_worker_node_lost_while_serving_answers_503_until_its_shards_are_back(
         added = cluster.add_node(num_cpus=NODE_CPUS)
         _until(lambda: ask(port, *QUESTION, timeout=LIMIT_S + 30)[0] == 200, 120, "answered after a node was added")
         status, _, after = ask(port, *QUESTION)
-        assert status == 200 and _ranked(after) == _ranked(before)
+        assert status == 200 and after["documents"] == before["documents"], after
+        assert_ranking_close(_ranked(after), _ranked(before))  # replicas batch otherwise: the model's tolerance
         assert after["evidence"] == before["evidence"]
         placed = _replicas()
         assert all(len(placed[name]) == 1 for name in shards) and placed["Ingress"] == [kept]

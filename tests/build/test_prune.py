@@ -20,6 +20,7 @@ from bertknn.store.verify import verify
 
 from ..conftest import SMALL_DOCS, write_corpus
 from ..sharded_store import make_sharded
+from ..tolerances import assert_ranking_close
 
 QUESTION = "Quellbrook is a town in [MASK] ."
 REPEATING = [  # documents that use their words more than once: what pruning merges
@@ -122,9 +123,8 @@ def test_a_radius_of_zero_keeps_distinct_keys_and_answers_as_the_source(built, t
     distinct = sum(len({(keys[e].tobytes(), int(values[e])) for e in range(a, b)}) for a, b in ranges)
     assert pruned.store.size == distinct  # only a document's repeats of one context with one word merge
     a, b = built.predict(QUESTION, top_k=5), pruned.predict(QUESTION, top_k=5)
-    assert [(w.token, round(w.probability, 6)) for w in a.bert_knn] == [
-        (w.token, round(w.probability, 6)) for w in b.bert_knn
-    ]
+    # the same keys searched in a store of another size (BLAS blocks otherwise): the model's tolerance
+    assert_ranking_close([(w.token, w.probability) for w in a.bert_knn], [(w.token, w.probability) for w in b.bert_knn])
 
 
 def test_adds_and_removes_on_a_pruned_store(built, tmp_path):

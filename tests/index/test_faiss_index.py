@@ -14,6 +14,8 @@ from bertknn.index.faiss_index import INDEX_FILE, FaissIndex, auto_factory, auto
 from bertknn.query.knn import knn_distribution
 from bertknn.store.datastore import Datastore
 
+from ..tolerances import assert_neighbours_close
+
 FRESH = {"id": "n1", "title": "Zorblat Quenmire", "text": "Zorblat Quenmire was born in Tallinn. He sells boats."}
 QUESTION = "Zorblat Quenmire was born in [MASK] ."
 
@@ -36,8 +38,7 @@ def test_faiss_search_reranked_equals_brute_force(built, factory, nprobe):
     for state in states:
         ids, dist = index.search(state, 10, rerank=built.store.size)  # every key is a candidate: exact
         want, want_dist = brute_force(built.store, state, 10)
-        assert ids.tolist() == want.tolist()
-        np.testing.assert_allclose(dist, want_dist, rtol=1e-5)
+        assert_neighbours_close(ids, dist, want, want_dist)  # float32 distances against float64 ones
 
 
 def test_faiss_build_resumes_after_an_interruption(built):
@@ -133,8 +134,7 @@ def test_an_add_appends_a_part_and_leaves_faiss_index_as_it_was(built):
     for state in states:
         ids, dist = reader.search(state, 10, rerank=reader.ntotal)  # every key a candidate: exact
         want, want_dist = brute_force(knn.store, state, 10)
-        assert ids.tolist() == want.tolist()
-        np.testing.assert_allclose(dist, want_dist, rtol=1e-5)
+        assert_neighbours_close(ids, dist, want, want_dist)  # float32 distances against float64 ones
 
 
 @pytest.mark.parametrize("factory", ["Flat", "IVF4,PQ8x4", "HNSW8"])

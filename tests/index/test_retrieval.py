@@ -60,7 +60,7 @@ def test_scores_equal_the_direct_formula(query):
     expected = direct_scores(DOCS, query)
     assert sorted(docs.tolist()) == sorted(expected)
     for d, s in zip(docs.tolist(), scores):
-        assert s == pytest.approx(expected[d], rel=1e-6)
+        assert s == pytest.approx(expected[d], rel=1e-6)  # float32 log-tf against float64 (numpy, no BLAS)
 
 
 def test_top_ranks_and_drops_zero_scores():
@@ -116,7 +116,7 @@ def test_an_index_built_in_segments_scores_like_one_built_at_once(tmp_path, spli
     for query in ("Florence", "born in Florence", "Portugal Tagus", "Lisbon capital", "Spain"):
         (d1, s1), (d2, s2) = whole.scores(query), parts.scores(query)
         assert d1.tolist() == d2.tolist()
-        np.testing.assert_allclose(s1, s2, rtol=1e-6)
+        np.testing.assert_allclose(s1, s2, rtol=1e-6)  # float32 log-tf summed in another order (numpy, no BLAS)
         assert whole.top(query, 5) == parts.top(query, 5)
 
 
@@ -146,7 +146,7 @@ def test_a_datastore_index_built_in_small_segments_equals_one_built_at_once(tmp_
     for query in ("Florence", "born in Lisbon", "capital France", "town Norway fjord"):
         (d1, s1), (d2, s2) = whole.scores(query), segmented.scores(query)
         assert d1.tolist() == d2.tolist() and len(d1)
-        np.testing.assert_allclose(s1, s2, rtol=1e-6)
+        np.testing.assert_allclose(s1, s2, rtol=1e-6)  # float32 log-tf summed in another order (numpy, no BLAS)
 
 
 # --- segments merged as they pile up ---
@@ -224,7 +224,7 @@ def test_compact_merges_segments_into_one_that_scores_the_same(tmp_path, chunk):
     for query in ("florence", "born in lisbon", "tagus river", "spain"):
         (d1, s1), (d2, s2) = whole.scores(query), after.scores(query)
         assert d1.tolist() == d2.tolist() and len(d1)
-        np.testing.assert_allclose(s1, s2, rtol=1e-6)
+        np.testing.assert_allclose(s1, s2, rtol=1e-6)  # float32 log-tf summed in another order (numpy, no BLAS)
         assert whole.top(query, 5) == after.top(query, 5) == before.top(query, 5)
 
 

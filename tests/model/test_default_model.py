@@ -37,10 +37,10 @@ def test_exported_head_reproduces_the_trained_model(tmp_path, tokenizer):
     assert len(trainable) > 6 * 6 * 2  # LoRA A and B of six linear layers in each of six blocks, and the head
     for name, param in resumed.named_parameters():
         if name in trainable or name.endswith("word_embeddings.weight"):
-            torch.testing.assert_close(param, trained.get_parameter(name), rtol=0, atol=0)
+            torch.testing.assert_close(param, trained.get_parameter(name), rtol=0, atol=0)  # a resume: the same bits
     resumed.eval()
     with torch.no_grad():
-        torch.testing.assert_close(resumed(**ids).logits, want, rtol=0, atol=0)
+        torch.testing.assert_close(resumed(**ids).logits, want, rtol=0, atol=0)  # same machine, same calls
     other_rank = peft.get_peft_model(load_base(), peft.LoraConfig(r=8, target_modules=LORA_TARGETS))
     with pytest.raises(ValueError, match="does not fit this model"):
         _resume_from(other_rank, tmp_path / "head.safetensors", tokenizer.mask_token_id)

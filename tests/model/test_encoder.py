@@ -12,6 +12,8 @@ import torch
 from bertknn.model.encoder import Encoder, ModelError, QuestionError, length_batches, mask_groups
 from bertknn.text import tokenize_sentences
 
+from ..tolerances import MODEL_ATOL, MODEL_RTOL
+
 
 def test_headless_checkpoint_is_refused(headless_model_dir):
     with pytest.raises(ModelError, match=r"has no trained masked-LM head .*cls.predictions"):
@@ -103,7 +105,8 @@ def test_packed_keys_are_the_states_of_their_jointly_masked_sentence(encoder, to
         tokenizer, ["Dante Alighieri was an Italian poet born in Florence in the year 1265.", "Rome is big."]
     )
     exact = encoder.embed(sentences)
-    assert np.array_equal(encoder.embed(sentences, pack=1, token_budget=64), exact)
+    budget = encoder.embed(sentences, pack=1, token_budget=64)  # other batches: the model's tolerance
+    np.testing.assert_allclose(budget, exact, rtol=MODEL_RTOL, atol=MODEL_ATOL)
     packed = encoder.embed(sentences, pack=3)
     assert sentences[0].lengths.max() > 1  # Alighieri: a word of several wordpieces, masked by one mask
     row = 0

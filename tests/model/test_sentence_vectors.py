@@ -15,6 +15,7 @@ from bertknn.model.sentences import SentenceMatch, evidence_texts
 from bertknn.query.pipeline import BertKNN
 from bertknn.store.datastore import Datastore
 from tests.conftest import CountingSentences, write_corpus
+from tests.tolerances import assert_ranking_close
 
 TEXTS = ["was born in Bergen.", "died in Oslo.", "Bergen", "studied in something"]
 
@@ -28,7 +29,9 @@ def test_stored_vectors_come_back_exactly_and_a_rerun_embeds_nothing(tmp_path, e
     assert counting.calls == [TEXTS[:2], TEXTS[2:]]
     got = StoredVectors(tmp_path / "v.sqlite", "enc").get([*TEXTS, "never stored"])
     assert sorted(got) == sorted(TEXTS)
-    for text, vector in zip(TEXTS, encoder.sentence_vectors(TEXTS)):
+    # the same two calls again, on the same machine: the same bits, which the file must keep
+    again = np.concatenate([encoder.sentence_vectors(TEXTS[:2]), encoder.sentence_vectors(TEXTS[2:])])
+    for text, vector in zip(TEXTS, again):
         np.testing.assert_array_equal(got[text], vector.astype(np.float32))
 
 
@@ -97,8 +100,8 @@ def test_bertknn_sentences_stores_every_entrys_texts_and_answers_stay_the_same(t
     counting = CountingSentences(with_file.sentence_match.encoder)
     with_file.sentence_match._encoder = counting
     a, b = (k.predict(*question, sentence_temperature=0.05) for k in (plain, with_file))
-    assert [w.token for w in a.bert_knn] == [w.token for w in b.bert_knn]
-    assert [w.probability for w in a.bert_knn] == pytest.approx([w.probability for w in b.bert_knn], rel=1e-5)
+    # vectors read from the file against vectors embedded now, in other batches: the model's tolerance
+    assert_ranking_close(*[[(w.token, w.probability) for w in p.bert_knn] for p in (a, b)])
     assert counting.calls == [["was born in something ."]]  # only the question's own text, beside the LM's pass
 
 

@@ -17,6 +17,8 @@ from bertknn.query.combine import (
 )
 from bertknn.query.knn import knn_distribution
 
+from ..tolerances import FLOAT64_RTOL
+
 
 def test_interpolation_sums_to_one_and_falls_back_to_bert():
     rng = np.random.default_rng(1)
@@ -33,7 +35,7 @@ def test_the_log_linear_mixture_is_the_normalised_weighted_geometric_mean():
     p_knn = np.array([0.0, 0.2, 0.0, 0.8])
     p = interpolate(p_bert, p_knn, 0.5, "log-linear")
     a, b = np.sqrt(0.2 * 0.3), np.sqrt(0.8 * 0.05)  # 0.2449..., 0.2
-    np.testing.assert_allclose(p, [0.0, a / (a + b), 0.0, b / (a + b)], rtol=1e-12)
+    np.testing.assert_allclose(p, [0.0, a / (a + b), 0.0, b / (a + b)], rtol=FLOAT64_RTOL)
     assert p[1] > p[3]  # the LM's 0.3 against 0.05 outweighs the kNN's 0.2 against 0.8; linear: the other way
     linear = interpolate(p_bert, p_knn, 0.5)
     assert linear[3] > linear[1] and np.allclose(linear, 0.5 * p_knn + 0.5 * p_bert)
@@ -67,11 +69,11 @@ def test_calibrate_scales_by_the_temperature_and_mixes_in_the_lm():
     p_lm = np.array([0.1, 0.2, 0.3, 0.4])
     root = np.sqrt(p[:3]) / np.sqrt(p[:3]).sum()
     expected = 0.9 * np.append(root, 0.0) + 0.1 * p_lm
-    np.testing.assert_allclose(calibrate(p, p_lm, 2.0, 0.1), expected, rtol=1e-12)
+    np.testing.assert_allclose(calibrate(p, p_lm, 2.0, 0.1), expected, rtol=FLOAT64_RTOL)
     assert calibrate(p, p_lm, 2.0, 0.1).sum() == pytest.approx(1.0)
     assert calibrate(p, p_lm) is p  # 1 and 0: nothing to do
     sharper = calibrate(p, p_lm, 0.5)
-    np.testing.assert_allclose(sharper, np.append(p[:3] ** 2 / (p[:3] ** 2).sum(), 0.0), rtol=1e-12)
+    np.testing.assert_allclose(sharper, np.append(p[:3] ** 2 / (p[:3] ** 2).sum(), 0.0), rtol=FLOAT64_RTOL)
 
 
 # --- new tests: each function of combine.py against values computed here ---
@@ -85,7 +87,7 @@ def test_the_linear_mixture_of_random_distributions_by_hand(lam):
     p_knn /= p_knn.sum()
     p = interpolate(p_bert, p_knn, lam, "linear")
     for i in range(40):
-        assert p[i] == pytest.approx(lam * p_knn[i] + (1 - lam) * p_bert[i], rel=1e-12, abs=1e-15)
+        assert p[i] == pytest.approx(lam * p_knn[i] + (1 - lam) * p_bert[i], rel=FLOAT64_RTOL, abs=1e-15)
     assert p.sum() == pytest.approx(1.0)
 
 
@@ -100,7 +102,7 @@ def test_the_log_linear_mixture_of_random_distributions_by_hand():
     product = np.array([p_knn[i] ** lam * p_bert[i] ** (1 - lam) for i in held])
     expected = np.zeros(30)
     expected[held] = product / product.sum()
-    np.testing.assert_allclose(p, expected, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(p, expected, rtol=FLOAT64_RTOL, atol=0)
     assert np.flatnonzero(p).tolist() == held.tolist()  # words no neighbour holds get 0
 
 
@@ -110,7 +112,7 @@ def test_the_log_linear_mixture_multiplies_each_word_by_its_prior():
     prior = np.array([1.0, 1.0, 3.0, 1.0])
     p = interpolate(p_bert, p_knn, 0.5, "log-linear", prior)
     b, c, d = np.sqrt(0.5 * 0.3), 3 * np.sqrt(0.25 * 0.2), np.sqrt(0.25 * 0.1)
-    np.testing.assert_allclose(p, [0.0, b / (b + c + d), c / (b + c + d), d / (b + c + d)], rtol=1e-12)
+    np.testing.assert_allclose(p, [0.0, b / (b + c + d), c / (b + c + d), d / (b + c + d)], rtol=FLOAT64_RTOL)
     assert p.argmax() == 2  # the bonus lifts word 2 above word 1, which wins without it
     assert interpolate(p_bert, p_knn, 0.5, "log-linear").argmax() == 1
     np.testing.assert_array_equal(interpolate(p_bert, p_knn, 0.5, "linear", prior), 0.5 * p_knn + 0.5 * p_bert)
@@ -131,7 +133,7 @@ def test_log_linear_scores_for_one_lambda_and_for_many():
 def test_the_adaptive_lambda_of_an_uneven_vote_by_hand():
     p_knn = np.array([0.0, 0.7, 0.2, 0.0, 0.1])
     entropy = -(0.7 * np.log(0.7) + 0.2 * np.log(0.2) + 0.1 * np.log(0.1))
-    assert confident_lam(p_knn, 0.5, 10) == pytest.approx(0.5 * (1 - entropy / np.log(10)), rel=1e-12)
+    assert confident_lam(p_knn, 0.5, 10) == pytest.approx(0.5 * (1 - entropy / np.log(10)), rel=FLOAT64_RTOL)
     # more spread than `neighbours` could make (4 words, 3 neighbours): the confidence stops at 0
     assert 1 - np.log(4) / np.log(3) < 0 and confident_lam(np.full(4, 0.25), 0.5, 3) == 0.0
     assert confident_lam(np.full(4, 0.25), 0.5, 1) == 0.5  # one neighbour: lam
@@ -140,10 +142,10 @@ def test_the_adaptive_lambda_of_an_uneven_vote_by_hand():
 def test_calibrate_with_only_a_floor_or_only_a_temperature():
     p = np.array([0.5, 0.0, 0.3, 0.2])
     p_lm = np.array([0.25, 0.25, 0.25, 0.25])
-    np.testing.assert_allclose(calibrate(p, p_lm, 1.0, 0.2), 0.8 * p + 0.2 * p_lm, rtol=1e-12)
+    np.testing.assert_allclose(calibrate(p, p_lm, 1.0, 0.2), 0.8 * p + 0.2 * p_lm, rtol=FLOAT64_RTOL)
     cooled = calibrate(p, p_lm, 3.0)
     cube = np.array([0.5, 0.0, 0.3, 0.2]) ** (1 / 3)
-    np.testing.assert_allclose(cooled, cube / cube.sum(), rtol=1e-12)
+    np.testing.assert_allclose(cooled, cube / cube.sum(), rtol=FLOAT64_RTOL)
     assert cooled[1] == 0.0 and np.argsort(-cooled, kind="stable").tolist() == [0, 2, 3, 1]  # the order kept
 
 
@@ -185,7 +187,7 @@ def test_words_over_the_vocabulary_and_the_neighbours_words_of_several_tokens():
     assert words.scores.size == 0  # scored returns a copy
     p_vocab = np.array([0.1, 0.2, 0.3, 0.25, 0.15])
     lm = scored.lm(p_vocab)
-    np.testing.assert_allclose(lm, np.array([0.1, 0.2, 0.3, 0.25, 0.15, 0.2, 0.0, 0.05]) / 1.25, rtol=1e-12)
+    np.testing.assert_allclose(lm, np.array([0.1, 0.2, 0.3, 0.25, 0.15, 0.2, 0.0, 0.05]) / 1.25, rtol=FLOAT64_RTOL)
     assert Words(5).lm(p_vocab) is p_vocab
     p = np.array([0.0, 0.3, 0.0, 0.0, 0.1, 0.2, 0.25, 0.15])
     np.testing.assert_array_equal(scored.unscored_dropped(p), [0.0, 0.3, 0.0, 0.0, 0.1, 0.2, 0.0, 0.15])

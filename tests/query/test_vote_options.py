@@ -9,6 +9,8 @@ from bertknn.query.combine import confident_lam
 from bertknn.query.knn import document_prior, document_vote, knn_distribution
 from bertknn.query.settings import DOC_TEMPERATURE, LAM, PAPER
 
+from ..tolerances import FLOAT64_RTOL
+
 QUESTION = "Ilsa Varnhold was born in [MASK] ."
 RAW = {"confidence_temperature": 1.0, "lm_floor": 0.0}  # the probabilities as combined (calibration: test_calibration)
 
@@ -51,10 +53,10 @@ def test_the_log_linear_mixture_multiplies_the_two_distributions(built):
     linear = built.predict(QUESTION, **RAW, subject="Ilsa Varnhold", mixture="linear")
     mixed = built.predict(QUESTION, **RAW, subject="Ilsa Varnhold", word_bonus=1)  # bertknn's default mixture, no bonus
     assert built.settings.mixture == "log-linear" and built.settings.lam == LAM
-    np.testing.assert_array_equal(mixed.p_knn, linear.p_knn)  # the same neighbours and vote
+    np.testing.assert_array_equal(mixed.p_knn, linear.p_knn)  # the same neighbours and vote: the same bits here
     held = mixed.p_knn > 0
     expected = np.zeros_like(mixed.p)
     expected[held] = mixed.p_knn[held] ** LAM * mixed.p_bert[held].astype(np.float64) ** (1 - LAM)
-    np.testing.assert_allclose(mixed.p, expected / expected.sum(), rtol=1e-10, atol=0)
+    np.testing.assert_allclose(mixed.p, expected / expected.sum(), rtol=FLOAT64_RTOL, atol=0)
     assert not mixed.p[~held].any() and mixed.bert_knn[0].token in {t.token for t in mixed.knn}
     assert PAPER.replace(mixture="log-linear").file_tag() == "n3-k128-T6.0-l0.3-loglin"

@@ -230,7 +230,7 @@ def test_damaged_faiss_leaves_ir_questions_working(indexed, built):
     faiss_file.write_bytes(faiss_file.read_bytes()[:100])
     knn = BertKNN.load(indexed, str(built.encoder.name))
     assert _top(knn) == reference
-    with pytest.raises(DatastoreError, match=r"faiss.index is damaged.*rerun `bertknn index"):
+    with pytest.raises(DatastoreError, match=r"faiss.index is damaged.*`bertknn repair .*` rebuilds the FAISS index"):
         _top(knn, "faiss")
     faiss_file.unlink()
     with pytest.raises(DatastoreError, match=r"faiss.index is missing"):

@@ -8,6 +8,8 @@ batch, so the same stages can run elsewhere; the store (datastore.py) knows noth
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 from array import array
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +32,7 @@ from bertknn.text import (
     SPLITTER,
     CorpusError,
     Sentence,
+    eta,
     tokenize_sentences,
 )
 
@@ -43,6 +46,9 @@ REGISTER_DOCS = 500  # documents registered per transaction by a build
 CHUNK_ENTRIES = 4096  # about this many target words are embedded and committed together
 CHARS_PER_WORD = 6  # a chunk's size is estimated from its characters: about one target word per 6 of them
 LAZY_WAIT = 600.0  # seconds a lazy store's reader waits for another writer before it embeds on demand
+LOG_EVERY_S = 10.0  # a progress line of embedding that no caller shows at most this often
+
+log = logging.getLogger(__name__)
 
 
 def contexts(encoder: Encoder, texts: list[str], whole_words: bool = True, names: bool = False) -> list[Sentence]:
@@ -186,8 +192,9 @@ def embed(
     while this one embeds, so the device does not wait for the CPU between chunks.
 
     Documents are taken in index order and committed in chunks of whole documents that end once they hold about
-    `chunk_entries` words; `progress(documents_done)` is called after each chunk. In a lazy store a reader embeds
-    on demand: it waits for another writer to finish first.
+    `chunk_entries` words; `progress(documents_done)` is called after each chunk. Without `progress` (a question to
+    a lazy store embeds its documents on demand, and shows nothing of it) the progress is logged at INFO instead.
+    In a lazy store a reader embeds on demand: it waits for another writer to finish first.
     """
     todo = store.pending(docs)
     if not todo:
@@ -204,6 +211,7 @@ def embed(
             chunks[-1].append(doc)
             words += store.text_length(doc) // CHARS_PER_WORD
         added, done = 0, 0
+        logged = None if progress else _log_progress(store, len(todo))
         if prefetch is None:
             prefetch = encoder.runtime.torch_device.type == "cuda"
         ahead = ThreadPoolExecutor(1) if prefetch else None
@@ -217,12 +225,36 @@ def embed(
                 done += len(chunk)
                 if progress:
                     progress(done)
+                else:
+                    logged(done, added)
         finally:
             if ahead:
                 ahead.shutdown(cancel_futures=True)
         if added and store.manifest.get("status") != "building":
             finish(store)
     return added
+
+
+def _log_progress(store: Datastore, total: int) -> Callable[[int, int], None]:
+    """`report(documents, contexts)`: INFO lines on the `bertknn` logger while `total` documents of `store` are
+    embedded, one first, then at most one each LOG_EVERY_S seconds, and one at the end (what, how fast, what is
+    left), so that a long wait inside a question is seen in a log, a terminal or a service's output."""
+    began = last = time.monotonic()
+    log.info("embedding %s documents of %s before they are searched", f"{total:,}", store.path)
+
+    def report(done: int, contexts: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last < LOG_EVERY_S and done < total:
+            return
+        last, rate = now, done / max(now - began, 1e-9)
+        left = f", {eta(total - done, rate)} left" if done < total else f" in {now - began:.1f} s"
+        speed = f"{contexts / max(now - began, 1e-9):,.0f} contexts/s"
+        log.info(
+            "embedded %s of %s documents, %s contexts (%s%s)", f"{done:,}", f"{total:,}", f"{contexts:,}", speed, left
+        )
+
+    return report
 
 
 def _prepare(

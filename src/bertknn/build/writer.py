@@ -17,10 +17,12 @@ import numpy as np
 
 from bertknn.build import builder, workers
 from bertknn.build.corpus import Corpus, digest, record
+from bertknn.build.repair import Repair
+from bertknn.build.repair import repair as repair_datastore
 from bertknn.index import faiss_index, retrieval
 from bertknn.index.faiss_index import AUTO, FaissIndex, ShardedFaiss
 from bertknn.index.merging import merge_plan
-from bertknn.index.retrieval import TfidfIndex, compact, feature_array
+from bertknn.index.retrieval import SEGMENT_DOCS, TfidfIndex, compact, feature_array
 from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime
 from bertknn.store import atomic
@@ -32,12 +34,11 @@ from bertknn.text import CorpusError, Document, parse_document
 if TYPE_CHECKING:
     from datasets import Dataset
 
-SEGMENT_DOCS = 5000  # documents per IR index segment written at a time: memory stays bounded by one segment
 CONVERT_CHUNK = 1 << 16  # keys encoded and appended at a time by `convert_keys`
 
 
 class Writer:
-    """What changes a datastore: `build`, `index_documents`, `embed`, `add_documents`, `remove_documents`.
+    """What changes a datastore: `build`, `index_documents`, `embed`, `add_documents`, `remove_documents`, `repair`.
 
     `encoder` is the model the store was built with (`builder.check_encoder`); only `remove_documents` and
     `index_documents` work without one.
@@ -280,7 +281,7 @@ class Writer:
 
     def _faiss_or_none(self) -> FaissIndex | None:
         """The FAISS index to extend, or None when there is none or it is damaged (IR questions still find the new
-        documents; `bertknn index` adds them once it is repaired)."""
+        documents; `bertknn repair`, or `bertknn index` for an unfinished one, makes it whole with them)."""
         try:
             faiss, self.faiss_error = self._faiss(), None
         except DatastoreError as err:
@@ -311,6 +312,17 @@ class Writer:
                 self._last = Writer(last, self._encoder())
             docs = [d for d in docs if d.id not in elsewhere]
             return self._last.add_documents(docs, skip_existing, progress, wait)
+
+    def repair(self, progress: Callable[[str, int, int], None] | None = None, wait: float | None = None) -> Repair:
+        """Check the datastore as `bertknn verify` does and make its damaged index files again from what it keeps
+        (`bertknn repair`: `build.repair.repair`): the TF-IDF segments from the stored documents, the FAISS index
+        from the keys with its settings; a line per part in the returned `Repair.rebuilt` (none: it was sound).
+        `build.repair.Unrepairable` (a DatastoreError), nothing written, when what the store keeps is damaged. `wait` as
+        in `add_documents`; `progress(phase, done, total)`."""
+        done = repair_datastore(self.store.path, progress, wait)
+        self.store.reload()  # what this writer had loaded of the indexes is read again when next needed
+        self.index, self.faiss, self._faiss_state = None, None, None
+        return done
 
     def remove_documents(self, ids: list[str], wait: float | None = None) -> tuple[list[str], list[str]]:
         """Hide documents from every retrieval path, all in one transaction: (removed now, removed before).

@@ -19,7 +19,7 @@ import typer
 import typer.core
 from rich.markup import escape
 
-from bertknn.console import console, phase_progress, shown
+from bertknn.console import console, phase_progress, show_log, shown
 from bertknn.model.runtime import Runtime
 from bertknn.query.settings import (
     DEFAULT,
@@ -39,8 +39,8 @@ HELP = (
 )
 # the order a user meets the commands in; `bertknn --help` lists them so (click would sort them by name)
 ORDER = (
-    "demo", "build", "ask", "add", "remove", "index", "sentences", "convert-keys", "prune", "serve", "verify", "eval",
-    "tune", "data", "train-head",
+    "demo", "build", "ask", "add", "remove", "index", "sentences", "convert-keys", "prune", "serve", "verify", "repair",
+    "eval", "tune", "data", "train-head",
 )  # fmt: skip
 if TYPE_CHECKING:  # the commands import the model and the library when they run: `--help` does not wait for them
     from bertknn.model.encoder import Encoder
@@ -80,7 +80,8 @@ def _main(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
     ] = False,
 ) -> None:
-    """The options before any command (`--version`)."""
+    """The options before any command (`--version`); the library's log shown on stderr."""
+    show_log()
 
 
 DATA_DIR = Path(os.environ.get("BERTKNN_DATA", "../shared/data")) / "lama"

@@ -1,4 +1,4 @@
-"""Commands on a datastore: build, ask, index, sentences, add, remove, verify."""
+"""Commands on a datastore: build, ask, index, sentences, add, remove, verify, repair."""
 
 from __future__ import annotations
 
@@ -404,8 +404,8 @@ def add(
     )
     if writer.faiss_error is not None:  # IR questions find the new documents; FAISS ones do not until repaired
         console.print(
-            f"[yellow]note:[/] the FAISS index was not extended ({escape(str(writer.faiss_error))}); once it is "
-            f"repaired, `bertknn index {escape(str(datastore))}` adds the new documents to it"
+            f"[yellow]note:[/] the FAISS index was not extended ({escape(str(writer.faiss_error))}); the command "
+            "this names makes it whole again, with the new documents"
         )
 
 
@@ -461,3 +461,33 @@ def verify(
     if found.problems:
         raise typer.Exit(1)
     console.print(f"{escape(str(datastore))}: sound ({found.blocks:,} checksum blocks checked)")
+
+
+@command(
+    interrupted="what was rebuilt is committed; rerun the same command to finish {datastore}",
+    example="bertknn repair my_store",
+)
+def repair(datastore: DatastoreArg, wait: WaitOption = WAIT_S) -> None:
+    """Rebuild a datastore's damaged index files (TF-IDF segments, FAISS index) from the documents and keys it keeps,
+    after the checks of `bertknn verify`, under the writer lock. Damage to what it keeps (keys, values, documents,
+    store.sqlite, the manifest) is refused, exit status 2, with nothing written: the error says how to rebuild."""
+    from bertknn.build.repair import Unrepairable
+    from bertknn.build.repair import repair as repair_datastore
+
+    try:
+        with _writer_wait(datastore, wait), phase_progress() as report:
+            done = repair_datastore(datastore, report)
+    except Unrepairable as err:
+        for problem in err.problems:
+            console.print(f"[bold red]damaged:[/] {escape(problem)}")
+        raise
+    for note in done.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}")
+    for line in done.rebuilt:
+        console.print(f"[green]rebuilt:[/] {escape(line)}")
+    if done.rebuilt:
+        console.print(f"{escape(str(datastore))}: repaired ({len(done.rebuilt)} part(s)); `bertknn verify` checks it")
+    else:
+        console.print(
+            f"{escape(str(datastore))}: sound, nothing needs repair ({done.blocks:,} checksum blocks checked)"
+        )

@@ -33,6 +33,8 @@ from bertknn.store.integrity import Checksums
 from bertknn.store.shards import ShardedDatastore
 
 INDEX_FILE, SETTINGS_FILE, TRAINED_FILE = "faiss.index", "faiss.json", "faiss_trained.index"
+SETTINGS_COPY = "faiss_settings"  # the key of the copy of faiss.json that SQLite keeps (`bertknn repair` reads it)
+NPROBE = 16  # IVF lists searched per query unless `bertknn index --nprobe` says otherwise
 DELTA_PREFIX = "faiss_add_"
 KIND = "faiss"  # the FAISS index's parts in the datastore's commit point
 AUTO = "auto"
@@ -67,10 +69,13 @@ def _settings(path: Path) -> dict | None:
         if not isinstance(settings, dict) or not isinstance(settings.get("nprobe"), int):
             raise ValueError("no nprobe")
     except ValueError as err:  # JSON and UTF-8 errors included
-        raise DatastoreError(
-            f"{file} is damaged ({err}); delete {SETTINGS_FILE} and {INDEX_FILE}, then rerun `bertknn index`"
-        ) from None
+        raise DatastoreError(f"{file} is damaged ({err}); {_repair(path)}") from None
     return settings
+
+
+def _repair(path: Path) -> str:
+    """What to do about a damaged FAISS file of the datastore at `path`."""
+    return f"`bertknn repair {path}` rebuilds the FAISS index"
 
 
 def problems(path: Path) -> list[str]:
@@ -93,20 +98,17 @@ def problems(path: Path) -> list[str]:
     names = [INDEX_FILE, *(name for _, _, name in _deltas(path))] if listed is None else [p.name for p in listed]
     missing = [name for name in names if not (path / name).is_file()]
     if missing:
-        return [f"{path / missing[0]} is missing (its settings, {SETTINGS_FILE}, are there): rerun `bertknn index`"]
+        return [f"{path / missing[0]} is missing (its settings, {SETTINGS_FILE}, are there): {_repair(path)}"]
     found = []
     for file in [*(path / name for name in names), path / TRAINED_FILE]:
         size = file.stat().st_size if file.is_file() else None
         if size == 0:
-            found.append(f"{file} is empty: delete the faiss* files and rerun `bertknn index`")
+            found.append(f"{file} is empty: {_repair(path)}")
         elif size is not None and size <= READ_CHECK:
             try:
                 faiss.read_index(str(file))
             except RuntimeError as err:
-                found.append(
-                    f"{file} is damaged ({str(err).splitlines()[-1]}): delete the faiss* files and rerun "
-                    "`bertknn index`"
-                )
+                found.append(f"{file} is damaged ({str(err).splitlines()[-1]}): {_repair(path)}")
     return found
 
 
@@ -124,9 +126,7 @@ def _writer_settings(store: Datastore) -> dict | None:
 
 def _read(store: Datastore, name: str = INDEX_FILE) -> faiss.Index:
     """One FAISS file of a datastore; DatastoreError naming the file when it is damaged."""
-    rebuild = (
-        f"delete {INDEX_FILE}, {SETTINGS_FILE} and the other faiss* files, then rerun `bertknn index {store.path}`"
-    )
+    rebuild = _repair(store.path)
     if store.faiss_damage:
         raise DatastoreError(
             f"{store.path / store.faiss_damage[0].file} is damaged ({store.faiss_damage[0].problem}); {rebuild}"
@@ -256,6 +256,58 @@ def train(store, factory: str, train_size: int | None, seed: int) -> tuple[faiss
     return index, train_size
 
 
+def _complete_settings(settings: object) -> dict | None:
+    """Settings as `bertknn index` writes them (factory, train_size, nprobe, seed), or None when they are not."""
+    if not isinstance(settings, dict):
+        return None
+    factory, train_size = settings.get("factory"), settings.get("train_size")
+    nprobe, seed = settings.get("nprobe"), settings.get("seed", 0)
+    ints = [value for value in (nprobe, seed, train_size) if value is not None]
+    if not isinstance(factory, str) or nprobe is None or not all(type(value) is int for value in ints):
+        return None
+    return {"factory": factory, "train_size": train_size, "nprobe": nprobe, "seed": seed}
+
+
+FROM_FILE, FROM_COPY, FROM_DEFAULTS = SETTINGS_FILE, "store.sqlite", "defaults"  # where `rebuild_settings` found them
+
+
+def rebuild_settings(store: Datastore, damaged: bool) -> tuple[dict, str]:
+    """The settings to build a damaged FAISS index again with (`bertknn repair`), and where they come from: faiss.json
+    (FROM_FILE) unless it is `damaged` or unreadable, else the copy SQLite keeps of it (FROM_COPY), else the defaults
+    of `bertknn index` (FROM_DEFAULTS)."""
+    if not damaged:
+        with contextlib.suppress(DatastoreError):
+            settings = _complete_settings(_settings(store.path))
+            if settings is not None:
+                return settings, FROM_FILE
+    with contextlib.suppress(ValueError):  # JSON errors included
+        settings = _complete_settings(json.loads(store.read_meta(SETTINGS_COPY) or "null"))
+        if settings is not None:
+            return settings, FROM_COPY
+    defaults = {"factory": auto_factory(store.size, store.dim), "train_size": None, "nprobe": NPROBE, "seed": 0}
+    return defaults, FROM_DEFAULTS
+
+
+def sound_trained(store: Datastore) -> faiss.Index | None:
+    """The trained, empty index in faiss_trained.index, or None when it is missing, unreadable or does not fit the
+    store (the caller also leaves it out when its checksums found it damaged)."""
+    file = store.path / TRAINED_FILE
+    if not file.is_file():
+        return None
+    try:
+        index = faiss.read_index(str(file))
+    except RuntimeError:
+        return None
+    return index if index.d == store.dim and index.is_trained and index.ntotal == 0 else None
+
+
+def write_settings(store: Datastore, settings: dict) -> None:
+    """Write faiss.json whole, and the copy SQLite keeps of it (for the writer: its checksums are dropped first)."""
+    store.rewriting(SETTINGS_FILE)
+    atomic.write_json(store.path / SETTINGS_FILE, settings)
+    store.write_meta(SETTINGS_COPY, json.dumps(settings))
+
+
 class FaissIndex:
     """A trained FAISS index over a datastore's keys, in parts (faiss.index, then added parts), with exact re-ranking.
 
@@ -303,8 +355,8 @@ class FaissIndex:
         """A datastore made before parts were committed: faiss.index and the added parts that follow it."""
         if not (store.path / INDEX_FILE).is_file():
             raise DatastoreError(
-                f"{store.path / INDEX_FILE} is missing (its settings, {SETTINGS_FILE}, are there): rerun "
-                f"`bertknn index {store.path}`"
+                f"{store.path / INDEX_FILE} is missing (its settings, {SETTINGS_FILE}, are there): "
+                f"{_repair(store.path)}"
             )
         return cls.open(store, settings, listing(store))
 
@@ -319,8 +371,8 @@ class FaissIndex:
         missing = [part.name for part in listed if not (store.path / part.name).is_file()]
         if missing:
             raise DatastoreError(
-                f"{store.path / missing[0]} is missing (its settings, {SETTINGS_FILE}, are there): rerun "
-                f"`bertknn index {store.path}`"
+                f"{store.path / missing[0]} is missing (its settings, {SETTINGS_FILE}, are there): "
+                f"{_repair(store.path)}"
             )
         loaded, pos = [], 0
         for part in listed:
@@ -333,8 +385,8 @@ class FaissIndex:
             pos = loaded[-1].end
         if pos > store.size:
             raise DatastoreError(
-                f"the FAISS index of {store.path} holds {pos:,} keys, the store has {store.size:,}: delete "
-                f"{INDEX_FILE}, {SETTINGS_FILE} and the other faiss* files, then rerun `bertknn index`"
+                f"the FAISS index of {store.path} holds {pos:,} keys, the store has {store.size:,}: "
+                f"{_repair(store.path)}"
             )
         if (store.path / TRAINED_FILE).is_file():
             trained = _read(store, TRAINED_FILE)
@@ -349,7 +401,7 @@ class FaissIndex:
         store: Datastore,
         factory: str = AUTO,
         train_size: int | None = None,
-        nprobe: int = 16,
+        nprobe: int = NPROBE,
         chunk: int = 65_536,
         seed: int = 0,
         progress: Callable[[int, int], None] | None = None,
@@ -400,10 +452,46 @@ class FaissIndex:
         if settings != known:
             store.rewriting(SETTINGS_FILE)
             atomic.write_json(store.path / SETTINGS_FILE, settings)
+        store.write_meta(SETTINGS_COPY, json.dumps(settings))  # what `bertknn repair` goes by if faiss.json is lost
         for part in built.parts:
             _set_nprobe(part.index, nprobe)
         built.update(chunk, progress)
         return built
+
+    @classmethod
+    def rebuild(
+        cls,
+        store: Datastore,
+        settings: dict,
+        trained: faiss.Index | None = None,
+        kept: bool = False,
+        chunk: int = 65_536,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> FaissIndex:
+        """The index of `settings` made again over every key (`bertknn repair`), in place of a damaged one: filled
+        from the stored keys on `trained` (`kept`: as faiss_trained.index holds it, sound; else written there), or on
+        an index trained again as the settings say, with faiss.json written anew. Its parts are written under names
+        the committed list does not hold and committed in one transaction in place of the listed ones, which are then
+        deleted; so readers open the damaged index or the new one, never a part of it, and a crash leaves one of the
+        two (a rerun of the repair finds the damage again, or finds none). Under the writer lock."""
+        if not store.complete:
+            raise DatastoreError(f"the datastore at {store.path} is not fully embedded; a FAISS index needs all keys")
+        settings = dict(settings)
+        with store.writing():
+            if trained is None:
+                trained, settings["train_size"] = train(
+                    store, settings["factory"], settings["train_size"], settings["seed"]
+                )
+            if not kept:
+                _save(trained, store, TRAINED_FILE)
+            write_settings(store, settings)
+            built = cls([], faiss.clone_index(trained), store, settings)
+            built.update(chunk, progress, commit=False)
+            built._compact(everything=True)
+            built.commit()  # the damaged parts replaced by the new ones, then deleted
+            built._name_base()
+            built.commit()
+            return built
 
     def update(
         self, chunk: int = 65_536, progress: Callable[[int, int], None] | None = None, commit: bool = True

@@ -40,6 +40,7 @@ NDOCS = "tfidf_ndocs.txt"
 KIND = "tfidf"  # the IR index's parts in the datastore's commit point
 BASE = "."  # the name of the segment from document 0 written in the datastore directory itself
 MERGE_CHUNK = 1 << 22  # entries a merge holds in memory at a time (about 100 MB)
+SEGMENT_DOCS = 5000  # documents per segment written at a time by a writer: memory stays bounded by one segment
 
 
 def tokenize(text: str) -> list[str]:
@@ -90,6 +91,12 @@ class Segment:
         return cols, self.hashes[cols] == qh
 
 
+def _repair(part: Path) -> str:
+    """What to do about a damaged segment (`part`: its folder, or the datastore directory for the base)."""
+    directory = part.parent if part.name.startswith(SEGMENT_PREFIX) else part
+    return f"`bertknn repair {directory}` rebuilds it from the stored documents (`bertknn verify` checks the store)"
+
+
 def _load_segment(part: Path) -> Segment:
     """A segment's arrays, memory-mapped and checked for the shapes that make them one index."""
     arrays = []
@@ -100,7 +107,7 @@ def _load_segment(part: Path) -> Segment:
         except (ValueError, OSError, EOFError, TokenError, SyntaxError) as err:
             if isinstance(err, FileNotFoundError):
                 raise
-            raise DatastoreError(f"{part / name} is damaged ({err}); `bertknn verify` checks the store") from None
+            raise DatastoreError(f"{part / name} is damaged ({err}); {_repair(part)}") from None
     segment = Segment(*arrays)
     ok = (
         segment.hashes.ndim == segment.indptr.ndim == segment.docs.ndim == segment.logtf.ndim == 1
@@ -109,7 +116,7 @@ def _load_segment(part: Path) -> Segment:
         and (len(segment.indptr) == 0 or segment.indptr[-1] == len(segment.docs))
     )
     if not ok:
-        raise DatastoreError(f"the IR index in {part} is damaged (its arrays do not fit together)")
+        raise DatastoreError(f"the IR index in {part} is damaged (its arrays do not fit together); {_repair(part)}")
     return segment
 
 
@@ -136,7 +143,7 @@ class _Found:
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.path} has no IR index ({NDOCS} missing): rerun `bertknn build`") from None
         except (ValueError, UnicodeDecodeError):
-            raise DatastoreError(f"{self.path / NDOCS} is damaged; `bertknn verify` checks the store") from None
+            raise DatastoreError(f"{self.path / NDOCS} is damaged; {_repair(self.path)}") from None
 
 
 def _found(directory: Path) -> list[_Found]:
@@ -184,16 +191,16 @@ def _path(directory: Path, name: str) -> Path:
     return directory if name == BASE else directory / name
 
 
-def _part_files(name: str) -> list[str]:
+def part_files(name: str) -> list[str]:
     """A segment's files relative to the datastore."""
     return [*FILES, NDOCS] if name == BASE else [f"{name}/{file}" for file in (*FILES, NDOCS)]
 
 
 def delete(store: Datastore, name: str) -> None:
     """Delete a segment no list names, its checksums dropped first (so its absence is not taken for damage)."""
-    store.rewriting(*_part_files(name))
+    store.rewriting(*part_files(name))
     if name == BASE:
-        for file in _part_files(BASE):
+        for file in part_files(BASE):
             (store.path / file).unlink(missing_ok=True)
     else:
         shutil.rmtree(store.path / name, ignore_errors=True)
@@ -291,13 +298,9 @@ class TfidfIndex:
             raise FileNotFoundError(f"{directory} has no IR index ({FILES[0]} missing): rerun `bertknn build`")
         segments, pos = [], 0
         for part in parts:
-            path = _path(directory, part.name)
-            missing = [f.name for f in _Found(path, part.first, None).files if not f.is_file()]
-            if missing:
-                raise FileNotFoundError(f"{path} has no IR index ({', '.join(missing)} missing): rerun `bertknn build`")
-            if part.first != pos or _Found(path, part.first, None).read_end() != part.stop:
-                raise DatastoreError(f"the IR index segment {path} does not index documents {part.first}..{part.stop}")
-            segments.append(_load_segment(path))
+            if part.first != pos:
+                raise DatastoreError(f"the IR index of {directory} lists no segment of documents {pos}..{part.first}")
+            segments.append(_open_part(directory, part))
             pos = part.stop
         return cls(segments, pos, [p.stop - p.first for p in parts])
 
@@ -345,6 +348,82 @@ class TfidfIndex:
     def top(self, query: str | np.ndarray, n: int, hidden: np.ndarray | None = None) -> list[int]:
         """The documents of `ranked`."""
         return self.ranked(query, n, hidden)[0]
+
+
+def _open_part(directory: Path, part: Part) -> Segment:
+    """One listed segment, checked to be whole and to index the documents it is listed for."""
+    path = _path(directory, part.name)
+    missing = [f.name for f in _Found(path, part.first, None).files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{path} has no IR index ({', '.join(missing)} missing): {_repair(path)}")
+    if _Found(path, part.first, None).read_end() != part.stop:
+        raise DatastoreError(
+            f"the IR index segment {path} does not index documents {part.first}..{part.stop}; {_repair(path)}"
+        )
+    return _load_segment(path)
+
+
+def listed(store: Datastore) -> list[Part]:
+    """The segments readers open: the committed list, or in a datastore made before lists, the `listing` of its
+    directory (none where that cannot be read)."""
+    committed = store.parts(KIND)
+    if committed is not None:
+        return committed
+    try:
+        return listing(store.path)
+    except (FileNotFoundError, DatastoreError):
+        return []
+
+
+def damaged_parts(store: Datastore, files: Iterable[str] = (), parts: list[Part] | None = None) -> list[Part]:
+    """Those of the segments readers open (`parts`, else `listed`) that a reader cannot open (a file missing or
+    unreadable, arrays that do not fit, tfidf_ndocs.txt not as listed) or that hold any of `files` (names relative to
+    the datastore: damage their checksums found), in document order (`bertknn repair` indexes them again)."""
+    files = set(files)
+    found = []
+    for part in listed(store) if parts is None else parts:
+        try:
+            _open_part(store.path, part)
+        except (FileNotFoundError, DatastoreError):
+            found.append(part)
+            continue
+        if files & set(part_files(part.name)):
+            found.append(part)
+    return found
+
+
+def rebuilt(store: Datastore, part: Part, segment_docs: int = SEGMENT_DOCS, chunk_entries: int = MERGE_CHUNK) -> Part:
+    """The listed segment `part` indexed again from the stored text of the documents it covers (`bertknn repair`),
+    written whole (a `.tmp` folder renamed) under the other name of its range, `tfidf_add_{first}_{stop}` or
+    `tfidf_add_{first}`, which no list holds; return it, for the writer to commit in place of `part` and then
+    `retire` the old one. Its arrays equal those the writers made: documents are hashed `segment_docs` at a time into
+    pieces that are then merged as `compact` merges, so memory stays bounded by a piece and a merge's hash range."""
+    name = _folder(part.first) if part.name == _folder(part.first, part.stop) else _folder(part.first, part.stop)
+    target = store.path / name
+    delete(store, name)  # what an interrupted repair or merge left under that name: no list holds it
+    scratch = atomic.new_folder(store.path / f"{name}_pieces")  # deleted by the next writer if this one is killed
+    try:
+        segments, end = [], part.first
+        for first in range(part.first, part.stop, segment_docs):
+            stop = min(first + segment_docs, part.stop)
+            piece = TfidfIndex.build(store.iter_document_texts(first, stop), first)
+            end = piece.n_docs
+            if piece.n_docs != stop:
+                break
+            if piece.segments:
+                saved = piece.save(scratch, first)
+                segments.append(_load_segment(_path(scratch, saved.name)))
+        if end != part.stop:
+            raise DatastoreError(
+                f"{store.path / 'store.sqlite'} lacks the text of documents of {part.first}..{part.stop}: it is "
+                "damaged; `bertknn verify` checks it"
+            )
+        tmp = atomic.new_folder(target)
+        _write_merged(segments, tmp, part.stop, chunk_entries)
+        atomic.publish(tmp, target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return Part(name, part.first, part.stop)
 
 
 def _write_merged(segments: list[Segment], out: Path, n_docs: int, chunk_entries: int) -> None:
@@ -410,7 +489,7 @@ def compact(
     while (run := merge_plan([p.stop - p.first for p in listed], factor)) is not None:
         picked = listed[run[0] : run[1]]
         merged = Part(_folder(picked[0].first, picked[-1].stop), picked[0].first, picked[-1].stop)
-        forget(_part_files(merged.name))  # a leftover of an interrupted merge is written anew
+        forget(part_files(merged.name))  # a leftover of an interrupted merge is written anew
         tmp = atomic.new_folder(directory / merged.name)
         segments = [_load_segment(_path(directory, part.name)) for part in picked]
         _write_merged(segments, tmp, merged.stop, chunk_entries)

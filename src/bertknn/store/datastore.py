@@ -264,11 +264,23 @@ def acquire_lock(path: Path, wait: float):
     return handle
 
 
+INDEX_PREFIXES = ("faiss", "tfidf")  # the indexes' files (index/): made from the documents and keys kept here
+
+
+def is_index_file(name: str) -> bool:
+    """Whether a file of a datastore (its name relative to the datastore) belongs to an index: the TF-IDF segments
+    and the FAISS files, which `bertknn repair` rebuilds from what the store keeps."""
+    return name.startswith(INDEX_PREFIXES)
+
+
 def _damage_message(path: Path, damage: list) -> str:
     shown = "; ".join(str(d) for d in damage[:5]) + (f"; and {len(damage) - 5} more" if len(damage) > 5 else "")
+    if all(is_index_file(d.file) for d in damage):
+        return f"{path} is damaged: {shown}. These are index files: `bertknn repair {path}` rebuilds them"
     return (
         f"{path} is damaged: {shown}. `bertknn verify {path}` checks every block; restore the damaged files from a "
-        "copy, or rebuild (a damaged faiss.index: delete faiss.index and faiss.json and rerun `bertknn index`)"
+        f"copy, or rebuild the datastore (`bertknn repair {path}` rebuilds damaged index files and says what else a "
+        "rebuild needs)"
     )
 
 
@@ -421,6 +433,17 @@ class Datastore:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else default
 
+    def read_meta(self, key: str) -> str | None:
+        """A value a writer keeps in SQLite (`write_meta`: a copy of the FAISS index's settings, say), None if none."""
+        with self.sqlite_errors():
+            row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def write_meta(self, key: str, value: str) -> None:
+        """Keep a value in SQLite, in its own transaction (for the writer)."""
+        with self.sqlite_errors(), self.db:
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
     def _data_version(self) -> tuple:
         """Changes whenever another connection commits to SQLite or a checksummed file is rewritten."""
         with self.sqlite_errors():
@@ -439,10 +462,11 @@ class Datastore:
             self.faiss_damage = self.check(only=self.faiss_damage)
 
     @contextlib.contextmanager
-    def writing(self, wait: float | None = None) -> Iterator[Datastore]:
+    def writing(self, wait: float | None = None, check_tails: bool = True) -> Iterator[Datastore]:
         """Hold the datastore's writer lock (waiting up to `wait` seconds for another writer; None: as `lock_wait`
         says), re-read the committed state, and on success record the checksums of what was written. Re-entrant
-        within a thread; other threads of this process wait like other processes."""
+        within a thread; other threads of this process wait like other processes. `check_tails`: refuse first when
+        the last block of keys or values is damaged (`bertknn repair` checks every block itself, under the lock)."""
         wait = LOCK_WAIT.get() if wait is None else wait
         began = time.monotonic()
         got = self._threads.acquire(timeout=wait) if wait > 0 else self._threads.acquire(blocking=False)
@@ -458,7 +482,8 @@ class Datastore:
                 self.reload()
                 if self._meta("identity", "") == "":  # a create killed between its manifest and this record
                     self.record_identity()
-                self._check_tails()
+                if check_tails:
+                    self._check_tails()
                 yield self
                 self.seal()
             finally:

@@ -38,6 +38,22 @@ def is_sharded(path: str | Path) -> bool:
     return (Path(path) / SHARDS_FILE).is_file()
 
 
+def read_top(path: Path) -> dict:
+    """The shards.json of a sharded datastore as written last (DatastoreError when it is damaged)."""
+    try:
+        top = json.loads((path / SHARDS_FILE).read_text(encoding="utf-8"))
+        if not [row["path"] for row in top["shards"]]:
+            raise ValueError("it lists no shards")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DatastoreError(f"{path / SHARDS_FILE} is damaged ({err}); rerun the sharded build") from None
+    return top
+
+
+def shard_paths(path: str | Path) -> list[Path]:
+    """The directories of a sharded datastore's shards, in order, as shards.json lists them (none is opened)."""
+    return [Path(path) / row["path"] for row in read_top(Path(path))["shards"]]
+
+
 class Rows(Protocol):
     """Rows of an array read by number (keys or values): a memory map, or `_Rows` over shards."""
 
@@ -101,7 +117,9 @@ class Store(Protocol):
 
     def close(self) -> None: ...
 
-    def writing(self, wait: float | None = None) -> contextlib.AbstractContextManager[Any]: ...
+    def writing(
+        self, wait: float | None = None, check_tails: bool = True
+    ) -> contextlib.AbstractContextManager[Any]: ...
 
     def sqlite_errors(self) -> contextlib.AbstractContextManager[None]: ...
 
@@ -196,13 +214,7 @@ class ShardedDatastore:
 
     def _read_top(self) -> dict:
         """shards.json as written last."""
-        try:
-            top = json.loads((self.path / SHARDS_FILE).read_text(encoding="utf-8"))
-            if not [row["path"] for row in top["shards"]]:
-                raise ValueError("it lists no shards")
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise DatastoreError(f"{self.path / SHARDS_FILE} is damaged ({err}); rerun the sharded build") from None
-        return top
+        return read_top(self.path)
 
     def _offsets(self) -> None:
         self.doc_starts = np.cumsum([0] + [s.n_documents for s in self.shards])
@@ -311,14 +323,15 @@ class ShardedDatastore:
         return []
 
     @contextlib.contextmanager
-    def writing(self, wait: float | None = None) -> Iterator[ShardedDatastore]:
-        """Hold every shard's writer lock (in shard order, so two writers cannot hold one each), then re-read; on
-        success, the outermost writer records the counts in shards.json (`_record_counts`). Re-entrant within a
-        thread. Should shards.json fail to be written, its error is raised once the shards have sealed their write."""
+    def writing(self, wait: float | None = None, check_tails: bool = True) -> Iterator[ShardedDatastore]:
+        """Hold every shard's writer lock (in shard order, so two writers cannot hold one each; `check_tails` as
+        `Datastore.writing` takes it), then re-read; on success, the outermost writer records the counts in
+        shards.json (`_record_counts`). Re-entrant within a thread. Should shards.json fail to be written, its error is
+        raised once the shards have sealed their write."""
         unrecorded: Exception | None = None
         with contextlib.ExitStack() as held:
             for shard in self.shards:
-                held.enter_context(shard.writing(wait))
+                held.enter_context(shard.writing(wait, check_tails))
             self._offsets()
             self._depth += 1
             try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import fcntl
 import sqlite3
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,7 @@ from bertknn.store.datastore import (
     acquire_lock,
     data_files,
 )
-from bertknn.store.integrity import ChecksumError, Checksums
+from bertknn.store.integrity import ChecksumError, Checksums, Damage
 
 
 @dataclass
@@ -32,6 +32,7 @@ class Report:
     problems: list[str]
     notes: list[str]
     blocks: int = 0
+    damage: list[Damage] = field(default_factory=list)  # the checksum findings among `problems`, by file and block
 
 
 def verify(
@@ -76,6 +77,7 @@ def verify(
     except DatastoreError:  # SQLite cannot even be read: compare every file's blocks, SQLite's included
         damage = sums.verify(progress=progress, growing=APPEND_ONLY)
     report.blocks = sum(len(r["blocks"]) for r in sums.files.values())
+    report.damage = list(damage)
     report.problems += [str(d) for d in damage]
     try:
         report.problems += _entry_problems(store)
