@@ -23,7 +23,7 @@ import numpy as np
 from bertknn.build import workers
 from bertknn.build.corpus import Corpus, open_corpus, record_located
 from bertknn.index import retrieval
-from bertknn.model.encoder import TOKEN_BUDGET, Encoder
+from bertknn.model.encoder import Encoder
 from bertknn.store.datastore import FORMAT, VERSION, Datastore, DatastoreError, Record
 from bertknn.store.datastore import copy_registration as copy_store
 from bertknn.store.datastore import create as create_store
@@ -71,7 +71,9 @@ def values(store: Datastore, encoder: Encoder, sentences: list[Sentence]) -> tup
     return out, new
 
 
-def keys(encoder: Encoder, sentences: list[Sentence], pack: int, int8_keys: bool, token_budget: int) -> np.ndarray:
+def keys(
+    encoder: Encoder, sentences: list[Sentence], pack: int, int8_keys: bool, token_budget: int | None
+) -> np.ndarray:
     """Layer-L keys of every target of `sentences`, in order (`Encoder.embed`)."""
     return encoder.embed(sentences, token_budget, pack, int8_keys)
 
@@ -182,7 +184,7 @@ def embed(
     docs: list[int],
     encoder: Encoder,
     chunk_entries: int = CHUNK_ENTRIES,
-    token_budget: int = TOKEN_BUDGET,
+    token_budget: int | None = None,
     progress: Callable[[int], None] | None = None,
     prefetch: bool | None = None,
 ) -> int:
@@ -271,7 +273,7 @@ def _prepare(
 
 
 def _embed_chunk(
-    store: Datastore, docs: list[int], rows: list, sentences: list[Sentence], encoder: Encoder, token_budget: int
+    store: Datastore, docs: list[int], rows: list, sentences: list[Sentence], encoder: Encoder, token_budget: int | None
 ) -> int:
     """The stages for whole documents: their sentences -> masked contexts -> keys -> appended to the store."""
     found = keys(encoder, sentences, store.pack, store.int8_keys, token_budget)
@@ -335,7 +337,7 @@ def build(
     pack: int = 1,
     int8_keys: bool = False,
     chunk_entries: int = CHUNK_ENTRIES,
-    token_budget: int = TOKEN_BUDGET,
+    token_budget: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     n_workers: int = 0,
     whole_words: bool = True,

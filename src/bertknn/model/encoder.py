@@ -32,6 +32,7 @@ BLOCK_PATHS = ("encoder.layer", "transformer.layer", "encoder.layers", "layers")
 # batches vary in shape (bench/README.md, "GPU build and questions")
 GPU_ATTENTION = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 TOKEN_BUDGET = 1024  # padded tokens per model batch: faster than 8,192 for keys, 4,096 for questions (bench/README.md)
+GPU_TOKEN_BUDGET = 32_768  # padded tokens per batch of keys on a GPU, which small batches leave idle (bench/README.md)
 # The sentence weights' texts, single words to whole sentences, in smaller batches: less padding (bench/README.md)
 SENTENCE_BUDGET = 256
 
@@ -348,9 +349,14 @@ class Encoder:
             (out[batch],) = self._run(self._mean_states, ("vectors",), ids, attention, rows, cols, threads=threads)
         return out
 
+    @property
+    def key_budget(self) -> int:
+        """Padded tokens per batch of keys by default: few on a CPU, where small batches run fastest, many on a GPU."""
+        return GPU_TOKEN_BUDGET if self.runtime.torch_device.type == "cuda" else TOKEN_BUDGET
+
     @torch.inference_mode()
     def embed(
-        self, sentences: list[Sentence], token_budget: int = TOKEN_BUDGET, pack: int = 1, int8_keys: bool = False
+        self, sentences: list[Sentence], token_budget: int | None = None, pack: int = 1, int8_keys: bool = False
     ) -> np.ndarray:
         """Layer-L keys of every target of `sentences` (sentence order, then target order) as float32 [n, d].
 
@@ -360,14 +366,14 @@ class Encoder:
         masked together and read from one pass (as in BERT's pre-training, which masks 15% of tokens): fewer passes,
         keys close to but not equal to single-mask keys. With `int8_keys`, the passes run in ONNX Runtime quantised
         to int8 (whatever the runtime): faster, keys close to float32's. Passes are sorted by length and batched
-        under `token_budget` padded tokens.
+        under `token_budget` padded tokens (None: `key_budget`).
         """
         if int8_keys and (self.runtime.device, self.runtime.dtype) != ("cpu", "float32"):
             raise ValueError("int8 keys are computed by ONNX Runtime on CPU: drop --int8-keys, or use --device cpu")
         passes = list(self._passes(sentences, pack))
         keys = np.empty((sum(len(s.positions) for s in sentences), self.dim), dtype=np.float32)
         pending = None  # the batch the device is still computing: its keys are read after the next is launched
-        for order in length_batches([len(ids) for ids, _, _ in passes], token_budget):
+        for order in length_batches([len(ids) for ids, _, _ in passes], token_budget or self.key_budget):
             batch = [passes[j] for j in order]
             ids, attention = self._pad([window for window, _, _ in batch])
             rows = torch.from_numpy(np.repeat(np.arange(len(batch)), [len(p) for _, p, _ in batch]))
