@@ -33,11 +33,17 @@ DIM, K, PAPER_CONTEXTS = 768, PAPER.k, 900_000_000
 
 class KeysOnly:
     """Synthetic keys in the shape of a datastore, with what `FaissIndex` asks of one: its writer lock (nothing else
-    writes here), the committed list of the index's parts (kept in memory) and checksums (none)."""
+    writes here), the committed list of the index's parts and its meta records (kept in memory) and checksums (none)."""
 
     def __init__(self, path: Path, keys: np.ndarray) -> None:
         self.path, self.keys, self.size, self.dim = path, keys, len(keys), keys.shape[1]
-        self.complete, self.faiss_damage, self._parts = True, [], {}
+        self.complete, self.faiss_damage, self._parts, self._meta = True, [], {}, {}
+
+    def read_meta(self, key: str) -> str | None:
+        return self._meta.get(key)
+
+    def write_meta(self, key: str, value: str) -> None:
+        self._meta[key] = value
 
     def writing(self, wait: float | None = None) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext(self)

@@ -4,7 +4,8 @@ documents of the evidence corpus (sentences split and tokenised as a build does)
     python bench/gpu/budget.py [--docs 2000] [--budgets 1024,4096,16384,32768,65536] [--device cuda] [--dtype bf16]
 
 Why: a build on a GPU batched under a CPU's token budget (`encoder.TOKEN_BUDGET`) kept the GPU mostly idle
-(bench/README.md, the whole build on a GPU); this measures what larger batches give (`encoder.GPU_TOKEN_BUDGET`). Last line: JSON.
+(bench/README.md, the whole build on a GPU); this measures what larger batches give (`encoder.GPU_TOKEN_BUDGET`).
+Last line: JSON.
 """
 
 from __future__ import annotations

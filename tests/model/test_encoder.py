@@ -231,3 +231,19 @@ def test_onnx_int8_backend_quantises_questions_only(encoder, tokenizer):
     assert not np.array_equal(probs, want_probs)  # the LM distribution is computed in int8 too
     sentences = tokenize_sentences(tokenizer, ["Rome is a big city in Italy."])
     np.testing.assert_allclose(int8.embed(sentences), encoder.embed(sentences), atol=1e-5)  # keys stay float32
+
+
+def test_keys_are_batched_under_a_cpu_s_budget_on_a_cpu_and_a_gpu_s_on_a_gpu(encoder, tokenizer, monkeypatch):
+    from bertknn.model import encoder as module
+
+    budgets = []
+    batches = module.length_batches
+    monkeypatch.setattr(
+        module, "length_batches", lambda lengths, budget: (budgets.append(budget), batches(lengths, budget))[1]
+    )
+    sentences = tokenize_sentences(tokenizer, ["Rome is big."])
+    encoder.embed(sentences)
+    encoder.embed(sentences, token_budget=64)
+    monkeypatch.setattr(type(encoder.runtime), "torch_device", property(lambda self: torch.device("cuda")))
+    assert encoder.key_budget == module.GPU_TOKEN_BUDGET  # what a GPU's small batches would leave idle: bench/README.md
+    assert budgets == [module.TOKEN_BUDGET, 64]
