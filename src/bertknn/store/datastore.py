@@ -436,8 +436,7 @@ class Datastore:
     def read_meta(self, key: str) -> str | None:
         """A value a writer keeps in SQLite (`write_meta`: a copy of the FAISS index's settings, say), None if none."""
         with self.sqlite_errors():
-            row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else None
+            return self._meta(key, None)
 
     def write_meta(self, key: str, value: str) -> None:
         """Keep a value in SQLite, in its own transaction (for the writer)."""
