@@ -101,7 +101,13 @@ def render(prediction: Prediction, top_k: int = 10, evidence_words: int = 3) -> 
             a, b = n.span
             sentence = f"{shown(n.sentence[:a])}[bold yellow]{shown(n.sentence[a:b])}[/]{shown(n.sentence[b:])}"
             merged = f" [dim](stands for {n.count} contexts)[/]" if n.count > 1 else ""
-            lines.append(f"[bold]{shown(word)}[/] d²={n.distance:.1f} [dim]{shown(n.title)}:[/] {sentence}{merged}")
+            dated = f" ({n.date[:10]})" if n.date and len(prediction.documents) > 1 else ""  # which version said it
+            source = f"[dim]{shown(n.title)}{dated}:[/]"
+            lines.append(f"[bold]{shown(word)}[/] d²={n.distance:.1f} {source} {sentence}{merged}")
+    for n in prediction.superseded:  # what an older document about the subject said, outvoted by a newer one
+        a, b = n.span
+        sentence = f"{shown(n.sentence[:a])}[bold]{shown(n.sentence[a:b])}[/]{shown(n.sentence[b:])}"
+        lines.append(f"[dim]superseded ({(n.date or '')[:10]}) {shown(n.title)}:[/] {sentence}")
     return Group(table, Panel("\n".join(lines), title="evidence", title_align="left"))
 
 

@@ -9,6 +9,7 @@ rebuilt from wordpieces.
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import unicodedata
@@ -29,11 +30,13 @@ class CorpusError(ValueError):
 
 @dataclass(frozen=True)
 class Document:
-    """One document of the text collection: a unique id, a title and its text passages."""
+    """One document of the text collection: a unique id, a title, its text passages and, when known, its date (ISO
+    8601, `iso_date`): where documents about one subject disagree, the newest one's evidence wins."""
 
     id: str
     title: str
     passages: tuple[str, ...]
+    date: str | None = None
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,30 @@ def parse_document(obj: object, where: str) -> Document:
     passages = [p.strip() for p in passages if p.strip()]
     if not passages:
         raise CorpusError(f"{where}: document {doc_id!r} has no text")
-    return Document(doc_id, title.strip(), tuple(passages))
+    date = obj.get("date")
+    if date is not None:
+        try:
+            date = iso_date(date)
+        except ValueError as err:
+            raise CorpusError(f"{where}: 'date' {err}") from None
+    return Document(doc_id, title.strip(), tuple(passages), date)
+
+
+def iso_date(value: object) -> str:
+    """A document's date as the store keeps it: an ISO 8601 date ("2024-05-01") as it is, a date and time
+    ("2024-05-01T09:30:00Z") in UTC to the second, so that dates compare as strings. ValueError otherwise."""
+    if not isinstance(value, str):
+        raise ValueError(f"must be an ISO 8601 date string such as '2024-05-01', not {type(value).__name__}")
+    text = value.strip()
+    try:
+        if len(text) == 10:
+            return datetime.date.fromisoformat(text).isoformat()
+        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{value!r} is not an ISO 8601 date such as '2024-05-01' or '2024-05-01T09:30:00Z'") from None
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    return moment.isoformat(timespec="seconds")
 
 
 def iter_corpus(path: str | Path) -> Iterator[Document]:

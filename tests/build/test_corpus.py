@@ -113,6 +113,7 @@ ARTICLE_DOCUMENT = Document(
         "Ilsa Varnhold was born in Lisbon. She plays the violoncello in Vienna.",
         "She joined the Vienna Philharmonic in 2004 & toured Brazil.",
     ),
+    "2024-05-01T12:00:00",  # the revision's timestamp, in UTC
 )
 
 

@@ -50,6 +50,7 @@ def test_to_dict_carries_every_ranking_as_fill_mask_on_request(built):
         "knn",
         "bert_knn",
         "evidence",
+        "superseded",
         "retrieval",
     ]
     full = prediction.to_dict(built.encoder.tokenizer)

@@ -38,7 +38,7 @@ def test_prediction_is_the_interpolation_of_its_parts(built):
 def test_knn_part_equals_a_brute_force_over_the_titled_document(built):
     store = built.store
     _, states = built.encoder.query(["Ilsa Varnhold was born in [MASK] ."])
-    start, end = store.document_ranges([store.find_title("ilsa varnhold")])[0]
+    start, end = store.document_ranges([store.find_titles("ilsa varnhold")[0][0]])[0]
     keys = np.asarray(store.keys[start:end], np.float64)
     dist = ((keys - states[0]) ** 2).sum(1)
     expected = knn_distribution(np.asarray(store.values[start:end]), dist, 6.0, built.encoder.vocab_size)

@@ -86,8 +86,8 @@ def test_predict_eval_lama_and_tune_find_the_same_neighbours(built, tmp_path, mo
     seen: list[search.Neighbours] = []
     among = search.DocumentSearch.among
 
-    def recording(self, docs, state, k, scores=None):
-        found = among(self, docs, state, k, scores)
+    def recording(self, docs, state, k):
+        found = among(self, docs, state, k)
         seen.append(found)
         return found
 

@@ -52,6 +52,7 @@ def test_the_defaults_are_the_papers_but_the_vote_and_the_mixture():
         "sentence_floor": 0.7,  # used by the sentence weights only
         "confidence_temperature": 1.0,  # the probabilities as combined
         "lm_floor": 0.0,
+        "conflicts": "newest",  # used only where several documents carry the subject's title; the paper had one each
     }
     assert (*HPARAMS, "mixture") == TUNED and PAPER.tuned == {**PAPER.hparams, "mixture": "linear"}
     assert HPARAMS == ("n_docs", "k", "temperature", "lam") and RETRIEVALS == ("ir", "faiss", "ir+faiss")
@@ -117,7 +118,7 @@ def test_edge_values_are_valid():
 def test_unknown_names_are_a_type_error():
     with pytest.raises(
         TypeError,
-        match=r"unknown hyperparameter\(s\) \['alpha', 'lambda_'\]; known: \['confidence_temperature', 'doc_te",
+        match=r"unknown hyperparameter\(s\) \['alpha', 'lambda_'\]; known: \['confidence_temperature', 'conflicts', '",
     ):
         PAPER.replace(lambda_=0.5, alpha=1)
     tuned = {"k": 64, "temperature": 34.51, "mixture": "log-linear"}

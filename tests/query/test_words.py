@@ -153,6 +153,8 @@ def test_a_datastore_of_format_1_opens_and_answers_as_it_did(tmp_path, tiny_mode
             assert_ranking_close(ranked, [((t["token"], t["id"]), t["probability"]) for t in expected[method]])
         evidence = json.loads(json.dumps(got["evidence"]))
         assert all(n.pop("count") == 1 for ns in evidence.values() for n in ns)  # a field added since: not pruned
+        assert all(n.pop("date") is None for ns in evidence.values() for n in ns)  # and one the store predates
+        assert got["superseded"] == []  # one document per subject
         assert evidence.keys() == expected["evidence"].keys()
         for word, neighbours in evidence.items():
             want = expected["evidence"][word]

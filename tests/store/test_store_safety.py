@@ -253,7 +253,7 @@ def test_verify_reports_the_damaged_block_and_passes_a_sound_store(built, tmp_pa
 
 def test_non_finite_keys_and_foreign_values_never_reach_an_answer(built, tmp_path):
     path = shutil.copytree(built.store.path, tmp_path / "s")
-    docs = Datastore(path).find_title("dante alighieri")
+    [(docs, _)] = Datastore(path).find_titles("dante alighieri")
     start, _ = Datastore(path).document_ranges([docs])[0]
     _damage(path / "keys.f16", start * 2 * 32, np.float16(np.nan).tobytes())
     checks.record_checksums(path)  # damage the checksums cannot see: it happened before they were recorded

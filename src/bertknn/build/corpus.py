@@ -58,7 +58,8 @@ def _require(reading: str, *modules: str) -> None:
 
 
 def _columns(names: list[str], where: str) -> list[str]:
-    """The columns a document is read from (id, title, and text or else sentences); CorpusError when one is missing."""
+    """The columns a document is read from (id, title, and text or else sentences; date where there is one);
+    CorpusError when one is missing."""
     text = "text" if "text" in names or "sentences" not in names else "sentences"
     missing = [c for c in ("id", "title", text) if c not in names]
     if missing:
@@ -66,7 +67,7 @@ def _columns(names: list[str], where: str) -> list[str]:
             f"{where}: no column {', '.join(missing)} (a corpus table has the columns id, title and text, as the "
             "dataset wikimedia/wikipedia)"
         )
-    return ["id", "title", text]
+    return ["id", "title", text] + (["date"] if "date" in names else [])
 
 
 class Corpus(ABC):
@@ -228,10 +229,12 @@ class DrqaCorpus(_FileCorpus):
             ) from None
 
     def _read(self) -> Iterator[tuple[str, Document]]:
-        with self._query("SELECT id, text FROM documents ORDER BY rowid") as rows:
-            for row, (doc_id, text) in enumerate(rows, 1):
+        with self._query("SELECT name FROM pragma_table_info('documents')") as rows:
+            date = "date" if ("date",) in rows.fetchall() else "NULL"  # a docs.db with a date column: documents dated
+        with self._query(f"SELECT id, text, {date} FROM documents ORDER BY rowid") as rows:
+            for row, (doc_id, text, when) in enumerate(rows, 1):
                 where = f"{self.path}: row {row}"
-                yield where, parse_document({"id": doc_id, "title": str(doc_id), "text": text}, where)
+                yield where, parse_document({"id": doc_id, "title": str(doc_id), "text": text, "date": when}, where)
 
     def count(self) -> int:
         """SELECT count(*) of the documents table."""
@@ -274,13 +277,16 @@ class WikipediaDump(_FileCorpus):
                     root.element.clear()  # what iterparse keeps of the pages read so far
                     if page.namespace != 0 or page.redirect:
                         continue
-                    text = ""
+                    text, date = "", None
                     for revision in page:  # a pages-articles dump has one revision per page: the last is kept
-                        text = revision.text or ""
+                        text, date = revision.text or "", revision.timestamp
                     passages = plain_paragraphs(mwparserfromhell.parse(text), hidden)
                     if passages:
                         where = f"{self.path}: page {page.id}"
-                        yield where, parse_document({"id": page.id, "title": page.title, "sentences": passages}, where)
+                        obj = {"id": page.id, "title": page.title, "sentences": passages}
+                        if date is not None:  # the revision's time: a later dump's article is newer
+                            obj["date"] = date.long_format()
+                        yield where, parse_document(obj, where)
         except (MalformedXML, SyntaxError, OSError, EOFError) as err:  # ParseError is a SyntaxError
             after = f" after page {page.id}" if page is not None else ""
             raise CorpusError(f"{self.path}: not a readable MediaWiki XML dump{after} ({err})") from None
@@ -381,7 +387,7 @@ def digest(doc: Document) -> str:
 def record(doc: Document, splitter: str) -> Record:
     """A document as the store keeps it: its sentences (split by `splitter`), normalised title and `digest`."""
     sentences = tuple(s for p in doc.passages for s in split_sentences(p, splitter))
-    return Record(doc.id, doc.title, normalize_title(doc.title), sentences, digest(doc))
+    return Record(doc.id, doc.title, normalize_title(doc.title), sentences, digest(doc), doc.date)
 
 
 def record_located(located: tuple[str, Document], splitter: str) -> tuple[str, Record]:

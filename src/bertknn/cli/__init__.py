@@ -211,6 +211,13 @@ SentenceFloorOption = Annotated[
         f"[default: {SENTENCE_FLOOR}]",
     ),
 ]
+ConflictsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="where documents about the subject disagree: newest (a newer document's evidence counts 100 times the "
+        "next older one's) or vote (all alike) [default: newest]",
+    ),
+]
 PaperOption = Annotated[
     bool,
     typer.Option(
@@ -274,6 +281,6 @@ def _build(corpus: Path, out: Path, model: str | Encoder, layer: int | None, **o
     return knn
 
 
-from bertknn.cli import lama, serve, store  # noqa: E402 (registers their commands on the apps above)
+from bertknn.cli import edits, lama, serve, store  # noqa: E402 (registers their commands on the apps above)
 
-__all__ = ["app", "command", "lama", "serve", "store"]
+__all__ = ["app", "command", "edits", "lama", "serve", "store"]

@@ -14,6 +14,7 @@ from rich.markup import escape
 from bertknn.cli import (
     WAIT_S,
     BackendOption,
+    ConflictsOption,
     DatastoreArg,
     DeviceOption,
     DocTemperatureOption,
@@ -200,6 +201,7 @@ def ask(
     word_bonus: WordBonusOption = None,
     sentence_temperature: SentenceTemperatureOption = None,
     sentence_floor: SentenceFloorOption = None,
+    conflicts: ConflictsOption = None,
     paper: PaperOption = False,
     retrieval: Annotated[
         str, typer.Option(help="neighbours from: ir (the paper), faiss (whole datastore; `bertknn index`), ir+faiss")
@@ -218,6 +220,7 @@ def ask(
 
     given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
     given |= {"lam_by": lam_by, "mixture": mixture, "lm_words": lm_words, "word_bonus": word_bonus}
+    given |= {"conflicts": conflicts}
     options = query_options(paper, **given, sentence_temperature=sentence_temperature, sentence_floor=sentence_floor)
     knn = BertKNN.load(datastore, model, runtime=backend, **options)
     prediction = knn.predict(question, subject=subject, top_k=top_k, retrieval=retrieval)

@@ -514,16 +514,26 @@ def problems(directory: Path) -> list[str]:
     return []
 
 
-def select_documents(
-    store: Datastore, index: TfidfIndex, question: str, subject: str | None, n_docs: int
-) -> tuple[list[int], list[float]]:
-    """Documents for a question and their retrieval scores: the one titled `subject` when there is one (score 1),
-    else the top `n_docs` by TF-IDF.
+@dataclass(frozen=True)
+class Selected:
+    """The documents a question searches and their retrieval scores; `titled`: they are the subject's documents
+    (the title shortcut, score 1 each), newest first (`Datastore.find_titles`), which the vote reads as versions of
+    one article rather than rival sources."""
+
+    documents: list[int]
+    scores: list[float]
+    titled: bool = False
+
+
+def select_documents(store: Datastore, index: TfidfIndex, question: str, subject: str | None, n_docs: int) -> Selected:
+    """Documents for a question and their retrieval scores: every live document titled `subject` when there is one
+    (the paper's title shortcut; several where documents about the subject were added), else the top `n_docs` by
+    TF-IDF.
 
     The query is the subject for knowledge-base questions, else the question without mask and punctuation.
     """
     if subject:
-        titled = store.find_title(normalize_title(subject))
-        if titled is not None:
-            return [titled], [1.0]
-    return index.ranked(subject or question_query(question), n_docs, store.hidden_documents())
+        titled = [doc for doc, _ in store.find_titles(normalize_title(subject))]
+        if titled:
+            return Selected(titled, [1.0] * len(titled), titled=True)
+    return Selected(*index.ranked(subject or question_query(question), n_docs, store.hidden_documents()))

@@ -134,11 +134,14 @@ class Neighbour:
     sentence: str
     span: tuple[int, int]
     count: int = 1
+    date: str | None = None  # its document's date, else when the document was added
 
 
 @dataclass
 class Prediction:
-    """Ranked answers of BERT, kNN and BERT-kNN for one question, with the evidence behind the kNN answers.
+    """Ranked answers of BERT, kNN and BERT-kNN for one question, with the evidence behind the kNN answers and, where
+    newer documents about the subject outvoted older ones (`knn.version_weights`), the older ones' nearest statement
+    (`superseded`), so a user sees that a fact changed.
 
     Also kept, not shown: the three distributions, the neighbours the kNN answer came from (`search.Neighbours`)
     and the question's token ids with its mask position (for `fill_mask`).
@@ -158,6 +161,7 @@ class Prediction:
     neighbours: Neighbours | None = field(default=None, repr=False)
     input_ids: list[int] = field(default_factory=list, repr=False)
     mask_index: int = 0
+    superseded: list[Neighbour] = field(default_factory=list)  # what older documents about the subject said instead
 
     def to_dict(self, tokenizer=None) -> dict:
         """JSON-ready form (without the distributions and neighbours); with a `tokenizer`, also each ranking in the
@@ -168,6 +172,7 @@ class Prediction:
             "documents": list(self.documents),
             **{name: [{**asdict(t), "pieces": list(t.pieces)} for t in getattr(self, name)] for name in METHODS},
             "evidence": {word: [asdict(n) for n in found] for word, found in self.evidence.items()},
+            "superseded": [asdict(n) for n in self.superseded],
             "retrieval": self.retrieval,
         }
         if tokenizer is not None:

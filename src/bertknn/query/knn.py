@@ -62,3 +62,25 @@ def document_vote(
     per_doc = np.bincount(groups, weights=w, minlength=len(prior))
     held = np.where(per_doc > 0, prior, 0.0)
     return np.bincount(values, weights=w / per_doc[groups] * (held / held.sum())[groups], minlength=vocab_size)
+
+
+def outranked(owners: np.ndarray, sq_dist: np.ndarray, documents: list[int], temperature: float) -> dict[int, int]:
+    """For each of the subject's documents `documents` (newest first; `owners[i]` neighbour i's document, `sq_dist[i]`
+    its distance), the newer documents that speak to the question as nearly: whose nearest neighbour lies within one
+    `temperature` of its own nearest (their evidence weighs at least 1/e of its own)."""
+    nearest = {doc: np.inf for doc in documents}
+    for doc, d in zip(owners.tolist(), np.asarray(sq_dist, np.float64).tolist()):
+        nearest[doc] = min(nearest[doc], d)
+    near = {doc: nearest[doc] + temperature for doc in documents}
+    return {doc: sum(nearest[n] <= near[doc] for n in documents[:i]) for i, doc in enumerate(documents)}
+
+
+def version_weights(
+    owners: np.ndarray, sq_dist: np.ndarray, documents: list[int], newer: float, temperature: float
+) -> np.ndarray:
+    """Log weights of the subject's documents' neighbours (as `outranked` takes them): `newer` taken off per newer
+    document that speaks to the question as nearly. So a fact stated anew outvotes the old statement, while a newer
+    document that says nothing near the question (a fact it does not restate) leaves the older one's evidence its
+    full weight."""
+    later = outranked(owners, sq_dist, documents, temperature)
+    return -newer * np.array([later[int(d)] for d in owners], np.float64)

@@ -29,9 +29,17 @@ from bertknn.query.combine import (
     interpolate,
     ranked,
 )
-from bertknn.query.knn import document_prior, document_vote, knn_distribution, neighbour_weights
+from bertknn.query.knn import (
+    document_prior,
+    document_vote,
+    knn_distribution,
+    neighbour_weights,
+    outranked,
+    version_weights,
+)
 from bertknn.query.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, RemoteShards, Search
 from bertknn.query.settings import (
+    NEWER,
     SENTENCE_DISTANCE,
     SENTENCE_LM_SHARE,
     SENTENCE_LM_WORDS,
@@ -39,7 +47,7 @@ from bertknn.query.settings import (
     SENTENCE_WORDS,
     Settings,
 )
-from bertknn.store.datastore import Datastore, DatastoreError
+from bertknn.store.datastore import Datastore, DatastoreError, Provenance
 from bertknn.store.shards import ShardedDatastore, open_store
 from bertknn.text import Document, unicode_error
 
@@ -73,6 +81,11 @@ def _by_lm(
         chosen = chosen | np.isin(at, Words.best(lm, SENTENCE_LM_WORDS))
     judged = lm[at] if prior is None else lm[at] * prior[at]
     return chosen & ((judged >= SENTENCE_LM_SHARE * lm.max()) | np.isin(at, Words.best(vote, SENTENCE_VOTE_WORDS)))
+
+
+def _source(e: Provenance) -> tuple:
+    """A neighbour's source fields (`combine.Neighbour`) from its entry's provenance."""
+    return e.doc_id, e.title, e.sentence, e.span, e.count, e.date
 
 
 class BertKNN:
@@ -427,7 +440,27 @@ class BertKNN:
             neighbours=found,
             input_ids=query.ids,
             mask_index=query.mask,
+            superseded=self._superseded(found, s) if n_evidence else [],
         )
+
+    def _superseded(self, found: Neighbours, s: Settings) -> list[Neighbour]:
+        """The nearest neighbour of each of the subject's documents that a newer one outvoted (`knn.outranked`)."""
+        if not (found.titled and len(found.documents) > 1 and s.conflicts == "newest"):
+            return []
+        owners = self.store.documents_of(found.entries)
+        older = [doc for doc, n in outranked(owners, found.distances, found.documents, s.temperature).items() if n]
+        picks = [int(np.flatnonzero(owners == doc)[0]) for doc in older if (owners == doc).any()]
+        if not picks:
+            return []
+        weights = neighbour_weights(found.distances, s.temperature)
+        rows = self.store.provenance(found.entries[picks].tolist())
+        words = self.words(found)
+        described = words.describe(words.index(found.values[picks]).tolist(), self.encoder.tokenizer)
+        names = [text for text, _, _ in described]
+        return [
+            Neighbour(name, float(found.distances[i]), float(weights[i]), *_source(e))
+            for name, i, e in zip(names, picks, rows)
+        ]
 
     def vote(
         self, found: Neighbours, s: Settings, words: Words, log_weights: np.ndarray | None = None
@@ -443,6 +476,12 @@ class BertKNN:
         counts = self.store.counts_of(found.entries)
         if counts is not None:  # an entry standing for n merged contexts votes as n of them at its distance
             log_weights = np.log(counts) if log_weights is None else log_weights + np.log(counts)
+        if found.titled and len(found.documents) > 1:  # versions of the subject's article vote as one document
+            if s.conflicts == "newest":
+                owners = self.store.documents_of(found.entries)
+                versions = version_weights(owners, found.distances, found.documents, NEWER, s.temperature)
+                log_weights = versions if log_weights is None else log_weights + versions
+            return knn_distribution(values, found.distances, s.temperature, words.size, log_weights)
         if s.doc_temperature and found.scores is not None:
             position = {doc: i for i, doc in enumerate(found.documents)}
             extra = len(found.documents)  # a neighbour from a document IR did not retrieve (ir+faiss): score 0
@@ -565,7 +604,7 @@ class BertKNN:
         rows = iter(self.store.provenance(found.entries[np.concatenate(picks)].tolist()))  # one query for all words
         return {
             word.token: [
-                Neighbour(word.token, float(dist[i]), float(weights[i]), e.doc_id, e.title, e.sentence, e.span, e.count)
+                Neighbour(word.token, float(dist[i]), float(weights[i]), *_source(e))
                 for i, e in zip(mine, islice(rows, len(mine)))
             ]
             for word, mine in zip(words, picks)

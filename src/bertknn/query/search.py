@@ -22,7 +22,7 @@ import numpy as np
 
 from bertknn.index.exact import candidates, nearest
 from bertknn.index.faiss_index import FaissIndex
-from bertknn.index.retrieval import TfidfIndex, select_documents
+from bertknn.index.retrieval import Selected, TfidfIndex, select_documents
 from bertknn.query.settings import Settings
 from bertknn.store.datastore import Datastore
 
@@ -34,7 +34,8 @@ class Neighbours:
     documents: indices of the documents searched (FAISS: those the neighbours come from, nearest first);
     entries, distances, values: the k nearest stored contexts, nearest first (ties by entry), their squared L2
     distances and their words; searched: every entry compared exactly (the documents' entries; none for FAISS);
-    scores: the retrieval scores of `documents` (TF-IDF; 1 for the title shortcut's one), None for FAISS's.
+    scores: the retrieval scores of `documents` (TF-IDF; 1 for the title shortcut's), None for FAISS's;
+    titled: `documents` are the subject's (the title shortcut), newest first.
     """
 
     documents: list[int]
@@ -43,6 +44,7 @@ class Neighbours:
     values: np.ndarray
     searched: np.ndarray
     scores: list[float] | None = None
+    titled: bool = False
 
     def top(self, k: int) -> Neighbours:
         """The k nearest of these (the same documents and searched entries)."""
@@ -97,19 +99,21 @@ class DocumentSearch:
         shards: RemoteShards | None = None,
     ):
         self.store, self.index, self.embed, self.shards = store, index, embed, shards
-        self._ahead: dict[tuple[str, str | None, int], tuple[list[int], list[float]]] = {}  # chosen by `ahead`
+        self._ahead: dict[tuple[str, str | None, int], Selected] = {}  # chosen by `ahead`
 
-    def scored(self, question: str, subject: str | None, n_docs: int) -> tuple[list[int], list[float]]:
-        """The documents searched for a question (the one titled `subject` if any, else TF-IDF's top n_docs) and
+    def scored(self, question: str, subject: str | None, n_docs: int) -> Selected:
+        """The documents searched for a question (those titled `subject` if any, else TF-IDF's top n_docs) and
         their retrieval scores."""
         return select_documents(self.store, self.index, question, subject, int(n_docs))
 
     def documents(self, question: str, subject: str | None, n_docs: int) -> list[int]:
         """The documents of `scored`."""
-        return self.scored(question, subject, n_docs)[0]
+        return self.scored(question, subject, n_docs).documents
 
-    def among(self, docs: list[int], state: np.ndarray, k: int, scores: list[float] | None = None) -> Neighbours:
-        """The k entries of `docs` (retrieved with `scores`) nearest to `state` (exact squared L2)."""
+    def among(self, docs: list[int] | Selected, state: np.ndarray, k: int) -> Neighbours:
+        """The k entries of `docs` (as `scored` chose them, or a list) nearest to `state` (exact squared L2)."""
+        chosen = docs if isinstance(docs, Selected) else Selected(list(docs), None)
+        docs = chosen.documents
         if self.embed is not None:
             self.embed(docs)  # first: the key memmap grows
         searched = candidates(self.store.document_ranges(docs))
@@ -117,12 +121,12 @@ class DocumentSearch:
             entries, dist = self.shards.nearest(docs, state, int(k))
         else:
             entries, dist = nearest(self.store.keys, searched, state, int(k))
-        return Neighbours(docs, entries, dist, _values(self.store, entries), searched, scores)
+        values = _values(self.store, entries)
+        return Neighbours(docs, entries, dist, values, searched, chosen.scores, chosen.titled)
 
     def search(self, question: str, subject: str | None, state: np.ndarray, settings: Settings) -> Neighbours:
         """The neighbours of one question."""
-        docs, scores = self.scored(question, subject, settings.n_docs)
-        return self.among(docs, state, settings.k, scores)
+        return self.among(self.scored(question, subject, settings.n_docs), state, settings.k)
 
     def ahead(self, questions: Sequence[str], subjects: Sequence[str | None], settings: Settings) -> list[list[int]]:
         """The documents each question will search (`scored`), chosen before its state is known and kept for its
@@ -130,7 +134,7 @@ class DocumentSearch:
         n = int(settings.n_docs)
         for question, subject in zip(questions, subjects):
             self._ahead[question, subject, n] = self.scored(question, subject, n)
-        return [self._ahead[q, s, n][0] for q, s in zip(questions, subjects)]
+        return [self._ahead[q, s, n].documents for q, s in zip(questions, subjects)]
 
     def batch_search(
         self, questions: Sequence[str], subjects: Sequence[str | None], states: np.ndarray, settings: Settings
@@ -139,8 +143,8 @@ class DocumentSearch:
         n = int(settings.n_docs)
         chosen = [self._ahead.pop((q, s, n), None) or self.scored(q, s, n) for q, s in zip(questions, subjects)]
         if self.embed is not None:
-            self.embed(sorted({d for docs, _ in chosen for d in docs}))
-        return [self.among(docs, state, settings.k, scores) for (docs, scores), state in zip(chosen, states)]
+            self.embed(sorted({d for c in chosen for d in c.documents}))
+        return [self.among(c, state, settings.k) for c, state in zip(chosen, states)]
 
 
 def _nearest_first(entries: np.ndarray, dist: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -185,7 +189,8 @@ class MergedSearch:
     def _merged(self, a: Neighbours, b: Neighbours, k: int) -> Neighbours:
         both = np.concatenate([a.entries, b.entries]), np.concatenate([a.distances, b.distances])
         entries, dist = _nearest_first(*both, k)
-        return Neighbours(a.documents, entries, dist, _values(self.store, entries), a.searched, a.scores)
+        values = _values(self.store, entries)
+        return Neighbours(a.documents, entries, dist, values, a.searched, a.scores, a.titled)
 
     def search(self, question: str, subject: str | None, state: np.ndarray, settings: Settings) -> Neighbours:
         """The k nearest of both searches' neighbours."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 RETRIEVALS = ("ir", "faiss", "ir+faiss")  # where the neighbours come from (BertKNN.predict)
 LAM_RULES = ("constant", "entropy")  # how lambda is set per question (`combine.confident_lam` for "entropy")
 MIXTURES = ("linear", "log-linear")  # how p_kNN and p_LM are combined (`combine.interpolate`); linear: the paper
+CONFLICTS = ("newest", "vote")  # how the documents of one subject weigh (`knn.version_weights`)
 # bertknn's defaults beyond the paper, each kept on the LAMA dev split (bench/README.md, `bench/accuracy.py`):
 MIXTURE = "log-linear"  # p_kNN^lam p_LM^(1-lam), renormalised
 LAM = 0.5  # lambda of that mixture (the paper's 0.3 is for the linear one)
@@ -22,6 +23,7 @@ LM_WORDS = 5  # the LM scores the words of several tokens among the kNN's this m
 WORD_BONUS = 10.0  # the log-linear mixture's factor for a word of several tokens (bench/words.py fits it)
 SENTENCE_TEMPERATURE = 0.0  # T_s of the sentence weight exp(score / T_s); 0: none (off: its cost per question)
 SENTENCE_FLOOR = 0.7  # sentence scores below it count as it: only evidence that says what is asked moves the vote
+NEWER = 20.0  # conflicts "newest": a newer document that speaks to the question as nearly outvotes an older by e^NEWER
 CONFIDENCE_TEMPERATURE = 1.25  # the probabilities' temperature, fitted by bench/calibration.py; 1: none
 LM_FLOOR = 0.4  # the share of the LM's distribution mixed into them, fitted with it; 0: none
 SENTENCE_WORDS = 10  # the sentences embedded are those of the neighbours holding the kNN's this many best words
@@ -93,7 +95,10 @@ class Settings:
     scored above it has its key distance count SENTENCE_DISTANCE as much (the keys place one document's places
     close together: the sentence tells them apart); confidence_temperature
     and lm_floor make the probabilities shown honest (`combine.calibrate`: temperature scaling, then a share of the LM's
-    distribution mixed in), both fitted on a dev split (1 and 0: as combined).
+    distribution mixed in), both fitted on a dev split (1 and 0: as combined). conflicts: where several documents
+    carry the subject's title (an article and its updates), their neighbours vote together as one document's, and
+    with "newest" each newer document's count e^NEWER times the next older one's, so that a fact stated anew wins
+    where its evidence is about as near as the old one's (`knn.version_weights`); "vote": all alike.
     Made with bad values, it raises ValueError naming every problem.
     """
 
@@ -111,6 +116,7 @@ class Settings:
     sentence_floor: float = SENTENCE_FLOOR
     confidence_temperature: float = CONFIDENCE_TEMPERATURE
     lm_floor: float = LM_FLOOR
+    conflicts: str = "newest"
 
     def __post_init__(self) -> None:
         wrong_retrieval = (
@@ -145,6 +151,8 @@ class Settings:
         problems += _out_of_bounds(self, BOUNDS[1:])
         if self.mixture not in MIXTURES:
             problems.append(f"mixture must be one of {', '.join(MIXTURES)}, not {self.mixture!r}")
+        if self.conflicts not in CONFLICTS:
+            problems.append(f"conflicts must be one of {', '.join(CONFLICTS)}, not {self.conflicts!r}")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -196,6 +204,7 @@ class Settings:
             )
             + (f"-ct{self.confidence_temperature}" if self.confidence_temperature != 1 else "")
             + (f"-f{self.lm_floor}" if self.lm_floor else "")
+            + (f"-c{self.conflicts}" if self.conflicts != "newest" else "")
         )
         return f"n{self.n_docs}-k{self.k}-T{self.temperature}-l{self.lam}{extra}"
 

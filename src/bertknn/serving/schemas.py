@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
-from bertknn.query.settings import LAM_RULES, MIXTURES, RETRIEVALS
+from bertknn.query.settings import CONFLICTS, LAM_RULES, MIXTURES, RETRIEVALS
 from bertknn.text import MASK, Document, parse_document, unicode_error
 
 MAX_TEXT = 1000
@@ -91,6 +91,10 @@ class Options(BaseModel):
         allow_inf_nan=False,
         description="sentence scores below this count as this: only evidence that says what is asked moves the vote",
     )
+    conflicts: Annotated[str, WithJsonSchema({"type": "string", "enum": list(CONFLICTS)})] | None = Field(
+        default=None,
+        description="where documents about the subject disagree: the newest wins (newest) or all vote alike (vote)",
+    )
 
 
 FillMask = Annotated[
@@ -145,6 +149,11 @@ class DocumentIn(BaseModel):
     text: Annotated[Passage | Annotated[list[Passage], Field(min_length=1, max_length=1000)], UTF8] = Field(
         description="the text, or a list of passages"
     )
+    date: Annotated[str | None, Field(max_length=40)] = Field(
+        None,
+        description="the document's date, ISO 8601 (2024-05-01 or 2024-05-01T09:30:00Z): of the documents about one "
+        "subject the newest wins where they disagree; without it, when the document is added",
+    )
 
     @model_validator(mode="after")
     def _readable(self) -> DocumentIn:
@@ -153,7 +162,7 @@ class DocumentIn(BaseModel):
 
     def document(self) -> Document:
         """The document as `bertknn add` reads it from a corpus file (`text.parse_document`; CorpusError)."""
-        return parse_document(self.model_dump(), "the document")
+        return parse_document(self.model_dump(exclude_none=True), "the document")
 
 
 class TokenScoreOut(BaseModel):
@@ -179,6 +188,7 @@ class NeighbourOut(BaseModel):
     sentence: str
     span: tuple[int, int] = Field(description="[start, end) of the word in `sentence`, in characters")
     count: int = Field(1, description="the contexts this entry stands for (more than 1 in a pruned datastore)")
+    date: str | None = Field(None, description="its document's date, else when the document was added (ISO 8601)")
 
 
 class FillMaskOut(BaseModel):
@@ -201,6 +211,10 @@ class PredictionOut(BaseModel):
     knn: list[TokenScoreOut]
     bert_knn: list[TokenScoreOut]
     evidence: dict[str, list[NeighbourOut]] = Field(description="for each kNN answer, its nearest stored contexts")
+    superseded: list[NeighbourOut] = Field(
+        default_factory=list,
+        description="where newer documents about the subject outvoted older ones: each older one's nearest statement",
+    )
     fill_mask: dict[str, list[FillMaskOut]] | None = Field(
         default=None, description="with fill_mask: the rankings (bert, knn, bert_knn) as the fill-mask pipeline's"
     )

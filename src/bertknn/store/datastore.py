@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import datetime
 import fcntl
 import hashlib
 import json
@@ -67,7 +68,9 @@ CREATE TABLE IF NOT EXISTS documents (
     start INTEGER, end INTEGER,  -- the entry range [start, end); NULL until the document is embedded
     state TEXT NOT NULL DEFAULT 'live',
     digest TEXT,  -- sha256 of the document's title and passages: an add with other text under the same id is seen
-    removed_id TEXT);  -- a removed document's id (its `id` becomes REMOVED_PREFIX + idx, so the id is free)
+    removed_id TEXT,  -- a removed document's id (its `id` becomes REMOVED_PREFIX + idx, so the id is free)
+    date TEXT,  -- the document's own date (ISO 8601, `text.iso_date`), when its corpus gives one
+    added TEXT);  -- when it was registered (UTC, ISO 8601): documents about one subject are ordered by date or this
 CREATE INDEX IF NOT EXISTS documents_title ON documents (norm_title);
 CREATE TABLE IF NOT EXISTS sentences (idx INTEGER PRIMARY KEY, doc INTEGER NOT NULL, text TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS sentences_doc ON sentences (doc);
@@ -130,6 +133,7 @@ class Record:
     norm_title: str
     sentences: tuple[str, ...]
     digest: str
+    date: str | None = None  # the document's date (`text.iso_date`), when its corpus gives one
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,13 @@ class Provenance:
     sentence: str
     span: tuple[int, int]
     count: int = 1  # the contexts this entry stands for: more than 1 where pruning merged near-duplicates into it
+    date: str | None = None  # its document's date, else when the document was added (None in an older store)
+
+
+def newest_first(dated: list[tuple[int, str | None]]) -> list[tuple[int, str | None]]:
+    """(document, date) pairs newest first: by the date (a document's own, else when it was added; ISO 8601
+    strings compare as times), then the later added; undated ones (a store older than dates) last."""
+    return sorted(dated, key=lambda d: (d[1] is not None, d[1] or "", d[0]), reverse=True)
 
 
 def file_sha256(path: Path) -> str:
@@ -307,7 +318,8 @@ class Datastore:
             self.db = sqlite3.connect(db_file, check_same_thread=False, timeout=30)
             self.db.executescript(SCHEMA)
             columns = {row[1] for row in self.db.execute("PRAGMA table_info(documents)")}
-            for column, kind in (("state", "TEXT NOT NULL DEFAULT 'live'"), ("digest", "TEXT"), ("removed_id", "TEXT")):
+            added = (("state", "TEXT NOT NULL DEFAULT 'live'"), ("digest", "TEXT"), ("removed_id", "TEXT"))
+            for column, kind in (*added, ("date", "TEXT"), ("added", "TEXT")):
                 if column not in columns:  # a datastore made before the column existed
                     with self.db:
                         self.db.execute(f"ALTER TABLE documents ADD COLUMN {column} {kind}")
@@ -634,12 +646,11 @@ class Datastore:
             raise DatastoreError(f"{self.path / SQLITE} lacks documents {sorted(set(docs) - set(rows))[:5]}: damaged")
         return [rows[d] for d in docs]
 
-    def find_title(self, norm_title: str) -> int | None:
-        """Index of the first live document whose normalised title (`text.normalize_title`) is `norm_title`."""
-        row = self.db.execute(
-            "SELECT idx FROM documents WHERE norm_title = ? AND state = 'live' ORDER BY idx LIMIT 1", (norm_title,)
-        ).fetchone()
-        return row[0] if row else None
+    def find_titles(self, norm_title: str) -> list[tuple[int, str | None]]:
+        """The live documents whose normalised title (`text.normalize_title`) is `norm_title`, newest first
+        (`newest_first`), each with its date (or when it was added)."""
+        query = "SELECT idx, coalesce(date, added) FROM documents WHERE norm_title = ? AND state = 'live'"
+        return newest_first(self.db.execute(query, (norm_title,)).fetchall())
 
     def titles(self, docs: list[int]) -> list[str]:
         """The titles of documents, by index."""
@@ -654,9 +665,10 @@ class Datastore:
         counts = self.counts_of(np.asarray(entries, np.int64))
         count = dict(zip(map(int, entries), counts.tolist())) if counts is not None else {}
         found = {
-            idx: Provenance(idx, doc_id, title, sentence, (start, end), count.get(idx, 1))
-            for idx, doc_id, title, sentence, start, end in self.db.execute(
-                "SELECT e.idx, d.id, d.title, s.text, e.start, e.end FROM entries e JOIN sentences s ON s.idx = "
+            idx: Provenance(idx, doc_id, title, sentence, (start, end), count.get(idx, 1), date)
+            for idx, doc_id, title, sentence, start, end, date in self.db.execute(
+                "SELECT e.idx, d.id, d.title, s.text, e.start, e.end, coalesce(d.date, d.added) FROM entries e "
+                "JOIN sentences s ON s.idx = "
                 "e.sentence JOIN documents d ON d.idx = s.doc WHERE e.idx IN (SELECT value FROM json_each(?))",
                 (json.dumps([int(e) for e in entries]),),
             )
@@ -700,10 +712,12 @@ class Datastore:
             "SELECT (SELECT coalesce(max(idx) + 1, 0) FROM documents), "
             "(SELECT coalesce(max(idx) + 1, 0) FROM sentences)"
         ).fetchone()
+        added = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None).isoformat(timespec="microseconds")
         for doc_idx, doc in enumerate(docs, first):
             self.db.execute(
-                "INSERT INTO documents VALUES (?, ?, ?, ?, NULL, NULL, ?, ?, NULL)",
-                (doc_idx, doc.id, doc.title, doc.norm_title, state, doc.digest),
+                "INSERT INTO documents (idx, id, title, norm_title, state, digest, date, added) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (doc_idx, doc.id, doc.title, doc.norm_title, state, doc.digest, doc.date, added),
             )
             rows = [(sent_idx + i, doc_idx, t) for i, t in enumerate(doc.sentences)]
             self.db.executemany("INSERT INTO sentences VALUES (?, ?, ?)", rows)

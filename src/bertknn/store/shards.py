@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from bertknn.store.atomic import write_json
-from bertknn.store.datastore import Datastore, DatastoreError, Provenance, sqlite_errors
+from bertknn.store.datastore import Datastore, DatastoreError, Provenance, newest_first, sqlite_errors
 
 SHARDS_FILE = "shards.json"
 
@@ -131,7 +131,7 @@ class Store(Protocol):
 
     def titles(self, docs: list[int]) -> list[str]: ...
 
-    def find_title(self, norm_title: str) -> int | None: ...
+    def find_titles(self, norm_title: str) -> list[tuple[int, str | None]]: ...
 
     def provenance(self, entries: list[int]) -> list[Provenance]: ...
 
@@ -431,12 +431,13 @@ class ShardedDatastore:
         order = np.lexsort((entries, dist))[:k]
         return entries[order], dist[order]
 
-    def find_title(self, norm_title: str) -> int | None:
-        for s, shard in enumerate(self.shards):
-            found = shard.find_title(norm_title)
-            if found is not None:
-                return found + int(self.doc_starts[s])
-        return None
+    def find_titles(self, norm_title: str) -> list[tuple[int, str | None]]:
+        found = [
+            (d + int(start), date)
+            for shard, start in zip(self.shards, self.doc_starts)
+            for d, date in shard.find_titles(norm_title)
+        ]
+        return newest_first(found)
 
     def hidden_documents(self) -> np.ndarray:
         return np.concatenate([s.hidden_documents() + self.doc_starts[i] for i, s in enumerate(self.shards)])

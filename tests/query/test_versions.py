@@ -1,0 +1,79 @@
+"""Documents about one subject (an article and its updates): the title shortcut reads every one, newest first, and
+where they disagree the newest one's fact wins while both are in the evidence (SPEC §2, `knn.version_weights`)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from bertknn.query.settings import NEWER, Settings
+from bertknn.text import CorpusError, iso_date, parse_document
+
+QUESTION = "Ilsa Varnhold was born in [MASK] ."
+# the kNN alone, uncalibrated: the vote is the answer, so its ratios can be read off `p`
+KNN_ONLY = Settings(lam=1.0, confidence_temperature=1.0, lm_floor=0.0)
+
+
+def _p(reader, prediction, word: str) -> float:
+    """The answer's probability of a word of one token: `p` is indexed by vocabulary id there."""
+    return float(prediction.p[reader.encoder.tokenizer.convert_tokens_to_ids(word)])
+
+
+def test_dates_are_iso_8601_and_compare_as_strings():
+    assert iso_date("2024-05-01") == "2024-05-01"
+    assert iso_date("2024-05-01T09:30:00+02:00") == "2024-05-01T07:30:00"  # in UTC
+    assert iso_date(" 2024-05-01T09:30Z ") == "2024-05-01T09:30:00"
+    doc = parse_document({"id": "a", "title": "A", "text": "Some text.", "date": "2020-02-29"}, "here")
+    assert doc.date == "2020-02-29"
+    assert parse_document({"id": "a", "title": "A", "text": "Some text."}, "here").date is None
+    with pytest.raises(CorpusError, match=r"here: 'date' '1 May 2024' is not an ISO 8601 date"):
+        parse_document({"id": "a", "title": "A", "text": "x", "date": "1 May 2024"}, "here")
+    with pytest.raises(CorpusError, match=r"here: 'date' must be an ISO 8601 date string .* not int"):
+        parse_document({"id": "a", "title": "A", "text": "x", "date": 2024}, "here")
+
+
+def test_the_title_shortcut_reads_every_document_of_the_subject_newest_first(built):
+    old = built.store.find_titles("ilsa varnhold")
+    assert [d for d, _ in old] == [0] and old[0][1] is not None  # when it was added
+    built.add_documents([{"id": "u1", "title": "Ilsa Varnhold", "text": "Ilsa Varnhold was born in Porto."}])
+    built.add_documents([{"id": "u0", "title": "Ilsa  varnhold", "text": "She sang.", "date": "1990-01-01"}])
+    titled = built.store.find_titles("ilsa varnhold")
+    assert [d for d, _ in titled] == [5, 0, 6]  # added last, then the first, then the one dated 1990
+    assert titled[2][1] == "1990-01-01"
+    found = built.search("ir").search(QUESTION, "Ilsa Varnhold", built.encoder.query([QUESTION])[1][0], KNN_ONLY)
+    assert found.titled and found.documents == [5, 0, 6]
+    assert set(built.store.documents_of(found.entries).tolist()) == {0, 5, 6}
+    built.remove_documents(["u1"])
+    assert [d for d, _ in built.store.find_titles("ilsa varnhold")] == [0, 6]
+    assert built.store.find_titles("nobody") == []
+
+
+def test_a_newer_documents_fact_wins_and_both_are_in_the_evidence(built):
+    built.add_documents([{"id": "u1", "title": "Ilsa Varnhold", "text": "Ilsa Varnhold was born in Porto."}])
+    newest = built.predict(QUESTION, subject="Ilsa Varnhold", settings=KNN_ONLY)
+    alike = built.predict(QUESTION, subject="Ilsa Varnhold", settings=KNN_ONLY.replace(conflicts="vote"))
+    assert newest.bert_knn[0].token == "porto"
+    # both sentences are the question's own context with another word, so both keys lie at the question's state up to
+    # the float16 keys' rounding (a distance of at most ~1e-3 against the temperature 6: a ratio off by < 1e-3)
+    ratio = _p(built, newest, "porto") / _p(built, newest, "lisbon")
+    assert ratio == pytest.approx(math.exp(NEWER), rel=1e-3)
+    assert _p(built, alike, "porto") / _p(built, alike, "lisbon") == pytest.approx(1.0, rel=1e-3)
+    (now,) = [n for n in newest.evidence["porto"] if n.doc_id == "u1"]
+    (before,) = newest.superseded  # what the older document said, shown beside the answer: the fact changed
+    assert (before.token, before.doc_id, before.sentence) == ("lisbon", "d1", "Ilsa Varnhold was born in Lisbon.")
+    assert now.date > before.date
+    assert alike.superseded == [] and newest.to_dict()["superseded"][0]["doc_id"] == "d1"
+
+
+def test_an_older_dated_document_loses_and_a_subject_of_one_document_votes_as_before(built):
+    built.add_documents(
+        [{"id": "u1", "title": "Ilsa Varnhold", "text": "Ilsa Varnhold was born in Porto.", "date": "1900-01-01"}]
+    )
+    p = built.predict(QUESTION, subject="Ilsa Varnhold", settings=KNN_ONLY)
+    assert _p(built, p, "lisbon") / _p(built, p, "porto") == pytest.approx(math.exp(NEWER), rel=1e-3)  # as above
+    # a subject with one document: the vote is the one it was (the paper's), version weights never enter
+    single = built.predict("Dante was born in [MASK] .", subject="Dante Alighieri", settings=KNN_ONLY)
+    alike = built.predict(
+        "Dante was born in [MASK] .", subject="Dante Alighieri", settings=KNN_ONLY.replace(conflicts="vote")
+    )
+    np.testing.assert_array_equal(single.p, alike.p)  # the same computation: bit-identical
