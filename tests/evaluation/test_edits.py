@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from bertknn import cli
 from bertknn.cli import app
 from bertknn.evaluation.edits import Editor, default_rows, evaluate_edits
-from bertknn.evaluation.edits_answers import probability, target_tokens
+from bertknn.evaluation.edits_answers import SCORES, probability, target_tokens
 from bertknn.evaluation.edits_data import EditRecord, EditsError, load_edits, questions_of, split_edits
 from bertknn.evaluation.edits_report import write_edits_report
 from bertknn.model.runtime import Runtime
@@ -57,8 +57,7 @@ def test_both_layouts_are_read_from_a_json_list_or_json_lines(tmp_path):
     listed = tmp_path / "flat.json"
     listed.write_text(json.dumps([FLAT, {**FLAT, "case_id": 3, "prompt": "{}, the"}]), encoding="utf-8")
     flat = load_edits(listed)
-    assert flat[0] == EditRecord(2, "Toko Yasuda, the", "Toko Yasuda", "piano", "guitar",
-                                 "Toko Yasuda is incredible at", "John Lennon performs on the", "guitar")  # fmt: skip
+    assert flat[0] == EditRecord(2, **{k: v for k, v in FLAT.items() if k != "case_id"})
     assert flat[1].prompt == "Toko Yasuda, the" and flat[1].relation is None  # a "{}" is filled with the subject
     lines = tmp_path / "rome.jsonl"
     lines.write_text(json.dumps(ROME) + "\n\n" + json.dumps({**ROME, "case_id": 8}) + "\n", encoding="utf-8")
@@ -218,9 +217,8 @@ def test_the_scores_are_counted_exactly_on_scripted_answers(tokenizer, tmp_path)
     result = evaluate_edits(reader, SCRIPTED, batch=3, modes=("subjects",), in_place=True)
     assert [p["edits"] for p in result["checkpoints"]] == [0, 1, 4]
     before, one, four = (p["scores"]["subjects"] for p in result["checkpoints"])
-    first = {"edits": 1, "efficacy": 100.0, "generalisation": 100.0, "locality": 100.0}
-    assert one["bertknn"]["all"] == first | {"efficacy_score": 100.0, "paraphrase_score": 100.0,
-                                             "neighbourhood_score": 100.0}  # fmt: skip
+    everything = dict.fromkeys(SCORES, 100.0)
+    assert one["bertknn"]["all"] == {"edits": 1, **everything}  # the first edit: all right
     assert four["bertknn"]["all"] == {
         "edits": 4,
         "efficacy": 75.0,  # 3 of 4 top-1 words are the new target
@@ -231,8 +229,8 @@ def test_the_scores_are_counted_exactly_on_scripted_answers(tokenizer, tmp_path)
         "neighbourhood_score": 75.0,
     }
     assert four["paper"] == four["bertknn"]  # the script answers every settings row alike
-    assert four["bertknn"]["relations"]["P1"] == {"edits": 2, "efficacy": 100.0, "generalisation": 50.0,
-        "locality": 50.0, "efficacy_score": 100.0, "paraphrase_score": 100.0, "neighbourhood_score": 50.0}  # fmt: skip
+    p1 = {"generalisation": 50.0, "locality": 50.0, "neighbourhood_score": 50.0}
+    assert four["bertknn"]["relations"]["P1"] == {"edits": 2, **everything, **p1}
     lm = {"edits": 4, "efficacy": 0.0, "generalisation": 0.0, "locality": 100.0, "efficacy_score": 0.0}
     assert four["lm"]["all"] == lm | {"paraphrase_score": 0.0, "neighbourhood_score": 100.0}
     assert before["bertknn"]["all"] == before["lm"]["all"] == four["lm"]["all"]  # nothing edited yet: the LM's

@@ -33,6 +33,7 @@ import logging
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -56,8 +57,17 @@ def directory_size(path: str | Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
-def _file_state(path: Path) -> dict[str, tuple[int, int]]:
-    return {str(f.relative_to(path)): (f.stat().st_size, f.stat().st_mtime_ns) for f in path.rglob("*") if f.is_file()}
+def _file_state(path: Path) -> dict[str, tuple[int, int]] | None:
+    """(size, mtime) of every file under `path`; None when one vanished while they were read (a writer at work)."""
+    state = {}
+    try:
+        for f in path.rglob("*"):
+            if f.is_file():
+                stat = f.stat()
+                state[str(f.relative_to(path))] = (stat.st_size, stat.st_mtime_ns)
+    except FileNotFoundError:
+        return None
+    return state
 
 
 def copy_datastore(source: str | Path, target: str | Path, tries: int = 3) -> Path:
@@ -69,14 +79,17 @@ def copy_datastore(source: str | Path, target: str | Path, tries: int = 3) -> Pa
         if holder:
             raise DatastoreError(f"{source} is being written by {holder}; rerun when it has finished")
         before = _file_state(source)
-        shutil.copytree(source, target, symlinks=True)
-        if _file_state(source) == before:
+        try:
+            shutil.copytree(source, target, symlinks=True)
+        except (shutil.Error, FileNotFoundError):  # a file went while it was copied
+            before = None
+        if before is not None and _file_state(source) == before:
             shards = shard_paths(target) if is_sharded(target) else []
             outside = [p for p in shards if target.resolve() not in p.resolve().parents]
             if outside:
                 raise DatastoreError(f"{source} lists shards outside its folder ({outside[0]}): use in_place")
             return target
-        shutil.rmtree(target)
+        shutil.rmtree(target, ignore_errors=True)
     raise DatastoreError(f"{source} kept changing while it was copied: rerun when no writer is at work")
 
 
@@ -262,7 +275,8 @@ def evaluate_edits(
 
     `modes`: "subjects" and/or "no_subjects"; `rows`: settings rows by name (default `default_rows`), and with `lm`
     the LM alone; `top_k`: the words the undo check compares. Works on a copy of the datastore (`working_copy`)
-    unless `in_place` (the edit documents are then left removed, hidden on disk). `progress(phase, done, total)`:
+    unless `in_place` (the edit documents are then left removed, hidden on disk); in a lazy datastore the documents
+    questions retrieve are embedded then, in the copy, and count in the bytes per edit. `progress(phase, done, total)`:
     "questions" and "edits"; INFO lines on "bertknn.evaluation.edits" per checkpoint and every LOG_EVERY_S.
     """
     records, modes = list(records), tuple(modes)
@@ -270,6 +284,9 @@ def evaluate_edits(
         raise EditsError("no edits to evaluate")
     if batch < 1 or not modes or set(modes) - set(MODES):
         raise ValueError(f"batch must be >= 1 and modes some of {', '.join(MODES)} (got {batch}, {modes})")
+    twice = sorted(case for case, n in Counter(r.case_id for r in records).items() if n > 1)
+    if twice:
+        raise EditsError(f"case_id(s) given twice: {twice[:5]}; each edit is the document edit-<case_id>")
     rows = dict(rows) if rows is not None else default_rows(reader)
     if not rows:
         raise ValueError("no settings rows to evaluate")
@@ -285,21 +302,20 @@ def evaluate_edits(
             after = run.ask_all(stop)
             points.append(run.checkpoint(stop, after, before, spent, directory_size(work.store.path) - size))
         undo = run.undo(before)
-        setting = {
-            "datastore": str(reader.store.path),
-            "model": reader.encoder.name,
-            "layer": reader.store.layer,
-            "lazy": bool(reader.store.lazy),
-            "edits": len(records),
-            "batch": batch,
-            "modes": list(modes),
-            "rows": {name: s.as_dict() for name, s in rows.items()} | ({LM: None} if lm else {}),
-            "top_k": top_k,
-            "in_place": in_place,
-            "began": began,
-            "seconds": time.time() - began,
-        }
+    asked = {"edits": len(records), "batch": batch, "modes": list(modes), "top_k": top_k, "in_place": in_place}
+    setting = _setting(reader, rows, lm) | asked | {"began": began, "seconds": time.time() - began}
     return {"setting": setting, "checkpoints": points, "undo": undo, "records": _per_record(records, before, after)}
+
+
+def _setting(reader, rows: dict[str, Settings], lm: bool) -> dict:
+    """What a run's report says of the reader and its rows (each row's settings; None: the LM's own ranking)."""
+    return {
+        "datastore": str(reader.store.path),
+        "model": reader.encoder.name,
+        "layer": reader.store.layer,
+        "lazy": bool(reader.store.lazy),
+        "rows": {name: s.as_dict() for name, s in rows.items()} | ({LM: None} if lm else {}),
+    }
 
 
 class Editor:

@@ -72,6 +72,16 @@ def question_query(question: str) -> str:
     return re.sub(r"[^\w\s]", " ", question.replace(MASK, " ")).strip()
 
 
+def names(text: str, subject: str | None = None) -> list[str]:
+    """The words that name the entity a question is about, as `tokenize` gives them: the subject's words that are not
+    stopwords, else the question's capitalised ones ("Michel Rocard is a native speaker of [MASK]" -> michel,
+    rocard)."""
+    if subject:
+        return [t for t in tokenize(subject) if _keep(t)]
+    words = TOKEN_RE.findall(unicodedata.normalize("NFKC", text.replace(MASK, " ")))
+    return [w.lower() for w in words if w[:1].isupper() and _keep(w.lower())]
+
+
 @dataclass(frozen=True)
 class Segment:
     """log1p(count) per (feature, document) for a run of documents, column-wise: feature -> documents."""
@@ -345,6 +355,26 @@ class TfidfIndex:
         order = np.lexsort((docs, -scores))[:n]
         return docs[order].tolist(), scores[order].tolist()
 
+    def containing(self, word: str) -> np.ndarray:
+        """The documents whose text holds `word` (a token of `tokenize`), from its unigram feature's columns."""
+        qh = np.asarray([murmurhash3_32(word, positive=True) % NUM_BUCKETS], np.int64)
+        found = [
+            seg.docs[seg.indptr[c] : seg.indptr[c + 1]] + seg.offset
+            for seg in self.segments
+            for (c,), (has,) in [seg.lookup(qh)]
+            if has
+        ]
+        return np.concatenate(found).astype(np.int64) if found else np.zeros(0, np.int64)
+
+    def about(self, docs: list[int], names: list[str]) -> list[bool]:
+        """Whether each of `docs` is about the entity `names` name: holds the rarest of the names (the surname of
+        "Carl Friedrich Gauss", the "Jefferson" of "Jefferson County"; none where no document holds one of them: the
+        datastore knows nothing of that entity). All True without names: nothing tells the documents apart."""
+        if not names:
+            return [True] * len(docs)
+        rarest = min((self.containing(w) for w in dict.fromkeys(names)), key=len)
+        return np.isin(docs, rarest).tolist()
+
     def top(self, query: str | np.ndarray, n: int, hidden: np.ndarray | None = None) -> list[int]:
         """The documents of `ranked`."""
         return self.ranked(query, n, hidden)[0]
@@ -536,4 +566,6 @@ def select_documents(store: Datastore, index: TfidfIndex, question: str, subject
         titled = [doc for doc, _ in store.find_titles(normalize_title(subject))]
         if titled:
             return Selected(titled, [1.0] * len(titled), titled=True)
-    return Selected(*index.ranked(subject or question_query(question), n_docs, store.hidden_documents()))
+    docs, scores = index.ranked(subject or question_query(question), n_docs, store.hidden_documents())
+    about = index.about(docs, names(question, subject))  # evidence about another entity must not answer
+    return Selected([d for d, a in zip(docs, about) if a], [s for s, a in zip(scores, about) if a])

@@ -1,0 +1,35 @@
+"""Evidence about another entity never answers: TF-IDF's documents are kept only where they name the question's
+entity (`retrieval.names`, `TfidfIndex.about`), so a question about an entity the datastore knows nothing of is the
+LM's alone, whatever other documents share its relation's words (CounterFact's locality)."""
+
+import numpy as np
+
+from bertknn.index.retrieval import names, select_documents
+
+
+def test_the_names_of_a_question_are_its_capitalised_words_or_its_subjects():
+    assert names("Michel Rocard is a native speaker of [MASK] .") == ["michel", "rocard"]
+    assert names("The twin city of Seoul is [MASK] .") == ["seoul"]  # "The": a stopword
+    assert names("Carl Friedrich Gauss's expertise is [MASK] .") == ["carl", "friedrich", "gauss"]
+    assert names("the capital of france is [MASK] .") == []
+    assert names("anything [MASK] .", subject="Danielle Darrieux") == ["danielle", "darrieux"]
+
+
+def test_documents_that_do_not_name_the_entity_are_not_searched(built):
+    store, index = built.store, built.index
+    plays = index.ranked("plays", 3, store.hidden_documents())[0]
+    assert plays == [0]  # TF-IDF alone: Ilsa Varnhold's document shares "plays" with any question
+    known = select_documents(store, index, "Ilsa Varnhold plays the [MASK] .", None, 3)
+    assert known.documents == [0] and not known.titled
+    unknown = select_documents(store, index, "Maren Holtby plays the [MASK] .", None, 3)
+    assert unknown.documents == [] and unknown.scores == []  # no document names Holtby: nothing is about her
+    # the rarest name decides (of names as rare, the first): "Dante Varnhold" is not Ilsa Varnhold's document's
+    assert select_documents(store, index, "Dante Varnhold plays the [MASK] .", None, 3).documents == [2]
+    assert select_documents(store, index, "Plays [MASK] .", None, 3).documents == [0]  # a capitalised word counts
+
+
+def test_a_question_about_an_unknown_entity_is_the_lms_alone(built):
+    prediction = built.predict("Maren Holtby plays the [MASK] .")
+    assert prediction.documents == [] and prediction.p_knn is None and len(prediction.neighbours.entries) == 0
+    assert [t.token for t in prediction.bert_knn] == [t.token for t in prediction.bert]
+    np.testing.assert_array_equal(prediction.p, prediction.p_bert)  # the LM's distribution, as computed: bit for bit
