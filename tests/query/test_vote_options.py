@@ -16,12 +16,13 @@ RAW = {"confidence_temperature": 1.0, "lm_floor": 0.0}  # the probabilities as c
 
 
 def test_the_retrieval_aware_vote_weighs_each_document_by_its_retrieval_score(built):
-    # no subject: TF-IDF's top documents, with their scores
+    # no subject and no name: TF-IDF's top documents, with their scores (a name would keep only those naming it)
     # lm_words=0: the LM scores every word of several wordpieces, so both mixtures' LM parts are the same
-    paper = built.predict(QUESTION, **RAW, doc_temperature=0, mixture="linear", lm_words=0)
+    nameless = "someone was born in [MASK] ."
+    paper = built.predict(nameless, **RAW, doc_temperature=0, mixture="linear", lm_words=0)
     found = paper.neighbours
     assert len(found.documents) > 1 and found.scores == sorted(found.scores, reverse=True) and found.scores[0] > 0
-    aware = built.predict(QUESTION, **RAW, doc_temperature=0.1, mixture="linear", lm_words=0)
+    aware = built.predict(nameless, **RAW, doc_temperature=0.1, mixture="linear", lm_words=0)
     docs = built.store.documents_of(found.entries)
     groups = np.array([found.documents.index(int(d)) for d in docs])
     prior = document_prior(np.append(found.scores, 0.0), 0.1)
@@ -31,7 +32,7 @@ def test_the_retrieval_aware_vote_weighs_each_document_by_its_retrieval_score(bu
     np.testing.assert_allclose(aware.p, LAM * expected + (1 - LAM) * paper.p_bert)  # bertknn's lambda
     np.testing.assert_array_equal(paper.p_knn, knn_distribution(values, found.distances, 6.0, len(paper.p_bert)))
     assert not np.allclose(aware.p_knn, paper.p_knn)
-    default = built.predict(QUESTION, **RAW)  # bertknn's default vote is the retrieval-aware one
+    default = built.predict(nameless, **RAW)  # bertknn's default vote is the retrieval-aware one
     assert built.settings.doc_temperature == DOC_TEMPERATURE > 0 and not np.allclose(default.p_knn, paper.p_knn)
     with_subject = built.predict(QUESTION, **RAW, subject="Ilsa Varnhold")  # one document: the paper's vote exactly
     np.testing.assert_allclose(

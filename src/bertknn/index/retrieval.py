@@ -314,23 +314,32 @@ class TfidfIndex:
             pos = part.stop
         return cls(segments, pos, [p.stop - p.first for p in parts])
 
-    def idf(self, nt: np.ndarray) -> np.ndarray:
-        """idf from document frequencies: max(0, log((N - Nt + .5) / (Nt + .5)))."""
+    def idf(self, nt: np.ndarray, n_docs: int | None = None) -> np.ndarray:
+        """idf from document frequencies: max(0, log((N - Nt + .5) / (Nt + .5))), N the documents indexed (or
+        `n_docs`: those live)."""
         nt = np.asarray(nt, np.float64)
-        return np.maximum(0.0, np.log((self.n_docs - nt + 0.5) / (nt + 0.5)))
+        n = self.n_docs if n_docs is None else n_docs
+        return np.maximum(0.0, np.log((n - nt + 0.5) / (nt + 0.5)))
 
-    def scores(self, query: str | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def scores(self, query: str | np.ndarray, hidden: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(documents, scores) of every document sharing a weighted feature with `query` (a text, or its hashed
-        features as `ngram_hashes` gives them), unsorted."""
+        features as `ngram_hashes` gives them), unsorted. Documents `hidden` (removed, or being added) count in no
+        idf, so that removing what was added gives every score back as it was (an edit undone leaves no trace)."""
         features = np.asarray(ngram_hashes(query) if isinstance(query, str) else query, np.int64)
         if not len(features):
             return np.zeros(0, np.int64), np.zeros(0)
         qh, counts = np.unique(features, return_counts=True)
         found = [(seg, *seg.lookup(qh)) for seg in self.segments]
+        hidden = hidden[hidden < self.n_docs] if hidden is not None and len(hidden) else None
         nt = np.zeros(len(qh), np.int64)
         for seg, cols, has in found:  # a segment may hold no feature at all (documents of stopwords only)
             nt[has] += seg.indptr[cols[has] + 1] - seg.indptr[cols[has]]
-        weight = np.log1p(counts.astype(np.float64)) * self.idf(nt) ** 2  # query weight x document idf
+            if hidden is not None:
+                for i in np.flatnonzero(has):
+                    lo, hi = seg.indptr[cols[i]], seg.indptr[cols[i] + 1]
+                    nt[i] -= np.count_nonzero(np.isin(seg.docs[lo:hi] + seg.offset, hidden))
+        live = self.n_docs - (len(hidden) if hidden is not None else 0)
+        weight = np.log1p(counts.astype(np.float64)) * self.idf(nt, live) ** 2  # query weight x document idf
         docs, vals = [], []
         for seg, cols, has in found:
             for c, w in zip(cols[has], weight[has]):
@@ -347,7 +356,7 @@ class TfidfIndex:
     ) -> tuple[list[int], list[float]]:
         """The `n` best-scoring documents (score > 0, not `hidden`), best first, ties broken by document order, and
         their scores."""
-        docs, scores = self.scores(query)
+        docs, scores = self.scores(query, hidden)
         keep = scores > 0
         if hidden is not None and len(hidden):
             keep &= ~np.isin(docs, hidden)
@@ -366,13 +375,17 @@ class TfidfIndex:
         ]
         return np.concatenate(found).astype(np.int64) if found else np.zeros(0, np.int64)
 
-    def about(self, docs: list[int], names: list[str]) -> list[bool]:
+    def about(self, docs: list[int], names: list[str], hidden: np.ndarray | None = None) -> list[bool]:
         """Whether each of `docs` is about the entity `names` name: holds the rarest of the names (the surname of
         "Carl Friedrich Gauss", the "Jefferson" of "Jefferson County"; none where no document holds one of them: the
-        datastore knows nothing of that entity). All True without names: nothing tells the documents apart."""
+        datastore knows nothing of that entity). All True without names: nothing tells the documents apart. Documents
+        `hidden` hold no name."""
         if not names:
             return [True] * len(docs)
-        rarest = min((self.containing(w) for w in dict.fromkeys(names)), key=len)
+        held = (self.containing(w) for w in dict.fromkeys(names))
+        if hidden is not None and len(hidden):
+            held = (found[~np.isin(found, hidden)] for found in held)
+        rarest = min(held, key=len)
         return np.isin(docs, rarest).tolist()
 
     def top(self, query: str | np.ndarray, n: int, hidden: np.ndarray | None = None) -> list[int]:
@@ -566,6 +579,7 @@ def select_documents(store: Datastore, index: TfidfIndex, question: str, subject
         titled = [doc for doc, _ in store.find_titles(normalize_title(subject))]
         if titled:
             return Selected(titled, [1.0] * len(titled), titled=True)
-    docs, scores = index.ranked(subject or question_query(question), n_docs, store.hidden_documents())
-    about = index.about(docs, names(question, subject))  # evidence about another entity must not answer
+    hidden = store.hidden_documents()
+    docs, scores = index.ranked(subject or question_query(question), n_docs, hidden)
+    about = index.about(docs, names(question, subject), hidden)  # evidence about another entity must not answer
     return Selected([d for d, a in zip(docs, about) if a], [s for s, a in zip(scores, about) if a])
