@@ -495,6 +495,7 @@ def figures(pytestconfig, tmp_path_factory) -> Figures:
 # --- the commands' start states and uninterrupted references (test_kill.py, test_disk_full.py) ---------------------
 
 REMOVED = ("doc3", "doc7")  # `remove --doc doc3 --doc doc7`: both or neither
+REPLACED = ("doc4", "doc8")  # `add --replace` of these two with new text: both old or both new, one live copy each
 PRUNE_RADIUS = "inf"  # every document's entries of one word merged into its first: the most a pruning rewrites
 
 
@@ -508,6 +509,10 @@ class Setup:
         self.corpus = write_corpus(root / "corpus.jsonl", self.docs)
         self.more_docs = make_docs(30, 40, seed=2, prefix="new")
         self.more = write_corpus(root / "more.jsonl", self.more_docs)
+        moved = [
+            dict(d, text=d["text"].replace(" was born in ", " was born in Newport, not in ", 1)) for d in self.docs
+        ]
+        self.replacing = write_corpus(root / "replacing.jsonl", [d for d in moved if d["id"] in REPLACED])
         self.refs: dict[str, Path] = {}
         self.durations: dict[str, float] = {}
         self.answers: dict[tuple, Result] = {}
@@ -517,7 +522,12 @@ class Setup:
         shutil.copytree(self.base, self.base_faiss)
         self._ok(cli.run(["index", self.base_faiss, "--factory", "Flat", "--threads", "1"]))
         starts = (("add", self.base_faiss), ("remove", self.base_faiss), ("index", self.base))
-        for command, start in (*starts, ("convert-keys", self.base_faiss), ("prune", None)):
+        for command, start in (
+            *starts,
+            ("replace", self.base_faiss),
+            ("convert-keys", self.base_faiss),
+            ("prune", None),
+        ):
             self._reference(command, start, root / f"ref-{command}")
 
     @staticmethod
@@ -529,6 +539,7 @@ class Setup:
         return {
             "build": ["build", self.corpus, "--out", store, "--model", self.model, *TORCH],
             "add": ["add", store, self.more, *TORCH],
+            "replace": ["add", store, self.replacing, "--replace", *TORCH],
             "remove": ["remove", store, *(a for d in REMOVED for a in ("--doc", d))],
             "index": ["index", store, "--factory", "Flat", "--threads", "1"],
             "convert-keys": ["convert-keys", store, "--key-codec", "SQ8"],
@@ -537,7 +548,7 @@ class Setup:
 
     def start_state(self, command: str, store: Path) -> None:
         """Put the store a trial of `command` starts from at `store` (nothing for a build)."""
-        if command in ("add", "remove", "convert-keys"):
+        if command in ("add", "replace", "remove", "convert-keys"):
             shutil.copytree(self.base_faiss, store)
         elif command == "index":
             shutil.copytree(self.base, store)
@@ -558,7 +569,7 @@ class Setup:
 
     def questions(self, command: str) -> list[list[str]]:
         """The `bertknn ask` questions whose answers a trial must reproduce."""
-        doc = self.more_docs[4] if command == "add" else self.docs[3 if command == "remove" else 5]
+        doc = self.more_docs[4] if command == "add" else self.docs[{"remove": 3, "replace": 4}.get(command, 5)]
         ask = [f"{doc['title']} was born in [MASK] .", "--subject", doc["title"], *TORCH]
         faiss = [[*ask, "--retrieval", "faiss"]] if command not in ("build", "prune") else []  # no FAISS copied
         return [ask, *faiss]

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import REMOVED, Setup, connect_ro, counts, entry_multiset, faiss_vectors, keys_values, tables
+from .conftest import REMOVED, REPLACED, Setup, connect_ro, counts, entry_multiset, faiss_vectors, keys_values, tables
 
-COMMANDS = ("build", "add", "remove", "index", "convert-keys", "prune")
+COMMANDS = ("build", "add", "replace", "remove", "index", "convert-keys", "prune")  # replace: `add --replace`
 SHORT_STEPS = 6  # exact kill points per command in the default mode
 STATS: dict[str, dict] = {}
 EXACT: dict[str, dict] = {}
@@ -69,6 +69,21 @@ def _fingerprint(store: Path) -> tuple:
         return ()
     files = [p for p in store.rglob("*") if p.name != "write.lock"]
     return tuple(sorted((str(p.relative_to(store)), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+
+
+def _replaced_state(store: Path) -> str:
+    """'old' or 'new' when the two replaced documents are each live once with the text of before or after the
+    replacement (both the same), else what is wrong."""
+    with connect_ro(store) as db:
+        rows = db.execute(
+            "SELECT d.id, group_concat(s.text, ' ') FROM documents d JOIN sentences s ON s.doc = d.idx "
+            "WHERE d.state = 'live' AND d.id IN (?, ?) GROUP BY d.idx",
+            REPLACED,
+        ).fetchall()
+    if sorted(r[0] for r in rows) != sorted(REPLACED):
+        return f"live as {sorted(r[0] for r in rows)}"
+    new = {"Newport" in text for _, text in rows}
+    return "mixed" if len(new) > 1 else ("new" if new.pop() else "old")
 
 
 def _pair_state(store: Path) -> str:
@@ -166,6 +181,8 @@ def test_kill_9_then_rerun_equals_the_uninterrupted_run(setup, command, long, rn
                 problems.append(f"a run before the kill failed: {result.describe()}")
             if command == "remove" and (state := _pair_state(store)) not in ("live", "removed"):
                 problems.append(f"after a kill the two removed documents are {state}")
+            if command == "replace" and (state := _replaced_state(store)) not in ("old", "new"):
+                problems.append(f"after a kill the two replaced documents are {state}")
             if (store / "manifest.json").exists():
                 check = cli.run(["verify", store])
                 stats["tracebacks"] += check.traceback

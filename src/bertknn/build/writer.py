@@ -235,7 +235,12 @@ class Writer:
         return self.faiss
 
     def add_documents(
-        self, docs: list[dict | Document], skip_existing: bool = False, progress=None, wait: float | None = None
+        self,
+        docs: list[dict | Document],
+        skip_existing: bool = False,
+        progress=None,
+        wait: float | None = None,
+        replace: bool = False,
     ) -> int:
         """Embed and index new documents ({id, title, text}) without rebuilding anything; return contexts added.
 
@@ -243,11 +248,18 @@ class Writer:
         there on demand), given an IR index segment and appended to the FAISS index, then made live in one
         transaction: a crash at any point leaves the previous state queryable, and calling again completes the
         pending ones. Ids already live raise DatastoreError; with `skip_existing` the same document (same text) is
-        skipped instead, while one with other text still raises. `wait`: seconds to wait for another writer (None:
-        as `datastore.lock_wait` says, else 0).
+        skipped instead, while one with other text still raises, unless `replace`: then the new text takes the old
+        one's place in the same transaction that publishes it (Lucene's updateDocument; a reader sees the old
+        document or the new one, never both or neither). `wait`: seconds to wait for another writer (None: as
+        `datastore.lock_wait` says, else 0).
         """
         parsed = [d if isinstance(d, Document) else parse_document(d, f"document {i + 1}") for i, d in enumerate(docs)]
         if isinstance(self.store, ShardedDatastore):
+            if replace:
+                raise DatastoreError(
+                    f"{self.store.path} is sharded: --replace is not supported there; remove the documents "
+                    "(`bertknn remove --doc ID`), then add the new text"
+                )
             return self._add_to_last_shard(parsed, skip_existing, progress, wait)
         ids = [d.id for d in parsed]
         if len(set(ids)) != len(ids):
@@ -260,9 +272,12 @@ class Writer:
         with store.writing(wait):
             store.reload()
             live = [i for i, state in store.states(ids).items() if state == "live"]
-            if live and not skip_existing:
-                raise DatastoreError(f"document id(s) already in the datastore: {live[:5]}; remove them first")
-            store.stage([record(d, store.splitter) for d in parsed])
+            if live and not (skip_existing or replace):
+                raise DatastoreError(
+                    f"document id(s) already in the datastore: {live[:5]}; remove them first, or replace them "
+                    "(`bertknn add --replace`)"
+                )
+            store.stage([record(d, store.splitter) for d in parsed], replace)
             if not store.lazy:
                 builder.embed(store, store.adding(), self._encoder(), progress=progress)
             listed = {"tfidf": self._extend_index(SEGMENT_DOCS, 1, commit=False)}

@@ -388,9 +388,17 @@ def add(
     dtype: DtypeOption = "float32",
     threads: ThreadsOption = 0,
     wait: WaitOption = WAIT_S,
+    replace: Annotated[
+        bool,
+        typer.Option(
+            "--replace",
+            help="a document whose id is in the datastore with other text replaces it, in the one transaction that "
+            "publishes the new text (otherwise refused)",
+        ),
+    ] = False,
 ) -> None:
     """Add documents: embedded and indexed in place, searchable at once. Rerun after a crash to complete it."""
-    from bertknn.build.corpus import open_corpus
+    from bertknn.build.corpus import digest, open_corpus
     from bertknn.build.writer import Writer
 
     source = open_corpus(corpus)
@@ -398,11 +406,16 @@ def add(
     docs = list(source)  # the whole corpus is read first: a bad line changes nothing
     writer = Writer.open(datastore, runtime=backend)
     known = writer.store.states([d.id for d in docs])
+    held = writer.store.live_digests([i for i, state in known.items() if state == "live"]) if replace else {}
+    replaced = sum(held.get(d.id) not in (None, digest(d)) for d in docs)
     with _writer_wait(datastore, wait), phase_progress() as report:
-        added = writer.add_documents(docs, skip_existing=True, progress=lambda n: report("embedding", n, len(docs)))
-    skipped = sum(state == "live" for state in known.values())
+        added = writer.add_documents(
+            docs, skip_existing=True, progress=lambda n: report("embedding", n, len(docs)), replace=replace
+        )
+    skipped = sum(state == "live" for state in known.values()) - replaced
     console.print(
         f"added {len(docs) - skipped:,} documents ({added:,} contexts) to {datastore}"
+        + (f", {replaced:,} of them replacing the text held under their ids" if replaced else "")
         + (f"; {skipped:,} were there already" if skipped else "")
     )
     if writer.faiss_error is not None:  # IR questions find the new documents; FAISS ones do not until repaired

@@ -565,10 +565,16 @@ class BertKNN:
             )
 
     def add_documents(
-        self, docs: list[dict | Document], skip_existing: bool = False, progress=None, wait: float | None = None
+        self,
+        docs: list[dict | Document],
+        skip_existing: bool = False,
+        progress=None,
+        wait: float | None = None,
+        replace: bool = False,
     ) -> int:
-        """`Writer.add_documents` with this model, then taken in here: the documents are searchable at once."""
-        added = self.writer.add_documents(docs, skip_existing, progress, wait)
+        """`Writer.add_documents` with this model, then taken in here: the documents are searchable at once; with
+        `replace`, documents whose ids are live take the old ones' places in one transaction."""
+        added = self.writer.add_documents(docs, skip_existing, progress, wait, replace)
         self._adopt(self.writer)
         return added
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import datetime
 import fcntl
 import hashlib
@@ -80,6 +81,7 @@ CREATE TABLE IF NOT EXISTS parts (  -- the commit point: the live parts of each 
     kind TEXT NOT NULL, name TEXT NOT NULL, first INTEGER NOT NULL, stop INTEGER NOT NULL, PRIMARY KEY (kind, name));
 """
 REMOVED_PREFIX = "\x1f"  # a control character, which document ids may not hold (text.parse_document)
+REPLACING_PREFIX = "\x1e"  # the id of a staged document that replaces the live one with its id when published
 SQL_PARAMS = 900  # SQLite caps the number of parameters of one statement (999 in old builds)
 LOCK_FILE, SQLITE = "write.lock", "store.sqlite"
 RECHECK_S = 0.2  # pause before damage found on opening is looked at again
@@ -744,28 +746,36 @@ class Datastore:
         with self.sqlite_errors():
             return {doc_id: state for doc_id, _, state, _ in self._rows("id", ids)}
 
-    def stage(self, docs: list[Record]) -> list[str]:
+    def stage(self, docs: list[Record], replace: bool = False) -> list[str]:
         """Register the given documents as 'adding' (hidden) unless the same document is there; return the ids
         skipped because a live document has the same id and text. In one transaction.
 
-        A live document with the same id but other text is refused (remove it first); an 'adding' one left by an
-        interrupted add with other text is replaced, so a rerun with corrected text never keeps the old one.
+        A live document with the same id but other text is refused (remove it first), or with `replace` staged to
+        take its place when published (`publish`: Lucene's updateDocument); an 'adding' one left by an interrupted
+        add with other text is replaced, so a rerun with corrected text never keeps the old one.
         """
+        ids = [d.id for d in docs]
         with self.sqlite_errors():
-            held = {
-                doc_id: (idx, state, digest) for doc_id, idx, state, digest in self._rows("id", [d.id for d in docs])
-            }
+            rows = self._rows("id", ids + [REPLACING_PREFIX + i for i in ids])
+        held = {doc_id: (idx, state, digest) for doc_id, idx, state, digest in rows if doc_id[:1] != REPLACING_PREFIX}
+        staged = {
+            doc_id[1:]: (idx, state, digest) for doc_id, idx, state, digest in rows if doc_id[:1] == REPLACING_PREFIX
+        }
         changed = [d for d in docs if d.id in held and held[d.id][2] not in (None, d.digest)]
         conflicts = [d.id for d in changed if held[d.id][1] == "live"]
-        if conflicts:
+        if conflicts and not replace:
             raise DatastoreError(
                 f"document id(s) {conflicts[:5]} are in {self.path} with other text; remove them first "
-                "(`bertknn remove --doc ID`), then add the new text"
+                "(`bertknn remove --doc ID`), or add with --replace"
             )
-        skipped = [d.id for d in docs if d.id in held and held[d.id][1] == "live"]
-        new = [d for d in docs if d.id not in held or d in changed]
+        skipped = [d.id for d in docs if d.id in held and held[d.id][1] == "live" and d.id not in conflicts]
+        redone = [d for d in docs if d.id in staged and staged[d.id][2] == d.digest]  # an interrupted replace's
+        stale = [staged[i][0] for i in staged if i not in {d.id for d in redone}]
+        new = [d for d in docs if (d.id not in held or d in changed) and d not in redone]
+        rename = {d.id for d in new if d.id in conflicts}
+        new = [dataclasses.replace(d, id=REPLACING_PREFIX + d.id) if d.id in rename else d for d in new]
         with self.sqlite_errors(), self.db:
-            self._hide([held[d.id][0] for d in changed])
+            self._hide([held[d.id][0] for d in changed if d.id not in conflicts] + stale)
             self._insert(new, "adding")
         self.n_documents = self.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents").fetchone()[0]
         return skipped
@@ -785,6 +795,14 @@ class Datastore:
         """Make every 'adding' document live and commit the index parts given (kind=list, as `commit_parts`), in one
         transaction: a reader sees the documents and the parts that index them together, or neither."""
         with self.sqlite_errors(), self.db:
+            replacing = self.db.execute(
+                "SELECT idx, substr(id, 2) FROM documents WHERE state = 'adding' AND substr(id, 1, 1) = ?",
+                (REPLACING_PREFIX,),
+            ).fetchall()
+            if replacing:  # the documents they replace are hidden, their ids taken over, in this one transaction
+                old = self._rows("id", [doc_id for _, doc_id in replacing])
+                self._hide([idx for _, idx, state, _ in old if state == "live"])
+                self.db.executemany("UPDATE documents SET id = ? WHERE idx = ?", [(i, x) for x, i in replacing])
             self.db.execute("UPDATE documents SET state = 'live' WHERE state = 'adding'")
             self._write_parts(parts)
 
