@@ -444,12 +444,15 @@ class BertKNN:
         )
 
     def _superseded(self, found: Neighbours, s: Settings) -> list[Neighbour]:
-        """The nearest neighbour of each of the subject's documents that a newer one outvoted (`knn.outranked`)."""
+        """The nearest neighbour of each of the subject's documents that a newer one outvoted (`knn.outranked`),
+        where it holds another word than the newest document's nearest: what the older documents said instead."""
         if not (found.titled and len(found.documents) > 1 and s.conflicts == "newest"):
             return []
         owners = self.store.documents_of(found.entries)
         older = [doc for doc, n in outranked(owners, found.distances, found.documents, s.temperature).items() if n]
-        picks = [int(np.flatnonzero(owners == doc)[0]) for doc in older if (owners == doc).any()]
+        nearest = {doc: int(np.flatnonzero(owners == doc)[0]) for doc in found.documents if (owners == doc).any()}
+        newest = found.values[nearest[found.documents[0]]] if found.documents[0] in nearest else None
+        picks = [nearest[doc] for doc in older if doc in nearest and found.values[nearest[doc]] != newest]
         if not picks:
             return []
         weights = neighbour_weights(found.distances, s.temperature)
