@@ -20,7 +20,7 @@ def test_documents_that_do_not_name_the_entity_are_not_searched(built):
     plays = index.ranked("plays", 3, store.hidden_documents())[0]
     assert plays == [0]  # TF-IDF alone: Ilsa Varnhold's document shares "plays" with any question
     known = select_documents(store, index, "Ilsa Varnhold plays the [MASK] .", None, 3)
-    assert known.documents == [0] and not known.titled
+    assert known.documents == [0] and known.versions == [[0]]
     unknown = select_documents(store, index, "Maren Holtby plays the [MASK] .", None, 3)
     assert unknown.documents == [] and unknown.scores == []  # no document names Holtby: nothing is about her
     # the rarest name decides (of names as rare, the first): "Dante Varnhold" is not Ilsa Varnhold's document's

@@ -41,7 +41,7 @@ def test_the_title_shortcut_reads_every_document_of_the_subject_newest_first(bui
     assert [d for d, _ in titled] == [5, 0, 6]  # added last, then the first, then the one dated 1990
     assert titled[2][1] == "1990-01-01"
     found = built.search("ir").search(QUESTION, "Ilsa Varnhold", built.encoder.query([QUESTION])[1][0], KNN_ONLY)
-    assert found.titled and found.documents == [5, 0, 6]
+    assert found.versions == [[5, 0, 6]] and found.documents == [5, 0, 6]
     assert set(built.store.documents_of(found.entries).tolist()) == {0, 5, 6}
     built.remove_documents(["u1"])
     assert [d for d, _ in built.store.find_titles("ilsa varnhold")] == [0, 6]
@@ -77,3 +77,16 @@ def test_an_older_dated_document_loses_and_a_subject_of_one_document_votes_as_be
         "Dante was born in [MASK] .", subject="Dante Alighieri", settings=KNN_ONLY.replace(conflicts="vote")
     )
     np.testing.assert_array_equal(single.p, alike.p)  # the same computation: bit-identical
+
+
+def test_without_a_subject_the_versions_tf_idf_finds_vote_as_one_article(built):
+    built.add_documents([{"id": "u1", "title": "Ilsa Varnhold", "text": "Ilsa Varnhold was born in Porto."}])
+    newest = built.predict(QUESTION, settings=KNN_ONLY)  # no subject: TF-IDF finds both documents by their names
+    found = newest.neighbours
+    assert sorted(found.documents) == [0, 5] and found.versions == [[5, 0]]
+    assert newest.bert_knn[0].token == "porto" and [n.token for n in newest.superseded] == ["lisbon"]
+    alike = built.predict(QUESTION, settings=KNN_ONLY.replace(conflicts="vote"))
+    assert alike.superseded == []
+    # as with the subject: both keys at the question's state up to float16 rounding (see above)
+    assert _p(built, newest, "porto") / _p(built, newest, "lisbon") == pytest.approx(math.exp(NEWER), rel=1e-3)
+    assert _p(built, alike, "porto") / _p(built, alike, "lisbon") == pytest.approx(1.0, rel=1e-3)

@@ -29,7 +29,7 @@ from bertknn.index import parts
 from bertknn.index.merging import FACTOR, merge_plan
 from bertknn.index.parts import open_listed
 from bertknn.store import atomic
-from bertknn.store.datastore import Datastore, DatastoreError, Part
+from bertknn.store.datastore import Datastore, DatastoreError, Part, versions
 from bertknn.text import MASK, normalize_title, stopwords
 
 NUM_BUCKETS = 2**24
@@ -559,13 +559,13 @@ def problems(directory: Path) -> list[str]:
 
 @dataclass(frozen=True)
 class Selected:
-    """The documents a question searches and their retrieval scores; `titled`: they are the subject's documents
-    (the title shortcut, score 1 each), newest first (`Datastore.find_titles`), which the vote reads as versions of
-    one article rather than rival sources."""
+    """The documents a question searches and their retrieval scores (TF-IDF's; 1 each for the title shortcut's);
+    `versions`: the documents grouped by title, each group newest first (`datastore.versions`), which the vote reads
+    as versions of one article rather than rival sources (`knn.version_weights`)."""
 
     documents: list[int]
-    scores: list[float]
-    titled: bool = False
+    scores: list[float] | None
+    versions: list[list[int]]
 
 
 def select_documents(store: Datastore, index: TfidfIndex, question: str, subject: str | None, n_docs: int) -> Selected:
@@ -578,8 +578,9 @@ def select_documents(store: Datastore, index: TfidfIndex, question: str, subject
     if subject:
         titled = [doc for doc, _ in store.find_titles(normalize_title(subject))]
         if titled:
-            return Selected(titled, [1.0] * len(titled), titled=True)
+            return Selected(titled, [1.0] * len(titled), [titled])
     hidden = store.hidden_documents()
     docs, scores = index.ranked(subject or question_query(question), n_docs, hidden)
     about = index.about(docs, names(question, subject), hidden)  # evidence about another entity must not answer
-    return Selected([d for d, a in zip(docs, about) if a], [s for s, a in zip(scores, about) if a])
+    docs, scores = [d for d, a in zip(docs, about) if a], [s for s, a in zip(scores, about) if a]
+    return Selected(docs, scores, versions(docs, store.dated_titles(docs)))

@@ -70,17 +70,20 @@ def outranked(owners: np.ndarray, sq_dist: np.ndarray, documents: list[int], tem
     `temperature` of its own nearest (their evidence weighs at least 1/e of its own)."""
     nearest = {doc: np.inf for doc in documents}
     for doc, d in zip(owners.tolist(), np.asarray(sq_dist, np.float64).tolist()):
-        nearest[doc] = min(nearest[doc], d)
+        if doc in nearest:  # neighbours of other documents than these count for none of them
+            nearest[doc] = min(nearest[doc], d)
     near = {doc: nearest[doc] + temperature for doc in documents}
     return {doc: sum(nearest[n] <= near[doc] for n in documents[:i]) for i, doc in enumerate(documents)}
 
 
 def version_weights(
-    owners: np.ndarray, sq_dist: np.ndarray, documents: list[int], newer: float, temperature: float
+    owners: np.ndarray, sq_dist: np.ndarray, versions: list[list[int]], newer: float, temperature: float
 ) -> np.ndarray:
-    """Log weights of the subject's documents' neighbours (as `outranked` takes them): `newer` taken off per newer
-    document that speaks to the question as nearly. So a fact stated anew outvotes the old statement, while a newer
-    document that says nothing near the question (a fact it does not restate) leaves the older one's evidence its
-    full weight."""
-    later = outranked(owners, sq_dist, documents, temperature)
-    return -newer * np.array([later[int(d)] for d in owners], np.float64)
+    """Log weights of neighbours (`owners[i]` neighbour i's document) from the versions of each article (`versions`:
+    groups of documents, newest first; `outranked` within each): `newer` taken off per newer version that speaks to
+    the question as nearly. So a fact stated anew outvotes the old statement, while a newer document that says
+    nothing near the question (a fact it does not restate) leaves the older one's evidence its full weight."""
+    later = {}
+    for group in versions:
+        later |= outranked(owners, sq_dist, group, temperature) if len(group) > 1 else {group[0]: 0}
+    return -newer * np.array([later.get(int(d), 0) for d in owners], np.float64)

@@ -446,13 +446,16 @@ class BertKNN:
     def _superseded(self, found: Neighbours, s: Settings) -> list[Neighbour]:
         """The nearest neighbour of each of the subject's documents that a newer one outvoted (`knn.outranked`),
         where it holds another word than the newest document's nearest: what the older documents said instead."""
-        if not (found.titled and len(found.documents) > 1 and s.conflicts == "newest"):
+        groups = [group for group in found.versions or [] if len(group) > 1]
+        if not groups or s.conflicts != "newest":
             return []
         owners = self.store.documents_of(found.entries)
-        older = [doc for doc, n in outranked(owners, found.distances, found.documents, s.temperature).items() if n]
         nearest = {doc: int(np.flatnonzero(owners == doc)[0]) for doc in found.documents if (owners == doc).any()}
-        newest = found.values[nearest[found.documents[0]]] if found.documents[0] in nearest else None
-        picks = [nearest[doc] for doc in older if doc in nearest and found.values[nearest[doc]] != newest]
+        picks = []
+        for group in groups:
+            said = found.values[nearest[group[0]]] if group[0] in nearest else None  # the newest version's word
+            older = [doc for doc, n in outranked(owners, found.distances, group, s.temperature).items() if n]
+            picks += [nearest[doc] for doc in older if doc in nearest and found.values[nearest[doc]] != said]
         if not picks:
             return []
         weights = neighbour_weights(found.distances, s.temperature)
@@ -479,17 +482,19 @@ class BertKNN:
         counts = self.store.counts_of(found.entries)
         if counts is not None:  # an entry standing for n merged contexts votes as n of them at its distance
             log_weights = np.log(counts) if log_weights is None else log_weights + np.log(counts)
-        if found.titled and len(found.documents) > 1:  # versions of the subject's article vote as one document
-            if s.conflicts == "newest":
-                owners = self.store.documents_of(found.entries)
-                versions = version_weights(owners, found.distances, found.documents, NEWER, s.temperature)
-                log_weights = versions if log_weights is None else log_weights + versions
-            return knn_distribution(values, found.distances, s.temperature, words.size, log_weights)
+        versions = found.versions or [[d] for d in found.documents]
+        if s.conflicts == "newest" and any(len(group) > 1 for group in versions):  # an article and its updates
+            owners = self.store.documents_of(found.entries)
+            newer = version_weights(owners, found.distances, versions, NEWER, s.temperature)
+            log_weights = newer if log_weights is None else log_weights + newer
         if s.doc_temperature and found.scores is not None:
-            position = {doc: i for i, doc in enumerate(found.documents)}
-            extra = len(found.documents)  # a neighbour from a document IR did not retrieve (ir+faiss): score 0
+            # the versions of one article vote as one document, with its best retrieval score
+            position = {doc: i for i, group in enumerate(versions) for doc in group}
+            extra = len(versions)  # a neighbour from a document IR did not retrieve (ir+faiss): score 0
             groups = np.array([position.get(int(d), extra) for d in self.store.documents_of(found.entries)])
-            prior = document_prior(np.append(found.scores, 0.0), s.doc_temperature)
+            score = dict(zip(found.documents, found.scores))
+            best = [max(score[d] for d in group) for group in versions]
+            prior = document_prior(np.append(best, 0.0), s.doc_temperature)
             return document_vote(values, found.distances, groups, prior, s.temperature, words.size, log_weights)
         return knn_distribution(values, found.distances, s.temperature, words.size, log_weights)
 

@@ -35,7 +35,7 @@ class Neighbours:
     entries, distances, values: the k nearest stored contexts, nearest first (ties by entry), their squared L2
     distances and their words; searched: every entry compared exactly (the documents' entries; none for FAISS);
     scores: the retrieval scores of `documents` (TF-IDF; 1 for the title shortcut's), None for FAISS's;
-    titled: `documents` are the subject's (the title shortcut), newest first.
+    versions: `documents` grouped by title, each group newest first (`retrieval.Selected`); None for FAISS's.
     """
 
     documents: list[int]
@@ -44,7 +44,7 @@ class Neighbours:
     values: np.ndarray
     searched: np.ndarray
     scores: list[float] | None = None
-    titled: bool = False
+    versions: list[list[int]] | None = None
 
     def top(self, k: int) -> Neighbours:
         """The k nearest of these (the same documents and searched entries)."""
@@ -112,7 +112,7 @@ class DocumentSearch:
 
     def among(self, docs: list[int] | Selected, state: np.ndarray, k: int) -> Neighbours:
         """The k entries of `docs` (as `scored` chose them, or a list) nearest to `state` (exact squared L2)."""
-        chosen = docs if isinstance(docs, Selected) else Selected(list(docs), None)
+        chosen = docs if isinstance(docs, Selected) else Selected(list(docs), None, [[d] for d in docs])
         docs = chosen.documents
         if self.embed is not None:
             self.embed(docs)  # first: the key memmap grows
@@ -122,7 +122,7 @@ class DocumentSearch:
         else:
             entries, dist = nearest(self.store.keys, searched, state, int(k))
         values = _values(self.store, entries)
-        return Neighbours(docs, entries, dist, values, searched, chosen.scores, chosen.titled)
+        return Neighbours(docs, entries, dist, values, searched, chosen.scores, chosen.versions)
 
     def search(self, question: str, subject: str | None, state: np.ndarray, settings: Settings) -> Neighbours:
         """The neighbours of one question."""
@@ -190,7 +190,7 @@ class MergedSearch:
         both = np.concatenate([a.entries, b.entries]), np.concatenate([a.distances, b.distances])
         entries, dist = _nearest_first(*both, k)
         values = _values(self.store, entries)
-        return Neighbours(a.documents, entries, dist, values, a.searched, a.scores, a.titled)
+        return Neighbours(a.documents, entries, dist, values, a.searched, a.scores, a.versions)
 
     def search(self, question: str, subject: str | None, state: np.ndarray, settings: Settings) -> Neighbours:
         """The k nearest of both searches' neighbours."""

@@ -151,6 +151,15 @@ class Provenance:
     date: str | None = None  # its document's date, else when the document was added (None in an older store)
 
 
+def versions(docs: list[int], dated_titles: list[tuple[str, str | None]]) -> list[list[int]]:
+    """`docs` grouped by normalised title (the versions of one article: an article and its updates), each group
+    newest first (`newest_first`), the groups in the order of their first document in `docs`."""
+    groups: dict[str, list[tuple[int, str | None]]] = {}
+    for doc, (title, date) in zip(docs, dated_titles):
+        groups.setdefault(title, []).append((doc, date))
+    return [[doc for doc, _ in newest_first(group)] for group in groups.values()]
+
+
 def newest_first(dated: list[tuple[int, str | None]]) -> list[tuple[int, str | None]]:
     """(document, date) pairs newest first: by the date (a document's own, else when it was added; ISO 8601
     strings compare as times), then the later added; undated ones (a store older than dates) last."""
@@ -653,6 +662,17 @@ class Datastore:
         (`newest_first`), each with its date (or when it was added)."""
         query = "SELECT idx, coalesce(date, added) FROM documents WHERE norm_title = ? AND state = 'live'"
         return newest_first(self.db.execute(query, (norm_title,)).fetchall())
+
+    def dated_titles(self, docs: list[int]) -> list[tuple[str, str | None]]:
+        """(normalised title, date or when added) of documents, by index: what tells versions of one article apart
+        (`versions`)."""
+        rows = [
+            self.db.execute("SELECT norm_title, coalesce(date, added) FROM documents WHERE idx = ?", (d,)).fetchone()
+            for d in docs
+        ]
+        if None in rows:
+            raise DatastoreError(f"{self.path / SQLITE} lacks documents the IR index returns: damaged")
+        return [tuple(row) for row in rows]
 
     def titles(self, docs: list[int]) -> list[str]:
         """The titles of documents, by index."""

@@ -131,6 +131,8 @@ class Store(Protocol):
 
     def titles(self, docs: list[int]) -> list[str]: ...
 
+    def dated_titles(self, docs: list[int]) -> list[tuple[str, str | None]]: ...
+
     def find_titles(self, norm_title: str) -> list[tuple[int, str | None]]: ...
 
     def provenance(self, entries: list[int]) -> list[Provenance]: ...
@@ -393,6 +395,9 @@ class ShardedDatastore:
 
     def titles(self, docs: list[int]) -> list[str]:
         return self._gather(docs, self.doc_starts, lambda shard, local, s: shard.titles(local))
+
+    def dated_titles(self, docs: list[int]) -> list[tuple[str, str | None]]:
+        return self._gather(docs, self.doc_starts, lambda shard, local, s: shard.dated_titles(local))
 
     def provenance(self, entries: list[int]) -> list[Provenance]:
         def read(shard: Datastore, local: list[int], s: int) -> list:
