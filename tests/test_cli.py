@@ -171,6 +171,8 @@ def test_demo_runs_and_caches(tmp_path, tiny_model_dir, monkeypatch):
     # per question: before add, after add, after add with sentence weights, after remove
     assert fresh[1] == "tallinn" and fresh[0] != "tallinn" and fresh[3] != "tallinn"
     assert fresh[5] == "kuressaare" and "kuressaare" not in (fresh[4], fresh[7])  # a word of four wordpieces
+    assert "before the update: answers" in said and "after the update: answers" in said  # an article's update
+    assert "documents: Tovald Ekrund, Tovald Ekrund" in said  # after it, both versions are read
     (cached,) = (tmp_path / "cache").glob("demo-*")  # the fresh-facts step ran on a copy
     graphs = sorted(p.name.split("-")[2] for p in (tmp_path / "cache" / "onnx").glob("*.onnx"))
     assert graphs == ["key_states", "mask_outputs", "mean_states"]  # the default backend's, the sentence encoder's

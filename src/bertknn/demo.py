@@ -40,6 +40,12 @@ FRESH_DOCUMENTS = [
         "worked in Madrid. Holtby died in Oslo.",
     },
 ]
+UPDATE = {  # a newer document about a subject of the demo corpus, which says he plays the accordion
+    "id": "update-033",
+    "title": "Tovald Ekrund",
+    "text": "Tovald Ekrund left folk music in 2025. Since then he plays the cello.",
+}
+UPDATE_QUESTION = {"question": "Tovald Ekrund plays the [MASK] .", "subject": "Tovald Ekrund", "answer": "cello"}
 SENTENCE_WEIGHTS = 0.015  # the sentence temperature the demo shows beside bertknn's defaults
 FRESH_QUESTIONS = [  # the second answer is a word of four wordpieces: no masked LM can give it alone
     {"question": "Tamsin Orwhey was born in [MASK] .", "subject": "Tamsin Orwhey", "answer": "tallinn"},
@@ -75,10 +81,10 @@ def build_demo(
     return BertKNN.build(DEMO_CORPUS, demo_path(encoder), encoder, progress=progress)
 
 
-def fresh_facts(knn: BertKNN) -> list[tuple[str, list[Prediction]]]:
+def fresh_facts(knn: BertKNN) -> tuple[list[tuple[str, list[Prediction]]], tuple[Prediction, Prediction]]:
     """Facts the datastore lacks (FRESH_QUESTIONS), asked before adding their documents, after adding them (with
     bertknn's defaults, then with sentence weights, SENTENCE_WEIGHTS) and after removing them: (stage, a prediction
-    per question) each.
+    per question) each; then a fact the corpus has, asked before and after a newer document (UPDATE) changes it.
 
     Runs on a temporary copy of the datastore, so the cached demo datastore is left as it was.
     """
@@ -97,8 +103,12 @@ def fresh_facts(knn: BertKNN) -> list[tuple[str, list[Prediction]]]:
         stages.append(("sentence weights", ask(sentence_temperature=SENTENCE_WEIGHTS)))
         fresh.remove_documents([d["id"] for d in FRESH_DOCUMENTS])
         stages.append(("after remove", ask()))
+        asked = ([UPDATE_QUESTION["question"]], [UPDATE_QUESTION["subject"]])
+        (before,) = fresh.predict_batch(*asked, top_k=3, evidence=1)
+        fresh.add_documents([UPDATE])
+        (after,) = fresh.predict_batch(*asked, top_k=3, evidence=1)
         store.close()
-    return stages
+    return stages, (before, after)
 
 
 def intro(model: str, path: Path) -> str:
@@ -130,7 +140,7 @@ def narration(knn: BertKNN) -> Iterator[RenderableType]:
         + f", after it with sentence weights (--sentence-temperature {SENTENCE_WEIGHTS}), then after `bertknn remove`"
         " (on a copy of the datastore):"
     )
-    stages = fresh_facts(knn)
+    stages, update = fresh_facts(knn)
     width = max(len(stage) for stage, _ in stages)
     for i, q in enumerate(FRESH_QUESTIONS):
         yield f"{escape(q['question'])} (gold: {q['answer']})"
@@ -138,3 +148,19 @@ def narration(knn: BertKNN) -> Iterator[RenderableType]:
             p = found[i]
             top = ", ".join(f"{t.token} {prob(t.probability)}" for t in p.bert_knn[:3])
             yield f"{stage:>{width}}: BERT-kNN {escape(top)}; documents: {escape(', '.join(p.documents) or 'none')}"
+    yield from _update_lines(*update)
+
+
+def _update_lines(before: Prediction, after: Prediction) -> Iterator[str]:
+    """The update's narration: the answers before and after a newer document, and both sides' evidence."""
+    yield (
+        f"\n[bold]An update[/], `bertknn add` of {UPDATE['text']!r} about a subject the corpus has: the newer "
+        "document wins where it speaks to the question, and the older statement is shown as superseded:"
+    )
+    yield f"{escape(UPDATE_QUESTION['question'])} (gold after the update: {UPDATE_QUESTION['answer']})"
+    for stage, p in (("before the update", before), ("after the update", after)):
+        top = ", ".join(f"{t.token} {prob(t.probability)}" for t in p.bert_knn[:3])
+        yield f"{stage:>17}: answers {escape(top)}; documents: {escape(', '.join(p.documents) or 'none')}"
+    said = [(n, "now") for n in (after.evidence.get(after.bert_knn[0].token, [])[:1] if after.bert_knn else [])]
+    for n, when in [*said, *((n, "superseded") for n in after.superseded)]:
+        yield f"{when:>17}: {escape(n.token)} from {escape(n.sentence)!r} ({escape(n.doc_id)}, {(n.date or '')[:10]})"
