@@ -338,7 +338,7 @@ def test_predict_embeds_the_questions_text_beside_the_lms_pass_where_its_documen
     question, text, s = (
         "Maren Holtby was born in [MASK] .",
         "was born in something .",
-        Settings(sentence_temperature=0.05),
+        Settings(sentence_temperature=0.05, entity_filter=False),  # TF-IDF's documents, though none names Holtby
     )
     ahead = knn.predict(question, settings=s, top_k=3)
     calls = list(zip(counting.calls, counting.options))  # the worker's and this thread's, in either order
@@ -384,8 +384,8 @@ def test_the_paper_and_bad_values_of_the_sentence_temperature():
         Settings(sentence_temperature=-1)
     with pytest.raises(ValueError, match="sentence_temperature must be a number >= 0"):
         Settings(sentence_temperature=float("nan"))
-    assert Settings(sentence_temperature=0.5).file_tag().endswith("-st0.5-ct1.25-f0.4")
-    assert Settings(sentence_temperature=0.5, sentence_floor=0).file_tag().endswith("-st0.5-sf0-ct1.25-f0.4")
+    assert Settings(sentence_temperature=0.5).file_tag().endswith("-st0.5-ct1.25-f0.4-named")
+    assert Settings(sentence_temperature=0.5, sentence_floor=0).file_tag().endswith("-st0.5-sf0-ct1.25-f0.4-named")
     assert Settings(sentence_floor=0).file_tag() == Settings().file_tag()  # no sentence weights: the floor is moot
     for bad in (-0.5, float("inf"), "1", True):
         with pytest.raises(ValueError, match="sentence_floor must be a number >= 0"):

@@ -14,8 +14,8 @@ from bertknn.evaluation.metrics import summarize
 
 RESULTS_NAME = re.compile(
     r"results-L(?P<layer>\d+)-(?P<hparams>n\d+-k\d+-T[^-]+-l[^-]+?)(?:-dt(?P<dt>[0-9.]+))?(?:-(?P<lam_by>entropy))?"
-    r"(?P<loglin>-loglin)?(?P<options>(?:-(?:w|b|st|sf|ct|f)[0-9.]+)*)-(?P<vocab>full|common)(?P<nosubject>-nosubject)?"
-    r"\.jsonl"
+    r"(?P<loglin>-loglin)?(?P<options>(?:-(?:w|b|st|sf|ct|f)[0-9.]+)*)(?:-c(?P<conflicts>vote))?(?P<named>-named)?"
+    r"-(?P<vocab>full|common)(?P<nosubject>-nosubject)?\.jsonl"
 )
 OPTION_TAGS = {
     "w": "lm_words",
@@ -48,7 +48,9 @@ def results_run(name: str) -> dict[str, str] | None:
         "mixture": "log-linear" if found["loglin"] else "linear",
         "lambda": "adaptive (entropy)" if found["lam_by"] else "constant",
         "options": ", ".join(
-            f"{OPTION_TAGS[tag]} {value}" for tag, value in re.findall(r"-([a-z]+)([0-9.]+)", found["options"])
+            [f"{OPTION_TAGS[tag]} {value}" for tag, value in re.findall(r"-([a-z]+)([0-9.]+)", found["options"])]
+            + (["conflicts vote"] if found["conflicts"] else [])
+            + (["entity filter"] if found["named"] else [])
         )
         or "none",
         "vocabulary": found["vocab"],

@@ -568,10 +568,12 @@ class Selected:
     versions: list[list[int]]
 
 
-def select_documents(store: Datastore, index: TfidfIndex, question: str, subject: str | None, n_docs: int) -> Selected:
+def select_documents(
+    store: Datastore, index: TfidfIndex, question: str, subject: str | None, n_docs: int, named: bool = True
+) -> Selected:
     """Documents for a question and their retrieval scores: every live document titled `subject` when there is one
     (the paper's title shortcut; several where documents about the subject were added), else the top `n_docs` by
-    TF-IDF.
+    TF-IDF, with `named` those alone that name the question's entity (`TfidfIndex.about`; the paper keeps all).
 
     The query is the subject for knowledge-base questions, else the question without mask and punctuation.
     """
@@ -581,6 +583,6 @@ def select_documents(store: Datastore, index: TfidfIndex, question: str, subject
             return Selected(titled, [1.0] * len(titled), [titled])
     hidden = store.hidden_documents()
     docs, scores = index.ranked(subject or question_query(question), n_docs, hidden)
-    about = index.about(docs, names(question, subject), hidden)  # evidence about another entity must not answer
+    about = index.about(docs, names(question, subject) if named else [], hidden)  # another entity's never answers
     docs, scores = [d for d, a in zip(docs, about) if a], [s for s, a in zip(scores, about) if a]
     return Selected(docs, scores, versions(docs, store.dated_titles(docs)))

@@ -99,16 +99,16 @@ class DocumentSearch:
         shards: RemoteShards | None = None,
     ):
         self.store, self.index, self.embed, self.shards = store, index, embed, shards
-        self._ahead: dict[tuple[str, str | None, int], Selected] = {}  # chosen by `ahead`
+        self._ahead: dict[tuple[str, str | None, int, bool], Selected] = {}  # chosen by `ahead`
 
-    def scored(self, question: str, subject: str | None, n_docs: int) -> Selected:
-        """The documents searched for a question (those titled `subject` if any, else TF-IDF's top n_docs) and
-        their retrieval scores."""
-        return select_documents(self.store, self.index, question, subject, int(n_docs))
+    def scored(self, question: str, subject: str | None, n_docs: int, named: bool = True) -> Selected:
+        """The documents searched for a question (those titled `subject` if any, else TF-IDF's top n_docs; with
+        `named`, those naming the question's entity) and their retrieval scores."""
+        return select_documents(self.store, self.index, question, subject, int(n_docs), named)
 
-    def documents(self, question: str, subject: str | None, n_docs: int) -> list[int]:
+    def documents(self, question: str, subject: str | None, n_docs: int, named: bool = True) -> list[int]:
         """The documents of `scored`."""
-        return self.scored(question, subject, n_docs).documents
+        return self.scored(question, subject, n_docs, named).documents
 
     def among(self, docs: list[int] | Selected, state: np.ndarray, k: int) -> Neighbours:
         """The k entries of `docs` (as `scored` chose them, or a list) nearest to `state` (exact squared L2)."""
@@ -126,22 +126,24 @@ class DocumentSearch:
 
     def search(self, question: str, subject: str | None, state: np.ndarray, settings: Settings) -> Neighbours:
         """The neighbours of one question."""
-        return self.among(self.scored(question, subject, settings.n_docs), state, settings.k)
+        return self.among(self.scored(question, subject, settings.n_docs, settings.entity_filter), state, settings.k)
 
     def ahead(self, questions: Sequence[str], subjects: Sequence[str | None], settings: Settings) -> list[list[int]]:
         """The documents each question will search (`scored`), chosen before its state is known and kept for its
         `batch_search`, which then does not choose them again."""
-        n = int(settings.n_docs)
+        n, named = int(settings.n_docs), settings.entity_filter
         for question, subject in zip(questions, subjects):
-            self._ahead[question, subject, n] = self.scored(question, subject, n)
-        return [self._ahead[q, s, n].documents for q, s in zip(questions, subjects)]
+            self._ahead[question, subject, n, named] = self.scored(question, subject, n, named)
+        return [self._ahead[q, s, n, named].documents for q, s in zip(questions, subjects)]
 
     def batch_search(
         self, questions: Sequence[str], subjects: Sequence[str | None], states: np.ndarray, settings: Settings
     ) -> list[Neighbours]:
         """The neighbours of many questions; a lazy datastore embeds all their documents in one run."""
-        n = int(settings.n_docs)
-        chosen = [self._ahead.pop((q, s, n), None) or self.scored(q, s, n) for q, s in zip(questions, subjects)]
+        n, named = int(settings.n_docs), settings.entity_filter
+        chosen = [
+            self._ahead.pop((q, s, n, named), None) or self.scored(q, s, n, named) for q, s in zip(questions, subjects)
+        ]
         if self.embed is not None:
             self.embed(sorted({d for c in chosen for d in c.documents}))
         return [self.among(c, state, settings.k) for c, state in zip(chosen, states)]

@@ -98,7 +98,9 @@ class Settings:
     distribution mixed in), both fitted on a dev split (1 and 0: as combined). conflicts: where several documents
     carry the subject's title (an article and its updates), their neighbours vote together as one document's, and
     with "newest" each newer document's count e^NEWER times the next older one's, so that a fact stated anew wins
-    where its evidence is about as near as the old one's (`knn.version_weights`); "vote": all alike.
+    where its evidence is about as near as the old one's (`knn.version_weights`); "vote": all alike. entity_filter:
+    TF-IDF's documents are searched only where they name the question's entity (`retrieval.TfidfIndex.about`), so that
+    evidence about another entity never answers (off in the paper, whose retrieval keeps them).
     Made with bad values, it raises ValueError naming every problem.
     """
 
@@ -117,6 +119,7 @@ class Settings:
     confidence_temperature: float = CONFIDENCE_TEMPERATURE
     lm_floor: float = LM_FLOOR
     conflicts: str = "newest"
+    entity_filter: bool = True
 
     def __post_init__(self) -> None:
         wrong_retrieval = (
@@ -151,6 +154,8 @@ class Settings:
         problems += _out_of_bounds(self, BOUNDS[1:])
         if self.mixture not in MIXTURES:
             problems.append(f"mixture must be one of {', '.join(MIXTURES)}, not {self.mixture!r}")
+        if not isinstance(self.entity_filter, bool):
+            problems.append(f"entity_filter must be true or false, not {self.entity_filter!r}")
         if self.conflicts not in CONFLICTS:
             problems.append(f"conflicts must be one of {', '.join(CONFLICTS)}, not {self.conflicts!r}")
         if problems:
@@ -205,12 +210,19 @@ class Settings:
             + (f"-ct{self.confidence_temperature}" if self.confidence_temperature != 1 else "")
             + (f"-f{self.lm_floor}" if self.lm_floor else "")
             + (f"-c{self.conflicts}" if self.conflicts != "newest" else "")
+            + ("-named" if self.entity_filter else "")
         )
         return f"n{self.n_docs}-k{self.k}-T{self.temperature}-l{self.lam}{extra}"
 
 
 FIELDS = tuple(field.name for field in dataclasses.fields(Settings))
 PAPER = Settings(  # the paper's method exactly (Kassner and Schütze)
-    lam=0.3, doc_temperature=0.0, mixture="linear", sentence_temperature=0.0, confidence_temperature=1.0, lm_floor=0.0
+    lam=0.3,
+    doc_temperature=0.0,
+    mixture="linear",
+    sentence_temperature=0.0,
+    confidence_temperature=1.0,
+    lm_floor=0.0,
+    entity_filter=False,
 )
 DEFAULT = Settings()  # bertknn's: the paper's with the retrieval-aware vote, the log-linear mixture, calibrated

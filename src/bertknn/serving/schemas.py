@@ -91,6 +91,9 @@ class Options(BaseModel):
         allow_inf_nan=False,
         description="sentence scores below this count as this: only evidence that says what is asked moves the vote",
     )
+    entity_filter: bool | None = Field(
+        default=None, description="search TF-IDF's documents only where they name the question's entity (the paper: no)"
+    )
     conflicts: Annotated[str, WithJsonSchema({"type": "string", "enum": list(CONFLICTS)})] | None = Field(
         default=None,
         description="where documents about the subject disagree: the newest wins (newest) or all vote alike (vote)",
