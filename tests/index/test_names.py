@@ -23,8 +23,9 @@ def test_documents_that_do_not_name_the_entity_are_not_searched(built):
     assert known.documents == [0] and known.versions == [[0]]
     unknown = select_documents(store, index, "Maren Holtby plays the [MASK] .", None, 3)
     assert unknown.documents == [] and unknown.scores == []  # no document names Holtby: nothing is about her
-    # the rarest name decides (of names as rare, the first): "Dante Varnhold" is not Ilsa Varnhold's document's
-    assert select_documents(store, index, "Dante Varnhold plays the [MASK] .", None, 3).documents == [2]
+    # every name must be there: "Dante Varnhold" is neither Ilsa Varnhold nor Dante Alighieri
+    assert select_documents(store, index, "Dante Varnhold plays the [MASK] .", None, 3).documents == []
+    assert select_documents(store, index, "Dante plays the [MASK] .", None, 3).documents == [2]
     assert select_documents(store, index, "Plays [MASK] .", None, 3).documents == [0]  # a capitalised word counts
 
 

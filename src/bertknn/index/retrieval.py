@@ -376,17 +376,16 @@ class TfidfIndex:
         return np.concatenate(found).astype(np.int64) if found else np.zeros(0, np.int64)
 
     def about(self, docs: list[int], names: list[str], hidden: np.ndarray | None = None) -> list[bool]:
-        """Whether each of `docs` is about the entity `names` name: holds the rarest of the names (the surname of
-        "Carl Friedrich Gauss", the "Jefferson" of "Jefferson County"; none where no document holds one of them: the
-        datastore knows nothing of that entity). All True without names: nothing tells the documents apart. Documents
-        `hidden` hold no name."""
-        if not names:
-            return [True] * len(docs)
-        held = (self.containing(w) for w in dict.fromkeys(names))
-        if hidden is not None and len(hidden):
-            held = (found[~np.isin(found, hidden)] for found in held)
-        rarest = min(held, key=len)
-        return np.isin(docs, rarest).tolist()
+        """Whether each of `docs` is about the entity `names` name: holds every one of the names (Julian Lennon's
+        document is not about John Lennon; none where a name is in no document: the datastore knows nothing of that
+        entity). All True without names: nothing tells the documents apart. Documents `hidden` hold no name."""
+        keep = np.ones(len(docs), bool)
+        for word in dict.fromkeys(names):
+            found = self.containing(word)
+            if hidden is not None and len(hidden):
+                found = found[~np.isin(found, hidden)]
+            keep &= np.isin(docs, found)
+        return keep.tolist()
 
     def top(self, query: str | np.ndarray, n: int, hidden: np.ndarray | None = None) -> list[int]:
         """The documents of `ranked`."""

@@ -99,8 +99,9 @@ class Settings:
     carry the subject's title (an article and its updates), their neighbours vote together as one document's, and
     with "newest" each newer document's count e^NEWER times the next older one's, so that a fact stated anew wins
     where its evidence is about as near as the old one's (`knn.version_weights`); "vote": all alike. entity_filter:
-    TF-IDF's documents are searched only where they name the question's entity (`retrieval.TfidfIndex.about`), so that
-    evidence about another entity never answers (off in the paper, whose retrieval keeps them).
+    TF-IDF's documents are searched only where they name the question's entity, holding all its names
+    (`retrieval.TfidfIndex.about`), so that evidence about another entity never answers (off in the paper, whose
+    retrieval keeps them).
     Made with bad values, it raises ValueError naming every problem.
     """
 
