@@ -27,6 +27,7 @@ BENCH = ROOT / "bench"
 HELPERS = {"evidence.py"}  # imported by the benches, not run
 EVIDENCE = SHARED_DATA / "wiki" / "lama_evidence_docs.jsonl"
 LAMA = SHARED_DATA / "lama" / "data"
+COUNTERFACT = SHARED_DATA / "counterfact" / "counterfact-train.json"
 NUMBER = r"[\d.,]+"
 
 # id: (script, arguments beside --smoke, what it reads from $BERTKNN_DATA, lines (regular expressions) its output has)
@@ -54,6 +55,7 @@ CASES = {
         ],
     ),
     "cpu_stages": ("cpu_stages.py", [], "wiki", [rf"^\| 2 \| {NUMBER} \| {NUMBER} \| {NUMBER} \|$"]),
+    "edit_rules": ("edit_rules.py", [], "counterfact", [rf"^\| newest, e\^20, margin 1 T \| {NUMBER} \| {NUMBER} \|$"]),
     "embed_ab": ("embed_ab.py", [], "wiki", [rf"\{{'exact': {NUMBER}, 'pack4': {NUMBER}\}}$"]),
     "faiss_scale": ("faiss_scale.py", [], None, [r"^\| IVF16,PQ8x4 \| 2 \| ", r"^(best re-ranked setting|no setting)"]),
     "gpu_build": (
@@ -156,7 +158,7 @@ def test_every_bench_has_a_smoke_test():
 @pytest.mark.parametrize("case", list(CASES))
 def test_bench_runs_in_its_smoke_form(case):
     script, args, reads, lines = CASES[case]
-    needed = {"wiki": [EVIDENCE], "lama": [EVIDENCE, LAMA]}.get(reads, [])
+    needed = {"wiki": [EVIDENCE], "lama": [EVIDENCE, LAMA], "counterfact": [COUNTERFACT]}.get(reads, [])
     if any(not path.exists() for path in needed):
         pytest.skip(f"{script} reads {', '.join(map(str, needed))} (set BERTKNN_DATA)")
     if case in RAY and importlib.util.find_spec("ray") is None:
