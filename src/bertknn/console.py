@@ -107,7 +107,8 @@ def render(prediction: Prediction, top_k: int = 10, evidence_words: int = 3) -> 
     for n in prediction.superseded:  # what an older document about the subject said, outvoted by a newer one
         a, b = n.span
         sentence = f"{shown(n.sentence[:a])}[bold]{shown(n.sentence[a:b])}[/]{shown(n.sentence[b:])}"
-        lines.append(f"[dim]superseded ({(n.date or '')[:10]}) {shown(n.title)}:[/] {sentence}")
+        dated = f" ({n.date[:10]})" if n.date else ""
+        lines.append(f"[dim]superseded{dated} {shown(n.title)}:[/] {sentence}")
     return Group(table, Panel("\n".join(lines), title="evidence", title_align="left"))
 
 

@@ -163,4 +163,5 @@ def _update_lines(before: Prediction, after: Prediction) -> Iterator[str]:
         yield f"{stage:>17}: answers {escape(top)}; documents: {escape(', '.join(p.documents) or 'none')}"
     said = [(n, "now") for n in (after.evidence.get(after.bert_knn[0].token, [])[:1] if after.bert_knn else [])]
     for n, when in [*said, *((n, "superseded") for n in after.superseded)]:
-        yield f"{when:>17}: {escape(n.token)} from {escape(n.sentence)!r} ({escape(n.doc_id)}, {(n.date or '')[:10]})"
+        dated = f", {n.date[:10]}" if n.date else ""
+        yield f"{when:>17}: {escape(n.token)} from {escape(n.sentence)!r} ({escape(n.doc_id)}{dated})"

@@ -33,18 +33,20 @@ def test_dates_are_iso_8601_and_compare_as_strings():
 
 
 def test_the_title_shortcut_reads_every_document_of_the_subject_newest_first(built):
-    old = built.store.find_titles("ilsa varnhold")
-    assert [d for d, _ in old] == [0] and old[0][1] is not None  # when it was added
+    assert built.store.find_titles("ilsa varnhold") == [(0, None)]  # a corpus without dates
     built.add_documents([{"id": "u1", "title": "Ilsa Varnhold", "text": "Ilsa Varnhold was born in Porto."}])
     built.add_documents([{"id": "u0", "title": "Ilsa  varnhold", "text": "She sang.", "date": "1990-01-01"}])
+    built.add_documents([{"id": "u2", "title": "Ilsa Varnhold", "text": "She sings."}])
+    built.add_documents([{"id": "u3", "title": "Ilsa Varnhold", "text": "She sang in Oslo.", "date": "1980-05-01"}])
     titled = built.store.find_titles("ilsa varnhold")
-    assert [d for d, _ in titled] == [5, 0, 6]  # added last, then the first, then the one dated 1990
-    assert titled[2][1] == "1990-01-01"
+    # dated first, by date; an undated one as new as the newest date before it (u2: 1990, after u0); then the others
+    # by the order they were added
+    assert titled == [(7, "1990-01-01"), (6, "1990-01-01"), (8, "1980-05-01"), (5, None), (0, None)]
     found = built.search("ir").search(QUESTION, "Ilsa Varnhold", built.encoder.query([QUESTION])[1][0], KNN_ONLY)
-    assert found.versions == [[5, 0, 6]] and found.documents == [5, 0, 6]
-    assert set(built.store.documents_of(found.entries).tolist()) == {0, 5, 6}
-    built.remove_documents(["u1"])
-    assert [d for d, _ in built.store.find_titles("ilsa varnhold")] == [0, 6]
+    assert found.versions == [[7, 6, 8, 5, 0]] and found.documents == [7, 6, 8, 5, 0]
+    assert set(built.store.documents_of(found.entries).tolist()) == {0, 5, 6, 7, 8}
+    built.remove_documents(["u1", "u2"])
+    assert [d for d, _ in built.store.find_titles("ilsa varnhold")] == [6, 8, 0]
     assert built.store.find_titles("nobody") == []
 
 
@@ -61,16 +63,21 @@ def test_a_newer_documents_fact_wins_and_both_are_in_the_evidence(built):
     (now,) = [n for n in newest.evidence["porto"] if n.doc_id == "u1"]
     (before,) = newest.superseded  # what the older document said, shown beside the answer: the fact changed
     assert (before.token, before.doc_id, before.sentence) == ("lisbon", "d1", "Ilsa Varnhold was born in Lisbon.")
-    assert now.date > before.date
+    assert now.date is before.date is None  # neither was given a date: the later added is the newer
     assert alike.superseded == [] and newest.to_dict()["superseded"][0]["doc_id"] == "d1"
 
 
 def test_an_older_dated_document_loses_and_a_subject_of_one_document_votes_as_before(built):
     built.add_documents(
-        [{"id": "u1", "title": "Ilsa Varnhold", "text": "Ilsa Varnhold was born in Porto.", "date": "1900-01-01"}]
+        [{"id": "u0", "title": "Ilsa Varnhold", "text": "Ilsa Varnhold was born in Porto.", "date": "2000-01-01"}]
+    )
+    built.add_documents(  # added later, dated earlier: older
+        [{"id": "u1", "title": "Ilsa Varnhold", "text": "Ilsa Varnhold was born in Madrid.", "date": "1990-01-01"}]
     )
     p = built.predict(QUESTION, subject="Ilsa Varnhold", settings=KNN_ONLY)
-    assert _p(built, p, "lisbon") / _p(built, p, "porto") == pytest.approx(math.exp(NEWER), rel=1e-3)  # as above
+    assert p.neighbours.versions == [[5, 6, 0]]  # the undated corpus: older than any date given after it
+    assert _p(built, p, "porto") / _p(built, p, "madrid") == pytest.approx(math.exp(NEWER), rel=1e-3)  # as above
+    assert [(n.token, n.date) for n in p.superseded] == [("madrid", "1990-01-01"), ("lisbon", None)]
     # a subject with one document: the vote is the one it was (the paper's), version weights never enter
     single = built.predict("Dante was born in [MASK] .", subject="Dante Alighieri", settings=KNN_ONLY)
     alike = built.predict(

@@ -38,13 +38,13 @@ def writable_client(built):
         yield c
 
 
-FIELDS = ("question", "subject", "documents", "retrieval", "bert", "knn", "bert_knn", "evidence")
+FIELDS = ("question", "subject", "documents", "retrieval", "bert", "knn", "bert_knn", "evidence", "superseded")
 
 
 def _as_json(prediction) -> dict:
     """A Prediction as the API returns it: its documented fields, spans as JSON lists."""
     out = {name: value for name, value in prediction.to_dict().items() if name in FIELDS}
-    for neighbours in out["evidence"].values():
+    for neighbours in [*out["evidence"].values(), out["superseded"]]:
         for n in neighbours:
             n["span"] = list(n["span"])
     return out

@@ -41,6 +41,9 @@ ALLOWED = {
     ("report.py", "bar_chart", "savefig"): "a report's figure (reports/), not a datastore file",
     ("report.py", "reliability_chart", "savefig"): "a report's figure (reports/), not a datastore file",
     ("demo.py", "fresh_facts", "copytree"): "the demo copies its store into a temporary directory to add a fact",
+    ("edits.py", "copy_datastore", "copytree"): "`eval edits` works on a copy in a temporary directory, the user's "
+    "store left as it was; a copy a file changed under is deleted and made again",
+    ("edits_report.py", "plot", "savefig"): "a report's figure (reports/), not a datastore file",
 }
 
 

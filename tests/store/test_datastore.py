@@ -36,10 +36,8 @@ def test_documents_own_contiguous_ranges(tmp_path, small_corpus, encoder):
 
 def _tables(path) -> dict:
     with sqlite3.connect(path / "store.sqlite") as db:
-        documents = "idx, id, title, norm_title, start, end, state, digest, removed_id, date"  # not when each was added
         return {
-            t: db.execute(f"SELECT {documents if t == 'documents' else '*'} FROM {t} ORDER BY idx").fetchall()
-            for t in ("documents", "sentences", "entries")
+            t: db.execute(f"SELECT * FROM {t} ORDER BY idx").fetchall() for t in ("documents", "sentences", "entries")
         }
 
 

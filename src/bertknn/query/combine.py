@@ -134,7 +134,7 @@ class Neighbour:
     sentence: str
     span: tuple[int, int]
     count: int = 1
-    date: str | None = None  # its document's date, else when the document was added
+    date: str | None = None  # its document's date, where its corpus gave one
 
 
 @dataclass

@@ -155,7 +155,8 @@ class DocumentIn(BaseModel):
     date: Annotated[str | None, Field(max_length=40)] = Field(
         None,
         description="the document's date, ISO 8601 (2024-05-01 or 2024-05-01T09:30:00Z): of the documents about one "
-        "subject the newest wins where they disagree; without it, when the document is added",
+        "subject the newest wins where they disagree; without it, a document is as new as the documents added before "
+        "it, and newer than them",
     )
 
     @model_validator(mode="after")
@@ -191,7 +192,7 @@ class NeighbourOut(BaseModel):
     sentence: str
     span: tuple[int, int] = Field(description="[start, end) of the word in `sentence`, in characters")
     count: int = Field(1, description="the contexts this entry stands for (more than 1 in a pruned datastore)")
-    date: str | None = Field(None, description="its document's date, else when the document was added (ISO 8601)")
+    date: str | None = Field(None, description="its document's date (ISO 8601), where it was given one")
 
 
 class FillMaskOut(BaseModel):

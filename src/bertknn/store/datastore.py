@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import datetime
 import fcntl
 import hashlib
 import json
@@ -71,7 +70,7 @@ CREATE TABLE IF NOT EXISTS documents (
     digest TEXT,  -- sha256 of the document's title and passages: an add with other text under the same id is seen
     removed_id TEXT,  -- a removed document's id (its `id` becomes REMOVED_PREFIX + idx, so the id is free)
     date TEXT,  -- the document's own date (ISO 8601, `text.iso_date`), when its corpus gives one
-    added TEXT);  -- when it was registered (UTC, ISO 8601): documents about one subject are ordered by date or this
+    since TEXT);  -- the newest date registered up to it (its own included): an undated document is as new as that
 CREATE INDEX IF NOT EXISTS documents_title ON documents (norm_title);
 CREATE TABLE IF NOT EXISTS sentences (idx INTEGER PRIMARY KEY, doc INTEGER NOT NULL, text TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS sentences_doc ON sentences (doc);
@@ -148,7 +147,7 @@ class Provenance:
     sentence: str
     span: tuple[int, int]
     count: int = 1  # the contexts this entry stands for: more than 1 where pruning merged near-duplicates into it
-    date: str | None = None  # its document's date, else when the document was added (None in an older store)
+    date: str | None = None  # its document's own date (None where its corpus gave none)
 
 
 def versions(docs: list[int], dated_titles: list[tuple[str, str | None]]) -> list[list[int]]:
@@ -161,8 +160,10 @@ def versions(docs: list[int], dated_titles: list[tuple[str, str | None]]) -> lis
 
 
 def newest_first(dated: list[tuple[int, str | None]]) -> list[tuple[int, str | None]]:
-    """(document, date) pairs newest first: by the date (a document's own, else when it was added; ISO 8601
-    strings compare as times), then the later added; undated ones (a store older than dates) last."""
+    """(document, date) pairs newest first: by the date (a document's own, else the newest date registered before it:
+    ISO 8601 strings compare as times), then the later registered; those without either (a corpus without dates) by
+    the order they were registered, after the dated ones. Only dates and the order of registration count, never the
+    clock, so that a rerun writes the store an uninterrupted run wrote."""
     return sorted(dated, key=lambda d: (d[1] is not None, d[1] or "", d[0]), reverse=True)
 
 
@@ -330,7 +331,7 @@ class Datastore:
             self.db.executescript(SCHEMA)
             columns = {row[1] for row in self.db.execute("PRAGMA table_info(documents)")}
             added = (("state", "TEXT NOT NULL DEFAULT 'live'"), ("digest", "TEXT"), ("removed_id", "TEXT"))
-            for column, kind in (*added, ("date", "TEXT"), ("added", "TEXT")):
+            for column, kind in (*added, ("date", "TEXT"), ("since", "TEXT")):
                 if column not in columns:  # a datastore made before the column existed
                     with self.db:
                         self.db.execute(f"ALTER TABLE documents ADD COLUMN {column} {kind}")
@@ -659,15 +660,16 @@ class Datastore:
 
     def find_titles(self, norm_title: str) -> list[tuple[int, str | None]]:
         """The live documents whose normalised title (`text.normalize_title`) is `norm_title`, newest first
-        (`newest_first`), each with its date (or when it was added)."""
-        query = "SELECT idx, coalesce(date, added) FROM documents WHERE norm_title = ? AND state = 'live'"
+        (`newest_first`), each with its date (its own, else the newest registered before it)."""
+        query = "SELECT idx, coalesce(date, since) FROM documents WHERE norm_title = ? AND state = 'live'"
         return newest_first(self.db.execute(query, (norm_title,)).fetchall())
 
     def dated_titles(self, docs: list[int]) -> list[tuple[str, str | None]]:
-        """(normalised title, date or when added) of documents, by index: what tells versions of one article apart
+        """(normalised title, date: its own, else the newest registered before it) of documents, by index: what
+        orders versions of one article
         (`versions`)."""
         rows = [
-            self.db.execute("SELECT norm_title, coalesce(date, added) FROM documents WHERE idx = ?", (d,)).fetchone()
+            self.db.execute("SELECT norm_title, coalesce(date, since) FROM documents WHERE idx = ?", (d,)).fetchone()
             for d in docs
         ]
         if None in rows:
@@ -689,7 +691,7 @@ class Datastore:
         found = {
             idx: Provenance(idx, doc_id, title, sentence, (start, end), count.get(idx, 1), date)
             for idx, doc_id, title, sentence, start, end, date in self.db.execute(
-                "SELECT e.idx, d.id, d.title, s.text, e.start, e.end, coalesce(d.date, d.added) FROM entries e "
+                "SELECT e.idx, d.id, d.title, s.text, e.start, e.end, d.date FROM entries e "
                 "JOIN sentences s ON s.idx = "
                 "e.sentence JOIN documents d ON d.idx = s.doc WHERE e.idx IN (SELECT value FROM json_each(?))",
                 (json.dumps([int(e) for e in entries]),),
@@ -734,12 +736,14 @@ class Datastore:
             "SELECT (SELECT coalesce(max(idx) + 1, 0) FROM documents), "
             "(SELECT coalesce(max(idx) + 1, 0) FROM sentences)"
         ).fetchone()
-        added = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None).isoformat(timespec="microseconds")
+        row = self.db.execute("SELECT since FROM documents ORDER BY idx DESC LIMIT 1").fetchone()
+        since = row[0] if row else None  # never decreasing with idx: the last document's is the newest so far
         for doc_idx, doc in enumerate(docs, first):
+            since = max(since, doc.date) if since and doc.date else since or doc.date
             self.db.execute(
-                "INSERT INTO documents (idx, id, title, norm_title, state, digest, date, added) "
+                "INSERT INTO documents (idx, id, title, norm_title, state, digest, date, since) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (doc_idx, doc.id, doc.title, doc.norm_title, state, doc.digest, doc.date, added),
+                (doc_idx, doc.id, doc.title, doc.norm_title, state, doc.digest, doc.date, since),
             )
             rows = [(sent_idx + i, doc_idx, t) for i, t in enumerate(doc.sentences)]
             self.db.executemany("INSERT INTO sentences VALUES (?, ?, ?)", rows)
