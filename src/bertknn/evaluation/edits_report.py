@@ -180,7 +180,7 @@ def write_edits_report(directory: str | Path, result: dict) -> Path:
     """Write edits.md, edits.json and edits.png of an `evaluate_edits` result into `directory`; the markdown's path."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    atomic.write_json(directory / "edits.json", result)
+    atomic.write_json(directory / "edits.json", result, indent=None)  # compact: a record per edit adds up
     plot(result, directory / "edits.png")
     md = directory / "edits.md"
     atomic.write_text(md, markdown(result))
