@@ -117,6 +117,12 @@ def test_ask_paper_and_mixture_choose_the_settings(store_dir):
     assert differs(library(words, text), library(DEFAULT, text))
     bad = runner.invoke(app, ["ask", str(store_dir), question, "--word-bonus", "0", "--threads", "1"])
     assert bad.exit_code == 2 and "word_bonus must be a number > 0 (1: none), not 0.0" in bad.output
+    unnamed, text = DEFAULT.replace(entity_filter=False), "Zorblat is a small town in [MASK] ."  # in no document
+    assert_ranking_close(answer("--no-entity-filter", text=text), library(unnamed, text))
+    assert_ranking_close(
+        answer("--paper", "--entity-filter", text=text), library(PAPER.replace(entity_filter=True), text)
+    )
+    assert differs(library(unnamed, text), library(DEFAULT, text))  # the filter leaves no document: the LM answers
 
 
 def test_ask_gives_the_same_answer_on_both_backends_and_refuses_an_unknown_one(store_dir):

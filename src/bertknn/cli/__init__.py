@@ -214,8 +214,16 @@ SentenceFloorOption = Annotated[
 ConflictsOption = Annotated[
     str | None,
     typer.Option(
-        help="where documents about the subject disagree: newest (a newer document's evidence counts 100 times the "
-        "next older one's) or vote (all alike) [default: newest]",
+        help="where documents about the subject disagree: newest (a newer document whose evidence speaks to the "
+        "question about as nearly outvotes the older ones) or vote (all alike) [default: newest]",
+    ),
+]
+EntityFilterOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--entity-filter/--no-entity-filter",
+        help="keep only retrieved documents that name the question's subject (or, without one, its capitalised "
+        "names), so that evidence about another entity does not answer [default: on; off with --paper]",
     ),
 ]
 PaperOption = Annotated[

@@ -15,6 +15,7 @@ from bertknn.cli import (
     DeviceOption,
     DocTemperatureOption,
     DtypeOption,
+    EntityFilterOption,
     Int8Option,
     KOption,
     LamByOption,
@@ -129,6 +130,7 @@ def eval_lama(
     mixture: MixtureOption = None,
     sentence_temperature: SentenceTemperatureOption = None,
     sentence_floor: SentenceFloorOption = None,
+    entity_filter: EntityFilterOption = None,
     paper: PaperOption = False,
     backend: BackendOption = CLI_BACKEND,
     device: DeviceOption = "auto",
@@ -151,6 +153,7 @@ def eval_lama(
     )
     given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
     given |= {"lam_by": lam_by, "mixture": mixture, "sentence_temperature": sentence_temperature}
+    given |= {"entity_filter": entity_filter}
     given = query_options(paper, **given, sentence_floor=sentence_floor)
     blocks = [int(x) for x in layers.split(",")] if layers else None
     options = {"phases": phase_progress, "max_seconds": max_minutes * 60 if max_minutes else None, "seed": seed}

@@ -19,6 +19,7 @@ from bertknn.cli import (
     DeviceOption,
     DocTemperatureOption,
     DtypeOption,
+    EntityFilterOption,
     Int8Option,
     KOption,
     LamByOption,
@@ -202,6 +203,7 @@ def ask(
     sentence_temperature: SentenceTemperatureOption = None,
     sentence_floor: SentenceFloorOption = None,
     conflicts: ConflictsOption = None,
+    entity_filter: EntityFilterOption = None,
     paper: PaperOption = False,
     retrieval: Annotated[
         str, typer.Option(help="neighbours from: ir (the paper), faiss (whole datastore; `bertknn index`), ir+faiss")
@@ -220,7 +222,7 @@ def ask(
 
     given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
     given |= {"lam_by": lam_by, "mixture": mixture, "lm_words": lm_words, "word_bonus": word_bonus}
-    given |= {"conflicts": conflicts}
+    given |= {"conflicts": conflicts, "entity_filter": entity_filter}
     options = query_options(paper, **given, sentence_temperature=sentence_temperature, sentence_floor=sentence_floor)
     knn = BertKNN.load(datastore, model, runtime=backend, **options)
     prediction = knn.predict(question, subject=subject, top_k=top_k, retrieval=retrieval)

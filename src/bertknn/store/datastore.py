@@ -666,22 +666,25 @@ class Datastore:
 
     def dated_titles(self, docs: list[int]) -> list[tuple[str, str | None]]:
         """(normalised title, date: its own, else the newest registered before it) of documents, by index: what
-        orders versions of one article
-        (`versions`)."""
-        rows = [
-            self.db.execute("SELECT norm_title, coalesce(date, since) FROM documents WHERE idx = ?", (d,)).fetchone()
-            for d in docs
-        ]
-        if None in rows:
-            raise DatastoreError(f"{self.path / SQLITE} lacks documents the IR index returns: damaged")
-        return [tuple(row) for row in rows]
+        orders versions of one article (`versions`)."""
+        return [tuple(row) for row in self._by_index("norm_title, coalesce(date, since)", docs)]
 
     def titles(self, docs: list[int]) -> list[str]:
         """The titles of documents, by index."""
-        rows = [self.db.execute("SELECT title FROM documents WHERE idx = ?", (d,)).fetchone() for d in docs]
-        if None in rows:
+        return [row[0] for row in self._by_index("title", docs)]
+
+    def _by_index(self, columns: str, docs: list[int]) -> list[tuple]:
+        """`columns` of documents in the order of `docs` (a query per 500); a missing one is damage."""
+        unique = sorted(set(map(int, docs)))
+        found = {}
+        for start in range(0, len(unique), 500):  # under SQLite's bound on a statement's parameters
+            part = unique[start : start + 500]
+            marks = ",".join("?" * len(part))
+            sql = f"SELECT idx, {columns} FROM documents WHERE idx IN ({marks})"
+            found.update((row[0], row[1:]) for row in self.db.execute(sql, part))
+        if len(found) < len(unique):
             raise DatastoreError(f"{self.path / SQLITE} lacks documents the IR index returns: damaged")
-        return [row[0] for row in rows]
+        return [found[int(d)] for d in docs]
 
     def provenance(self, entries: list[int]) -> list[Provenance]:
         """Provenance of stored entries (one query for all): document, sentence, the target's span and, in a pruned
