@@ -34,3 +34,27 @@ def test_a_question_about_an_unknown_entity_is_the_lms_alone(built):
     assert prediction.documents == [] and prediction.p_knn is None and len(prediction.neighbours.entries) == 0
     assert [t.token for t in prediction.bert_knn] == [t.token for t in prediction.bert]
     np.testing.assert_array_equal(prediction.p, prediction.p_bert)  # the LM's distribution, as computed: bit for bit
+
+
+def test_a_mention_of_the_name_is_found_whole_and_in_any_case():
+    from bertknn.query.search import in_mentions
+    from bertknn.store.datastore import Provenance
+
+    sentence = "The original language of The Icelandic Dream was Tamil; the icelandic dream aired as Dreamer."
+    spans = [(0, 3), (29, 38), (39, 44), (49, 54), (60, 69), (70, 75), (85, 92)]
+    got = in_mentions([Provenance(0, "d", "t", sentence, span) for span in spans], "The  Icelandic Dream")
+    assert [sentence[a:b] for a, b in spans] == ["The", "Icelandic", "Dream", "Tamil", "icelandic", "dream", "Dreamer"]
+    assert got.tolist() == [False, True, True, False, True, True, False]  # "the icelandic dream": any case
+
+
+def test_the_subjects_own_name_is_not_evidence_of_its_facts(built):
+    from bertknn.query.settings import DEFAULT, PAPER
+
+    def words(settings) -> list[str]:
+        (found,) = built.predict_batch(["Ilsa Varnhold was born in [MASK] ."], ["Ilsa Varnhold"], settings=settings)
+        return sorted(p.sentence[slice(*p.span)] for p in built.store.provenance(found.neighbours.entries.tolist()))
+
+    # bertknn's default: the contexts of "Ilsa" and "Varnhold" in "Ilsa Varnhold was born in Lisbon." ask for the
+    # name, not for a fact about her; the paper's method keeps every context of the document
+    assert words(DEFAULT) == ["Lisbon", "Vienna", "born", "cello", "plays"]
+    assert words(PAPER) == ["Ilsa", "Lisbon", "Varnhold", "Vienna", "born", "cello", "plays"]

@@ -560,11 +560,14 @@ def problems(directory: Path) -> list[str]:
 class Selected:
     """The documents a question searches and their retrieval scores (TF-IDF's; 1 each for the title shortcut's);
     `versions`: the documents grouped by title, each group newest first (`datastore.versions`), which the vote reads
-    as versions of one article rather than rival sources (`knn.version_weights`)."""
+    as versions of one article rather than rival sources (`knn.version_weights`); `entity`: the subject, where
+    `documents` are titled by it and the question's entity is to be told from its name (`named`): a word of the
+    subject's name in its own article is not evidence of the subject's facts (`search.DocumentSearch.among`)."""
 
     documents: list[int]
     scores: list[float] | None
     versions: list[list[int]]
+    entity: str | None = None
 
 
 def select_documents(
@@ -579,7 +582,7 @@ def select_documents(
     if subject:
         titled = [doc for doc, _ in store.find_titles(normalize_title(subject))]
         if titled:
-            return Selected(titled, [1.0] * len(titled), [titled])
+            return Selected(titled, [1.0] * len(titled), [titled], subject if named else None)
     hidden = store.hidden_documents()
     docs, scores = index.ranked(subject or question_query(question), n_docs, hidden)
     about = index.about(docs, names(question, subject) if named else [], hidden)  # another entity's never answers

@@ -14,6 +14,7 @@ run beside the model's pass.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,7 +25,7 @@ from bertknn.index.exact import candidates, nearest
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.index.retrieval import Selected, TfidfIndex, select_documents
 from bertknn.query.settings import Settings
-from bertknn.store.datastore import Datastore
+from bertknn.store.datastore import Datastore, Provenance
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,21 @@ def _values(store: Datastore, entries: np.ndarray) -> np.ndarray:
     return np.asarray(store.values[entries]) if len(entries) else np.zeros(0, np.int32)
 
 
+def in_mentions(provenance: Sequence[Provenance], name: str) -> np.ndarray:
+    """Whether each entry's word lies inside a mention of `name` in its sentence (case-insensitive, whole words):
+    masking a word of "The Icelandic Dream" in "... of The Icelandic Dream was Tamil" asks for the name, not for a
+    fact about it, so such contexts do not vote on questions about it. Pruned entries are judged by the context they
+    keep."""
+    pattern = re.compile(rf"(?<!\w){re.escape(' '.join(name.split()))}(?!\w)", re.IGNORECASE)
+    spans: dict[str, list[tuple[int, int]]] = {}
+    out = np.zeros(len(provenance), bool)
+    for i, p in enumerate(provenance):
+        if p.sentence not in spans:
+            spans[p.sentence] = [m.span() for m in pattern.finditer(p.sentence)]
+        out[i] = any(start <= p.span[0] and p.span[1] <= end for start, end in spans[p.sentence])
+    return out
+
+
 class DocumentSearch:
     """The paper's search: choose documents (title shortcut, else TF-IDF), then exact kNN over their entries.
 
@@ -117,10 +133,14 @@ class DocumentSearch:
         if self.embed is not None:
             self.embed(docs)  # first: the key memmap grows
         searched = candidates(self.store.document_ranges(docs))
+        wanted = 2 * int(k) if chosen.entity else int(k)  # room for the entity's own name, dropped below
         if self.shards is not None:
-            entries, dist = self.shards.nearest(docs, state, int(k))
+            entries, dist = self.shards.nearest(docs, state, wanted)
         else:
-            entries, dist = nearest(self.store.keys, searched, state, int(k))
+            entries, dist = nearest(self.store.keys, searched, state, wanted)
+        if chosen.entity:
+            kept = ~in_mentions(self.store.provenance(entries.tolist()), chosen.entity)
+            entries, dist = entries[kept][: int(k)], dist[kept][: int(k)]
         values = _values(self.store, entries)
         return Neighbours(docs, entries, dist, values, searched, chosen.scores, chosen.versions)
 
