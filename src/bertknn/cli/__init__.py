@@ -223,7 +223,8 @@ EntityFilterOption = Annotated[
     typer.Option(
         "--entity-filter/--no-entity-filter",
         help="keep only retrieved documents that name the question's subject (or, without one, its capitalised "
-        "names), so that evidence about another entity does not answer [default: on; off with --paper]",
+        "names), so that evidence about another entity does not answer, and leave the subject's own name in its "
+        "article out of the vote [default: on; off with --paper]",
     ),
 ]
 PaperOption = Annotated[

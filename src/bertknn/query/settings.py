@@ -100,8 +100,8 @@ class Settings:
     with "newest" each newer document's count e^NEWER times the next older one's, so that a fact stated anew wins
     where its evidence is about as near as the old one's (`knn.version_weights`); "vote": all alike. entity_filter:
     TF-IDF's documents are searched only where they name the question's entity, holding all its names
-    (`retrieval.TfidfIndex.about`), so that evidence about another entity never answers (off in the paper, whose
-    retrieval keeps them).
+    (`retrieval.TfidfIndex.about`), so that evidence about another entity never answers, and the subject's own
+    name in its article does not vote (`search.in_mentions`); off in the paper, whose retrieval keeps both.
     Made with bad values, it raises ValueError naming every problem.
     """
 

@@ -92,7 +92,9 @@ class Options(BaseModel):
         description="sentence scores below this count as this: only evidence that says what is asked moves the vote",
     )
     entity_filter: bool | None = Field(
-        default=None, description="search TF-IDF's documents only where they name the question's entity (the paper: no)"
+        default=None,
+        description="search TF-IDF's documents only where they name the question's entity, and not the subject's own "
+        "name in its article (the paper: no)",
     )
     conflicts: Annotated[str, WithJsonSchema({"type": "string", "enum": list(CONFLICTS)})] | None = Field(
         default=None,
