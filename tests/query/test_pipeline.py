@@ -13,7 +13,8 @@ from bertknn.build import builder
 from bertknn.index.exact import nearest
 from bertknn.query.combine import calibrate
 from bertknn.query.knn import knn_distribution
-from bertknn.query.settings import CONFIDENCE_TEMPERATURE, DEFAULT, LM_FLOOR
+from bertknn.query.search import in_mentions
+from bertknn.query.settings import CONFIDENCE_TEMPERATURE, DEFAULT, LM_FLOOR, PAPER
 
 from ..tolerances import FLOAT16_KEYS_RTOL, FLOAT64_RTOL, assert_ranking_close
 
@@ -41,9 +42,15 @@ def test_knn_part_equals_a_brute_force_over_the_titled_document(built):
     start, end = store.document_ranges([store.find_titles("ilsa varnhold")[0][0]])[0]
     keys = np.asarray(store.keys[start:end], np.float64)
     dist = ((keys - states[0]) ** 2).sum(1)
-    expected = knn_distribution(np.asarray(store.values[start:end]), dist, 6.0, built.encoder.vocab_size)
+    name = in_mentions(store.provenance(list(range(start, end))), "ilsa varnhold")  # "Ilsa", "Varnhold": no vote
+    assert name.sum() == 2
+    values = np.asarray(store.values[start:end])
+    expected = knn_distribution(values[~name], dist[~name], 6.0, built.encoder.vocab_size)
     p = built.predict("Ilsa Varnhold was born in [MASK] .", subject="ilsa varnhold")
-    np.testing.assert_allclose(p.p_knn, expected, atol=1e-6)  # k=128 > entries: every entry of the document votes
+    np.testing.assert_allclose(p.p_knn, expected, atol=1e-6)  # k=128 > entries: every other entry votes
+    paper = built.predict("Ilsa Varnhold was born in [MASK] .", subject="ilsa varnhold", settings=PAPER)
+    every = knn_distribution(values, dist, 6.0, built.encoder.vocab_size)
+    np.testing.assert_allclose(paper.p_knn, every, atol=1e-6)  # the paper's: every entry of the document
     ids, _ = nearest(store.keys, np.arange(start, end), states[0], 3)
     assert ids.tolist() == (np.argsort(dist, kind="stable")[:3] + start).tolist()
 
@@ -161,7 +168,8 @@ def test_per_call_hyperparameters_apply_to_that_call_only(built):
     lm_only = built.predict(q, subject=subject, lam=0.0, mixture="linear", **RAW)
     np.testing.assert_allclose(lm_only.p, base.p_bert)
     held = base.p_knn > 0  # log-linear at lambda 0: the LM's ranking of the neighbours' words
-    lm_of_neighbours = np.where(held, base.p_bert, 0.0) / base.p_bert[held].sum()
+    lm = base.p_bert.astype(np.float64)  # the LM's bits, renormalised in float64 as the pipeline does
+    lm_of_neighbours = np.where(held, lm, 0.0) / lm[held].sum()
     at_zero = built.predict(q, subject=subject, lam=0.0, **RAW).p
     np.testing.assert_allclose(at_zero, lm_of_neighbours, rtol=FLOAT64_RTOL)  # the same bits, then float64
     hot = built.predict(q, subject=subject, temperature=1e6, k=2)
