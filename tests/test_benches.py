@@ -55,7 +55,12 @@ CASES = {
         ],
     ),
     "cpu_stages": ("cpu_stages.py", [], "wiki", [rf"^\| 2 \| {NUMBER} \| {NUMBER} \| {NUMBER} \|$"]),
-    "counterfact_corpus": ("counterfact_corpus.py", [], "counterfact", [r"^wrote 53 documents$"]),
+    "counterfact_corpus": (
+        "counterfact_corpus.py",
+        [],
+        "counterfact",
+        [r"^wrote 53 documents$", r"^wrote 4 evidence documents$"],
+    ),
     "edit_rules": ("edit_rules.py", [], "counterfact", [rf"^\| newest, e\^20, margin 1 T \| {NUMBER} \| {NUMBER} \|$"]),
     "embed_ab": ("embed_ab.py", [], "wiki", [rf"\{{'exact': {NUMBER}, 'pack4': {NUMBER}\}}$"]),
     "faiss_scale": ("faiss_scale.py", [], None, [r"^\| IVF16,PQ8x4 \| 2 \| ", r"^(best re-ranked setting|no setting)"]),
