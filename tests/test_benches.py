@@ -61,6 +61,12 @@ CASES = {
         "counterfact",
         [r"^wrote 53 documents$", r"^wrote 4 evidence documents$"],
     ),
+    "edit_locality": (
+        "edit_locality.py",
+        [],
+        "counterfact",
+        [rf"^\| subjects \| bertknn \| {NUMBER} \| 980 of 1,000 \|"],
+    ),
     "edit_rules": ("edit_rules.py", [], "counterfact", [rf"^\| newest, e\^20, margin 1 T \| {NUMBER} \| {NUMBER} \|$"]),
     "embed_ab": ("embed_ab.py", [], "wiki", [rf"\{{'exact': {NUMBER}, 'pack4': {NUMBER}\}}$"]),
     "faiss_scale": ("faiss_scale.py", [], None, [r"^\| IVF16,PQ8x4 \| 2 \| ", r"^(best re-ranked setting|no setting)"]),

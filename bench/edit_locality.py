@@ -1,0 +1,84 @@
+"""Locality after many edits, split by whether the locality prompt is about an edited subject.
+
+CounterFact's locality prompt of one record is about another subject, and in a long run of edits that subject is
+often edited itself by another record ("Danielle Darrieux's mother tongue is" is one record's locality prompt and
+another's edit). Its answer should then change, and the locality score counts that as a failure. This reads a report
+of `bertknn eval edits` (edits.json, with its per-record answers) and the edits file, and prints, per mode and row,
+locality over every record and over the records whose locality prompt names none of the edited subjects (whole
+words, case-insensitive), and what the changed answers are: the new object of an edit of a subject the prompt names,
+another answer where the prompt names one, or an answer where it names none.
+
+    python bench/edit_locality.py REPORT/edits.json [$BERTKNN_DATA/counterfact/counterfact-train.json] [--smoke]
+
+--smoke: the committed report reports/edits/counterfact-test-1000/edits.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from evidence import DATA, SMOKE
+
+from bertknn.evaluation.edits_data import load_edits
+
+COUNTERFACT = DATA / "counterfact" / "counterfact-train.json"
+SMOKE_REPORT = Path(__file__).resolve().parents[1] / "reports" / "edits" / "counterfact-test-1000" / "edits.json"
+KINDS = ("new object of an edit of a subject it names", "other answer, names an edited subject", "names none")
+
+
+def breakdown(report: dict, edits: Path) -> list[tuple[str, str, int, float, int, float, Counter]]:
+    """(mode, row, records, locality %, records naming no edited subject, their locality %, changed answers by
+    KINDS) per mode and row of `report`."""
+    records = {r.case_id: r for r in load_edits(edits)}
+    made = [records[r["case_id"]] for r in report["records"]]
+    new_objects = defaultdict(set)
+    for r in made:
+        new_objects[r.subject.lower()].add(r.target_new.lower())
+    names = sorted(new_objects, key=len, reverse=True)
+    pattern = re.compile(r"(?<!\w)(" + "|".join(map(re.escape, names)) + r")(?!\w)", re.IGNORECASE)
+    named = [{m.lower() for m in pattern.findall(r.locality_prompt)} for r in made]
+    out = []
+    for mode, rows in report["records"][0]["answers"].items():
+        for row in rows:
+            kept, clean, kept_clean, changed = 0, 0, 0, Counter()
+            for record, subjects in zip(report["records"], named):
+                before, after = record["answers"][mode][row]["locality"]
+                clean += not subjects
+                if before == after:
+                    kept += 1
+                    kept_clean += not subjects
+                    continue
+                news = {word for s in subjects for new in new_objects[s] for word in (new, new.split()[0])}
+                changed[KINDS[0] if after in news else KINDS[1] if subjects else KINDS[2]] += 1
+            n = len(report["records"])
+            out.append((mode, row, n, 100 * kept / n, clean, 100 * kept_clean / max(clean, 1), changed))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("report", type=Path, nargs="?", help="edits.json of `bertknn eval edits`")
+    parser.add_argument("edits", type=Path, nargs="?", default=COUNTERFACT)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
+    args = parser.parse_args()
+    report = SMOKE_REPORT if args.smoke else args.report
+    if report is None:
+        parser.error("give the report's edits.json (or --smoke)")
+    result = json.loads(report.read_text(encoding="utf-8"))
+    if not result.get("records"):
+        parser.error(f"{report} has no per-record answers")
+    print(f"{report}: {len(result['records']):,} edits")
+    head = "| mode | row | locality | prompts naming no edited subject | their locality | changed: "
+    print(head + " / ".join(KINDS) + " |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for mode, row, n, all_kept, clean, clean_kept, changed in breakdown(result, args.edits):
+        counts = " / ".join(str(changed[k]) for k in KINDS)
+        print(f"| {mode} | {row} | {all_kept:.1f} | {clean:,} of {n:,} | {clean_kept:.1f} | {counts} |")
+
+
+if __name__ == "__main__":
+    main()
