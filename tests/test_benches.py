@@ -61,8 +61,8 @@ CASES = {
         "counterfact",
         [r"^wrote 53 documents$", r"^wrote 4 evidence documents$"],
     ),
-    "edit_locality": (
-        "edit_locality.py",
+    "edit_misses": (
+        "edit_misses.py",
         [],
         "counterfact",
         [rf"^\| subjects \| bertknn \| {NUMBER} \| 980 of 1,000 \|"],

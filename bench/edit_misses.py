@@ -1,4 +1,5 @@
-"""Locality after many edits, split by whether the locality prompt is about an edited subject.
+"""What edits' misses are: locality after many edits split by whether the locality prompt is about an edited subject,
+and what a missed paraphrase answers.
 
 CounterFact's locality prompt of one record is about another subject, and in a long run of edits that subject is
 often edited itself by another record ("Danielle Darrieux's mother tongue is" is one record's locality prompt and
@@ -6,9 +7,10 @@ another's edit). Its answer should then change, and the locality score counts th
 of `bertknn eval edits` (edits.json, with its per-record answers) and the edits file, and prints, per mode and row,
 locality over every record and over the records whose locality prompt names none of the edited subjects (whole
 words, case-insensitive), and what the changed answers are: the new object of an edit of a subject the prompt names,
-another answer where the prompt names one, or an answer where it names none.
+another answer where the prompt names one, or an answer where it names none. Then, per mode and row, the
+paraphrases whose top-1 word is not the new object, by what they answer (PARAPHRASE_KINDS, first that fits).
 
-    python bench/edit_locality.py REPORT/edits.json [$BERTKNN_DATA/counterfact/counterfact-train.json] [--smoke]
+    python bench/edit_misses.py REPORT/edits.json [$BERTKNN_DATA/counterfact/counterfact-train.json] [--smoke]
 
 --smoke: the committed report reports/edits/counterfact-test-1000/edits.json.
 """
@@ -27,6 +29,12 @@ from bertknn.evaluation.edits_data import load_edits
 
 COUNTERFACT = DATA / "counterfact" / "counterfact-train.json"
 SMOKE_REPORT = Path(__file__).resolve().parents[1] / "reports" / "edits" / "counterfact-test-1000" / "edits.json"
+PARAPHRASE_KINDS = (
+    "the old object",
+    "its answer before the edit",
+    "a word of the subject",
+    "a word of the edit's prompt",
+)
 KINDS = ("new object of an edit of a subject it names", "other answer, names an edited subject", "names none")
 
 
@@ -59,6 +67,34 @@ def breakdown(report: dict, edits: Path) -> list[tuple[str, str, int, float, int
     return out
 
 
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"\w+", text.lower()))
+
+
+def paraphrase_misses(report: dict, edits: Path) -> list[tuple[str, str, int, Counter]]:
+    """(mode, row, paraphrases, misses by PARAPHRASE_KINDS or "other") per mode and row of `report`: a miss is a
+    paraphrase whose top-1 word after the edits is not the new object (nor its first word)."""
+    records = {r.case_id: r for r in load_edits(edits)}
+    out = []
+    for mode, rows in report["records"][0]["answers"].items():
+        for row in rows:
+            misses = Counter()
+            for record in report["records"]:
+                edit, (before, after) = records[record["case_id"]], record["answers"][mode][row]["rephrase"]
+                new = edit.target_new.lower()
+                if after in (new, new.split()[0]):
+                    continue
+                fits = (
+                    after in _words(edit.ground_truth),
+                    after in _words(edit.subject),
+                    after in _words(edit.prompt),
+                    after == before,
+                )
+                misses[next((k for k, fit in zip(PARAPHRASE_KINDS, fits) if fit), "other")] += 1
+            out.append((mode, row, len(report["records"]), misses))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("report", type=Path, nargs="?", help="edits.json of `bertknn eval edits`")
@@ -78,6 +114,11 @@ def main() -> None:
     for mode, row, n, all_kept, clean, clean_kept, changed in breakdown(result, args.edits):
         counts = " / ".join(str(changed[k]) for k in KINDS)
         print(f"| {mode} | {row} | {all_kept:.1f} | {clean:,} of {n:,} | {clean_kept:.1f} | {counts} |")
+    print("\n| mode | row | paraphrases missed | " + " / ".join((*PARAPHRASE_KINDS, "other")) + " |")
+    print("| --- | --- | --- | --- |")
+    for mode, row, n, misses in paraphrase_misses(result, args.edits):
+        counts = " / ".join(str(misses[k]) for k in (*PARAPHRASE_KINDS, "other"))
+        print(f"| {mode} | {row} | {sum(misses.values()):,} of {n:,} | {counts} |")
 
 
 if __name__ == "__main__":
