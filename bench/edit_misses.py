@@ -8,7 +8,9 @@ of `bertknn eval edits` (edits.json, with its per-record answers) and the edits 
 locality over every record and over the records whose locality prompt names none of the edited subjects (whole
 words, case-insensitive), and what the changed answers are: the new object of an edit of a subject the prompt names,
 another answer where the prompt names one, or an answer where it names none. Then, per mode and row, the
-paraphrases whose top-1 word is not the new object, by what they answer (PARAPHRASE_KINDS, first that fits).
+paraphrases whose top-1 word is not the new object, by what they answer (PARAPHRASE_KINDS, first that fits), and
+efficacy over the records whose subject no other record edits (another edit of the same subject, newer, may rightly
+take the prompt's answer).
 
     python bench/edit_misses.py REPORT/edits.json [$BERTKNN_DATA/counterfact/counterfact-train.json] [--smoke]
 
@@ -81,8 +83,7 @@ def paraphrase_misses(report: dict, edits: Path) -> list[tuple[str, str, int, Co
             misses = Counter()
             for record in report["records"]:
                 edit, (before, after) = records[record["case_id"]], record["answers"][mode][row]["rephrase"]
-                new = edit.target_new.lower()
-                if after in (new, new.split()[0]):
+                if _hit(record, mode, row, "rephrase"):
                     continue
                 fits = (
                     after in _words(edit.ground_truth),
@@ -93,6 +94,23 @@ def paraphrase_misses(report: dict, edits: Path) -> list[tuple[str, str, int, Co
                 misses[next((k for k, fit in zip(PARAPHRASE_KINDS, fits) if fit), "other")] += 1
             out.append((mode, row, len(report["records"]), misses))
     return out
+
+
+def _hit(record: dict, mode: str, row: str, kind: str) -> bool:
+    """Whether the top-1 word after the edits of `record`'s `kind` question is its new object (or its first word)."""
+    new = record["target_new"].lower()
+    return record["answers"][mode][row][kind][1] in (new, new.split()[0])
+
+
+def efficacy_alone(report: dict) -> list[tuple[str, str, int, float]]:
+    """(mode, row, records whose subject no other record of the report edits, their efficacy %)."""
+    edited = Counter(r["subject"].lower() for r in report["records"])
+    alone = [r for r in report["records"] if edited[r["subject"].lower()] == 1]
+    return [
+        (mode, row, len(alone), 100 * sum(_hit(r, mode, row, "rewrite") for r in alone) / max(len(alone), 1))
+        for mode, rows in report["records"][0]["answers"].items()
+        for row in rows
+    ]
 
 
 def main() -> None:
@@ -119,6 +137,10 @@ def main() -> None:
     for mode, row, n, misses in paraphrase_misses(result, args.edits):
         counts = " / ".join(str(misses[k]) for k in (*PARAPHRASE_KINDS, "other"))
         print(f"| {mode} | {row} | {sum(misses.values()):,} of {n:,} | {counts} |")
+    print("\n| mode | row | records whose subject no other record edits | their efficacy |")
+    print("| --- | --- | --- | --- |")
+    for mode, row, n, efficacy in efficacy_alone(result):
+        print(f"| {mode} | {row} | {n:,} | {efficacy:.2f} |")
 
 
 if __name__ == "__main__":
