@@ -27,23 +27,17 @@ from pathlib import Path
 
 from evidence import DATA, SMOKE
 
-from bertknn.evaluation.edits_data import load_edits
+from bertknn.evaluation.edits_data import EditRecord, load_edits
 
 COUNTERFACT = DATA / "counterfact" / "counterfact-train.json"
 SMOKE_REPORT = Path(__file__).resolve().parents[1] / "reports" / "edits" / "counterfact-test-1000" / "edits.json"
-PARAPHRASE_KINDS = (
-    "the old object",
-    "its answer before the edit",
-    "a word of the subject",
-    "a word of the edit's prompt",
-)
+PARAPHRASE_KINDS = ("the old object", "a word of the subject", "a word of the edit's prompt", "its answer before")
 KINDS = ("new object of an edit of a subject it names", "other answer, names an edited subject", "names none")
 
 
-def breakdown(report: dict, edits: Path) -> list[tuple[str, str, int, float, int, float, Counter]]:
+def breakdown(report: dict, records: dict[int, EditRecord]) -> list[tuple[str, str, int, float, int, float, Counter]]:
     """(mode, row, records, locality %, records naming no edited subject, their locality %, changed answers by
-    KINDS) per mode and row of `report`."""
-    records = {r.case_id: r for r in load_edits(edits)}
+    KINDS) per mode and row of `report`; `records`: the edits by case_id."""
     made = [records[r["case_id"]] for r in report["records"]]
     new_objects = defaultdict(set)
     for r in made:
@@ -73,10 +67,9 @@ def _words(text: str) -> set[str]:
     return set(re.findall(r"\w+", text.lower()))
 
 
-def paraphrase_misses(report: dict, edits: Path) -> list[tuple[str, str, int, Counter]]:
-    """(mode, row, paraphrases, misses by PARAPHRASE_KINDS or "other") per mode and row of `report`: a miss is a
-    paraphrase whose top-1 word after the edits is not the new object (nor its first word)."""
-    records = {r.case_id: r for r in load_edits(edits)}
+def paraphrase_misses(report: dict, records: dict[int, EditRecord]) -> list[tuple[str, str, int, Counter]]:
+    """(mode, row, paraphrases, misses by PARAPHRASE_KINDS, the first that fits, or "other") per mode and row of
+    `report`: a miss is a paraphrase whose top-1 word after the edits is not the new object (nor its first word)."""
     out = []
     for mode, rows in report["records"][0]["answers"].items():
         for row in rows:
@@ -85,7 +78,7 @@ def paraphrase_misses(report: dict, edits: Path) -> list[tuple[str, str, int, Co
                 edit, (before, after) = records[record["case_id"]], record["answers"][mode][row]["rephrase"]
                 if _hit(record, mode, row, "rephrase"):
                     continue
-                fits = (
+                fits = (  # in the order of PARAPHRASE_KINDS
                     after in _words(edit.ground_truth),
                     after in _words(edit.subject),
                     after in _words(edit.prompt),
@@ -126,15 +119,16 @@ def main() -> None:
     if not result.get("records"):
         parser.error(f"{report} has no per-record answers")
     print(f"{report}: {len(result['records']):,} edits")
+    records = {r.case_id: r for r in load_edits(args.edits)}
     head = "| mode | row | locality | prompts naming no edited subject | their locality | changed: "
     print(head + " / ".join(KINDS) + " |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for mode, row, n, all_kept, clean, clean_kept, changed in breakdown(result, args.edits):
+    for mode, row, n, all_kept, clean, clean_kept, changed in breakdown(result, records):
         counts = " / ".join(str(changed[k]) for k in KINDS)
         print(f"| {mode} | {row} | {all_kept:.1f} | {clean:,} of {n:,} | {clean_kept:.1f} | {counts} |")
     print("\n| mode | row | paraphrases missed | " + " / ".join((*PARAPHRASE_KINDS, "other")) + " |")
     print("| --- | --- | --- | --- |")
-    for mode, row, n, misses in paraphrase_misses(result, args.edits):
+    for mode, row, n, misses in paraphrase_misses(result, records):
         counts = " / ".join(str(misses[k]) for k in (*PARAPHRASE_KINDS, "other"))
         print(f"| {mode} | {row} | {sum(misses.values()):,} of {n:,} | {counts} |")
     print("\n| mode | row | records whose subject no other record edits | their efficacy |")
