@@ -2,21 +2,25 @@
 and without the sentence weights (`sentence_temperature`), on the fresh facts, a LAMA dev split, and the cost of a
 question, in one run.
 
-    python bench/sentences.py [--base-docs 1000] [--temperatures 0.01,0.02,0.05] [--lama-dev 5] [--cost-docs 300]
+    python bench/sentences.py [--base-docs 1000] [--temperatures 0.01,0.02] [--lama-dev 5] [--cost-docs 300]
                               [--skip-fresh] [--skip-lama] [--skip-cost] [--skip-judge] [--device cpu] [--corpus F]
                               [--smoke]
 
 Fresh facts: a lazy datastore of the first --base-docs evidence documents, with the several-facts set
 (bench/fresh_facts/several_*.jsonl: 40 invented people with four cities and two languages each, 20 companies founded
-in one city and run from another; made by make_several.py) and the single-fact set (documents.jsonl) added. Each
-question is asked with and without its subject, with bertknn's defaults and each sentence temperature (0: none).
-Printed: BERT-kNN and kNN P@1 for the questions of even-numbered documents (dev: where the temperature is chosen)
-and odd-numbered ones (test), the expected calibration error of BERT-kNN's top answer as shown (%), then BERT-kNN
-per relation.
+in one city and run from another; made by make_several.py), the held-out several-facts set (heldout_*.jsonl: 30
+hand-written documents with distractor facts about other people, never used to choose a setting) and the single-fact
+set (documents.jsonl) added. Each question is asked with and without its subject: without sentence weights (0),
+with bertknn's default temperature and each of --temperatures, reading the store's evidence vectors, and with the
+default temperature embedding every evidence text at the question in float32 (the weights before the vectors were
+stored). Printed: BERT-kNN and kNN P@1 for the questions of even-numbered documents (dev: where settings are
+chosen) and odd-numbered ones (test; the held-out set is all test), the expected calibration error of BERT-kNN's
+top answer as shown (%), then BERT-kNN per relation.
 
 LAMA dev: `tune.DevSplit` (--lama-dev facts per T-REx and Google-RE relation, seed 1, disjoint from the report's
-sample) on the lazy datastore of the evidence corpus that `eval lama` uses (cached), through `predict_batch`, with and
-without subjects: macro P@1 over relations, without sentence weights and with each temperature.
+sample) on the lazy datastore of the evidence corpus that `eval lama` uses (cached; one made before evidence vectors
+answers without the weights until `bertknn sentences` fills it), through `predict_batch`, with and without subjects:
+macro P@1 over relations, in the runs above.
 
 Sentence choice (no datastore): for each several-facts question, the candidate answers of its document (its cities,
 languages and years) scored by their sentence alone, the document's names taken out: by word overlap (content words,
@@ -24,21 +28,19 @@ scikit-learn's English stopwords dropped), by the sentence encoder's cosine of t
 and by `sentences.SentenceMatch.scores` (three views less the background: what the sentence weights use). Printed:
 how often the top-scored candidate is the answer (ties shared), dev / test.
 
-The LM reads the evidence (with the fresh facts, unless --skip-judge): the several-facts questions at the first of
---temperatures, BERT-kNN's 3 best words re-ranked by log p + beta log p_LM(word | evidence sentence, question),
-each word's nearest evidence sentence read alone or the three together; measured, not kept in bertknn.
+The LM reads the evidence (with the fresh facts, unless --skip-judge): the several-facts questions at bertknn's
+temperature, BERT-kNN's 3 best words re-ranked by log p + beta log p_LM(word | evidence sentence, question), each
+word's nearest evidence sentence read alone or the three together; measured, not kept in bertknn.
 
-Cost: an eager build of the first --cost-docs evidence documents (on CPU the ONNX backend, the CLI's default there;
-with `--device cuda`, PyTorch in float32 on the GPU, as `--backend auto` runs there) plus the several-facts
-documents; the p50 of one question asked alone (the several-facts questions without subjects, the runs in turn, each
-first as often as the others): bertknn's defaults, the same uncalibrated, and with sentence weights at the first of
---temperatures, the sentence-vector cache emptied before each question (the cost of a question about documents not
-asked of before), kept (documents asked of before), and emptied with the evidence stored ahead (what `bertknn
-sentences` stores, in a scratch file: the question's own text is embedded, beside the LM's pass as bertknn does, and
-after it); before those, a service's stream: each
-question once in a shuffled order with the weights, the cache emptied only at the start (a question meets the vectors
-of documents asked of before), without and with the evidence stored ahead; then the stored file's bytes per entry,
-and what those questions embed, per kind of text (`sentences.TEXTS`): distinct texts and tokens per question.
+Cost: eager builds of the first --cost-docs evidence documents (on CPU the ONNX backend, the CLI's default there;
+with `--device cuda`, PyTorch in float32 on the GPU) then an add of the several-facts documents, without and with
+evidence vectors in turn, --repeats times each: their median seconds and the stores' bytes per context. Then, on the
+store with evidence, the p50 of one question asked alone (the several-facts questions without subjects, the runs in
+turn, each first as often as the others): without sentence weights (the former default), bertknn's defaults with
+the sentence-vector cache emptied before each question (a question about documents not asked of before) and kept,
+and the weights with every evidence text embedded at the question (before the vectors were stored); before those, a
+service's stream (each question once in a shuffled order, the cache emptied at the start only), without and with
+the weights; then what those questions embed per kind of text (`sentences.TEXTS`): distinct texts and tokens.
 
 --corpus: LAMA dev on another corpus than the evidence corpus (its lazy datastore cached alike). --smoke: the first
 4 documents of each fresh-facts set (and their questions) over the first 3 evidence documents (the cost: the first
@@ -83,29 +85,38 @@ def _set(prefix: str, args) -> tuple[list[dict], list[dict]]:
 
 
 def _split(q: dict) -> str:
-    """dev (even-numbered documents: where settings are chosen) or test (odd-numbered)."""
-    return "dev" if int(q["document"].rsplit("-", 1)[1]) % 2 == 0 else "test"
+    """dev (even-numbered documents: where settings are chosen) or test (odd-numbered; every held-out document)."""
+    held_out = q["document"].startswith("heldout-")
+    return "dev" if not held_out and int(q["document"].rsplit("-", 1)[1]) % 2 == 0 else "test"
 
 
 def _share(hits: list[bool]) -> str:
     return f"{100 * sum(hits) / len(hits):.1f}" if hits else "-"
 
 
-def _floor(args) -> str:
-    from bertknn.query.settings import SENTENCE_FLOOR
-
-    return f"sentence_floor {SENTENCE_FLOOR if args.sentence_floor is None else args.sentence_floor:g}"
-
-
 def _temperatures(args) -> list[float]:
-    return [0.0, *(float(t) for t in args.temperatures.split(","))]
+    """0 (no weights: `--no-sentence-weights`), bertknn's default, then --temperatures."""
+    from bertknn.query.settings import SENTENCE_TEMPERATURE
+
+    extra = [float(t) for t in args.temperatures.split(",")] if args.temperatures else []
+    return list(dict.fromkeys([0.0, SENTENCE_TEMPERATURE, *extra]))
+
+
+def _runs(args) -> list[tuple[str, float, bool]]:
+    """(label, sentence temperature, evidence read from the store) of each fresh-facts and LAMA run: each
+    temperature with the store's int8 evidence vectors, and bertknn's default with every evidence text embedded at
+    the question in float32 (the weights before the vectors were stored)."""
+    from bertknn.query.settings import SENTENCE_TEMPERATURE
+
+    runs = [(f"{t:g}", t, True) for t in _temperatures(args)]
+    return [*runs, (f"{SENTENCE_TEMPERATURE:g}, embedded at the question", SENTENCE_TEMPERATURE, False)]
 
 
 def fresh(args) -> None:
     from bertknn.evaluation.metrics import calibration
     from bertknn.query.pipeline import BertKNN
 
-    sets = {"several": "several_", "single": ""}
+    sets = {"several": "several_", "held-out": "heldout_", "single": ""}
     docs = [d for prefix in sets.values() for d in _set(prefix, args)[0]]
     questions = [{**q, "set": name} for name, prefix in sets.items() for q in _set(prefix, args)[1]]
     work = scratch()
@@ -114,19 +125,16 @@ def fresh(args) -> None:
     )
     knn.add_documents(docs)
     print(f"\n## Fresh facts: {len(docs)} documents added to a lazy datastore of {args.base_docs} evidence documents")
-    print(f"P@1 of BERT-kNN (kNN), {_floor(args)}; dev: questions of even-numbered documents, test: odd-numbered\n")
+    print("P@1 of BERT-kNN (kNN); dev: questions of even-numbered documents, test: odd-numbered (held-out: all)\n")
     print("| set | subject | sentence_temperature | dev | test | ECE dev / test |\n|---|---|---|---|---|---|")
     per_relation = defaultdict(list)
     for mode in ("subject", "no subject"):
         subjects = [q["subject"] if mode == "subject" else None for q in questions]
-        for t in _temperatures(args):
+        for label, t, stored in _runs(args):
+            knn.sentence_match.stored = knn.store if stored else None
+            knn.sentence_match.clear()
             found = knn.predict_batch(
-                [q["question"] for q in questions],
-                subjects,
-                top_k=1,
-                evidence=0,
-                sentence_temperature=t,
-                sentence_floor=args.sentence_floor,
+                [q["question"] for q in questions], subjects, top_k=1, evidence=0, sentence_temperature=t
             )
             hits, shown = defaultdict(list), defaultdict(list)
             for q, p in zip(questions, found):
@@ -136,19 +144,20 @@ def fresh(args) -> None:
                     hit = bool(ranked) and ranked[0].token.lower() == q["answer"]
                     hits[(q["set"], _split(q), method)].append(hit)
                     if method == "bert_knn":
-                        per_relation[(q["set"], q["relation"], mode, t, _split(q))].append(hit)
+                        per_relation[(q["set"], q["relation"], mode, label, _split(q))].append(hit)
             for name in sets:
                 cells = [
                     f"{_share(hits[(name, s, 'bert_knn')])} ({_share(hits[(name, s, 'knn')])})" for s in ("dev", "test")
                 ]
                 ece = [100 * calibration(shown[(name, s)], hits[(name, s, "bert_knn")])["ece"] for s in ("dev", "test")]
                 cells.append(" / ".join(f"{e:.1f}" for e in ece))
-                print(f"| {name} | {mode} | {t:g} | " + " | ".join(cells) + " |", flush=True)
+                print(f"| {name} | {mode} | {label} | " + " | ".join(cells) + " |", flush=True)
+    knn.sentence_match.stored = knn.store
     if not args.skip_judge:
-        judge(knn, [q for q in questions if q["set"] == "several"], _temperatures(args)[1], args.sentence_floor)
+        judge(knn, [q for q in questions if q["set"] == "several"], _temperatures(args)[1])
     print("\nBERT-kNN P@1 per relation, dev / test\n")
-    temps = _temperatures(args)
-    print("| set | relation | subject | " + " | ".join(f"T_s {t:g}" for t in temps) + " |")
+    temps = [label for label, *_ in _runs(args)]
+    print("| set | relation | subject | " + " | ".join(f"T_s {t}" for t in temps) + " |")
     print("|---" * (len(temps) + 3) + "|")
     for name, relation in sorted({(k[0], k[1]) for k in per_relation}):
         for mode in ("subject", "no subject"):
@@ -160,7 +169,7 @@ def fresh(args) -> None:
             print(f"| {name} | {relation} | {mode} | " + " | ".join(cells) + " |")
 
 
-def judge(knn, questions: list[dict], t: float, floor: float | None) -> None:
+def judge(knn, questions: list[dict], t: float) -> None:
     """The LM as a judge of the evidence (measured, not kept): BERT-kNN's 3 best words re-ranked by log p + beta log
     p_LM, p_LM the LM's probability of the word with evidence before the question: each word's nearest neighbour's
     sentence ("per word", one pass per word), or the three sentences together ("together", one pass)."""
@@ -170,9 +179,7 @@ def judge(knn, questions: list[dict], t: float, floor: float | None) -> None:
     print("| subject | judge | beta 0 | 0.25 | 0.5 | 1 |\n|---|---|---|---|---|---|")
     for mode in ("subject", "no subject"):
         subjects = [q["subject"] if mode == "subject" else None for q in questions]
-        found = knn.predict_batch(
-            [q["question"] for q in questions], subjects, 3, 1, sentence_temperature=t, sentence_floor=floor
-        )
+        found = knn.predict_batch([q["question"] for q in questions], subjects, 3, 1, sentence_temperature=t)
         sentences = [
             [p.evidence[w.token][0].sentence if p.evidence.get(w.token) else "" for w in p.bert_knn] for p in found
         ]
@@ -203,7 +210,8 @@ def choice(args) -> None:
     import numpy as np
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-    from bertknn.model.sentences import SentenceMatch, without_names
+    from bertknn.model.sentences import SentenceMatch
+    from bertknn.text import without_names
 
     several, questions = _set("several_", args)
     docs = {d["id"]: d for d in several}
@@ -250,7 +258,7 @@ def choice(args) -> None:
     for name in dict.fromkeys(n for n, _ in hits):
         print(f"| {name} | {100 * np.mean(hits[(name, 'dev')]):.1f} | {100 * np.mean(hits[(name, 'test')]):.1f} |")
     medians = ", ".join(f"{name} {np.median(values):.2f}" for name, values in best_scores.items())
-    print(f"\nmedian `SentenceMatch.scores` (what `sentence_floor` cuts): {medians}")
+    print(f"\nmedian `SentenceMatch.scores` (what `sentences.FLOOR` cuts): {medians}")
 
 
 def lama(args) -> None:
@@ -268,20 +276,15 @@ def lama(args) -> None:
         dev, directory = dev[:SMOKE_FACTS], args.corpus.parent / "store"
     reader = lama_reader(args.corpus, encoder, directory)
     per = f"{args.lama_dev} per T-REx/Google-RE relation, seed 1"
-    print(f"\n## LAMA dev: {len(dev)} facts ({per}); macro P@1, {_floor(args)}\n")
+    print(f"\n## LAMA dev: {len(dev)} facts ({per}); macro P@1\n")
     print("| subject | sentence_temperature | BERT | kNN | BERT-kNN | s |\n|---|---|---|---|---|---|")
     for mode in ("subject", "no subject"):
         subjects = [ir_subject(f) if mode == "subject" else None for f in dev]
-        for t in _temperatures(args):
+        for label, t, stored in _runs(args):
             began = time.perf_counter()
+            reader.sentence_match.stored = reader.store if stored else None
             found = reader.predict_batch(
-                [f.question for f in dev],
-                subjects,
-                top_k=1,
-                evidence=0,
-                batch_size=32,
-                sentence_temperature=t,
-                sentence_floor=args.sentence_floor,
+                [f.question for f in dev], subjects, top_k=1, evidence=0, batch_size=32, sentence_temperature=t
             )
             size = encoder.vocab_size
             cells = [
@@ -289,84 +292,98 @@ def lama(args) -> None:
                 for name in ("p_bert", "p_knn", "p")
             ]
             p1 = " | ".join(f"{100 * c['macro']['P@1']:.1f}" for c in cells)
-            print(f"| {mode} | {t:g} | {p1} | {time.perf_counter() - began:.0f} |", flush=True)
+            print(f"| {mode} | {label} | {p1} | {time.perf_counter() - began:.0f} |", flush=True)
 
 
 def cost(args) -> None:
-    import torch
-
+    from bertknn.model.encoder import Encoder
     from bertknn.model.runtime import Runtime
-    from bertknn.model.sentence_vectors import StoredVectors
+    from bertknn.model.sentences import sentence_encoder
     from bertknn.query.pipeline import BertKNN
 
-    weighted = _temperatures(args)[1]
     several, asked = _set("several_", args)
     questions = [q["question"] for q in asked]
     work = scratch()
     corpus = first_documents(args.cost_docs, work / "base.jsonl")
-    runtime = "onnx" if args.device == "cpu" else Runtime(device=args.device)
-    knn = BertKNN.build(corpus, work / "store", args.model, runtime=runtime)
-    knn.add_documents(several)
-    match = knn.sentence_match
-    match.stored = stored = StoredVectors(work / "sentence-vectors.sqlite", match.stored.model)
-    began = time.perf_counter()
-    knn.store_sentences()  # what `bertknn sentences` stores
-    ahead_s = time.perf_counter() - began
+    runtime = Runtime(engine="onnx") if args.device == "cpu" else Runtime(device=args.device)
+    encoder = Encoder.load(args.model, runtime=runtime)
+    sentence_encoder(runtime).sentence_vectors(["warm up"])  # loaded once, before any build is timed
+    spent: dict[tuple[str, bool], list[float]] = defaultdict(list)
+    for repeat in range(args.repeats):  # builds and adds without and with evidence vectors, in turn
+        for evidence in (False, True) if repeat % 2 == 0 else (True, False):
+            began = time.perf_counter()
+            knn = BertKNN.build(corpus, work / f"store-{evidence}-{repeat}", encoder, evidence=evidence)
+            spent[("build", evidence)].append(time.perf_counter() - began)
+            began = time.perf_counter()
+            knn.add_documents(several)
+            spent[("add", evidence)].append(time.perf_counter() - began)
+    where = "onnx" if args.device == "cpu" else f"torch on {torch_device_name(knn)}"
+    print(f"\n## Build and add: {args.cost_docs} evidence documents, then the several-facts ones added, {where}")
+    print(f"{args.repeats} times each, without and with evidence vectors in turn; median seconds\n")
+    print("| step | without | with | ratio |\n|---|---|---|---|")
+    for step in ("build", "add"):
+        a, b = (statistics.median(spent[(step, e)]) for e in (False, True))
+        print(f"| {step} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
+    size = {e: sum(f.stat().st_size for f in (work / f"store-{e}-0").rglob("*") if f.is_file()) for e in (False, True)}
+    entries = knn.store.size
+    print(
+        f"\nBytes per context ({entries:,} contexts): {size[False] / entries:,.0f} without evidence vectors, "
+        f"{size[True] / entries:,.0f} with ({size[True] / size[False] - 1:+.1%}); distinct evidence texts per context: "
+        f"{knn.store.db.execute('SELECT count(*) FROM evidence').fetchone()[0] / entries:.2f}"
+    )
+    knn = BertKNN(encoder, knn.store)
     knn.predict_batch(questions[:8], evidence=0)  # warm up
-    on = {"sentence_temperature": weighted}
-    runs = {  # name: (options, sentence cache emptied before each question, evidence stored ahead, text beside LM)
-        "no sentence weights (the default)": ({}, False, False, True),
-        "uncalibrated, no sentence weights": ({"confidence_temperature": 1.0, "lm_floor": 0.0}, False, False, True),
-        "sentence weights, cache emptied": (on, True, False, True),
-        "sentence weights, cache kept": (on, False, False, True),
-        "sentence weights, evidence stored ahead (`bertknn sentences`), cache emptied": (on, True, True, True),
-        "the same, the question's text embedded after the LM's pass": (on, True, True, False),
+    off = {"sentence_temperature": 0.0}
+    runs = {  # name: (options, sentence cache emptied before each question, evidence vectors read from the store)
+        "no sentence weights (`--no-sentence-weights`: the former default)": (off, False, True),
+        "defaults: sentence weights, the store's evidence vectors, cache emptied": ({}, True, True),
+        "defaults, cache kept": ({}, False, True),
+        "sentence weights, every evidence text embedded at the question, cache emptied": ({}, True, False),
     }
-    streams = {"sentence weights, each question once, shuffled, cache kept": None}
-    streams["the same, evidence stored ahead"] = stored
-    times = _timed(knn, questions, runs, streams, stored, args.repeats, on)
-    names = list(runs)
-    where = "onnx" if args.device == "cpu" else f"torch on {torch.cuda.get_device_name(knn.encoder.runtime.device)}"
-    print(f"\n## Question p50: eager build of {args.cost_docs} evidence documents + the several-facts ones, {where}")
+    streams = {"stream: no sentence weights": off, "stream: defaults (cache kept)": {}}
+    times = _timed(knn, questions, runs, streams, args.repeats)
+    print(f"\n## Question p50: the store above with evidence, {where}")
     print(f"{len(questions)} questions without subjects, {args.repeats} times, the runs in turn\n")
     print("| run | p50 ms | p90 ms | p50 ratio |\n|---|---|---|---|")
-    base = statistics.median(times["no sentence weights (the default)"])
-    for name in [*names, *streams]:
-        values = times[name]
-        p50, p90 = statistics.median(values), statistics.quantiles(values, n=10)[-1]
-        print(f"| {name} | {1000 * p50:.1f} | {1000 * p90:.1f} | {p50 / base:.2f}x |")
-    keys = sum(f.stat().st_size for f in (work / "store").glob("keys.*"))
-    print(
-        f"\nEvidence stored ahead: {stored.path.stat().st_size / knn.store.size:,.0f} bytes per entry in "
-        f"{ahead_s:.1f}s ({knn.store.size:,} entries; the keys: {keys / knn.store.size:,.0f} bytes per entry)"
-    )
-    read(knn, questions, weighted)
+    for names in (list(runs), list(streams)):
+        base = statistics.median(times[names[0]])
+        for name in names:
+            values = times[name]
+            p50, p90 = statistics.median(values), statistics.quantiles(values, n=10)[-1]
+            print(f"| {name} | {1000 * p50:.1f} | {1000 * p90:.1f} | {p50 / base:.2f}x |")
+    read(knn, questions, _temperatures(args)[1])
 
 
-def _timed(knn, questions: list[str], runs: dict, streams: dict, stored, repeats: int, on: dict) -> dict:
-    """Seconds per question of each run and stream (`cost`): the streams first, then the runs in turn."""
+def torch_device_name(knn) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(knn.encoder.runtime.device)
+
+
+def _timed(knn, questions: list[str], runs: dict, streams: dict, repeats: int) -> dict:
+    """Seconds per question of each run and stream (`cost`): the streams first (each question once in a shuffled
+    order, the cache emptied at the start only: a service's stream), then the runs in turn."""
     match, times = knn.sentence_match, defaultdict(list)
-    for name, file in streams.items():  # a service's stream: documents asked of before are cached, new ones are not
-        match.stored = file
-        for repeat in range(repeats):
+    for repeat in range(repeats):
+        order = random.Random(repeat).sample(questions, len(questions))
+        for name, options in streams.items():
             match.clear()
-            for text in random.Random(repeat).sample(questions, len(questions)):
+            for text in order:
                 start = time.perf_counter()
-                knn.predict(text, top_k=5, evidence=3, **on)
+                knn.predict(text, top_k=5, evidence=3, **options)
                 times[name].append(time.perf_counter() - start)
-    names, beside = list(runs), knn._question_texts_ahead
+    names = list(runs)
     for _ in range(repeats):
         for i, text in enumerate(questions):
             for name in names[i % len(names) :] + names[: i % len(names)]:  # each run first as often as the others
-                options, cold, ahead, text_beside = runs[name]
-                match.stored = stored if ahead else None
-                knn._question_texts_ahead = beside if text_beside else lambda *args: None
+                options, cold, stored = runs[name]
+                match.stored = knn.store if stored else None
                 if cold:
                     match.clear()
                 start = time.perf_counter()
                 knn.predict(text, top_k=5, evidence=3, **options)
                 times[name].append(time.perf_counter() - start)
-    match.stored, knn._question_texts_ahead = None, beside
+    match.stored = knn.store
     return times
 
 
@@ -400,8 +417,7 @@ def main() -> None:
     parser.add_argument("--lama-dev", type=int, default=5, help="LAMA dev facts per relation")
     parser.add_argument("--repeats", type=int, default=2, help="times each cost question is asked")
     parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
-    parser.add_argument("--temperatures", default="0.02", help="comma-separated sentence temperatures beside 0")
-    parser.add_argument("--sentence-floor", type=float, help="the sentence weights' floor [default: bertknn's]")
+    parser.add_argument("--temperatures", default="", help="sentence temperatures beside 0 and bertknn's (a, b, ...)")
     parser.add_argument("--skip-fresh", action="store_true")
     parser.add_argument("--skip-lama", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")

@@ -46,11 +46,10 @@ UPDATE = {  # a newer document about a subject of the demo corpus, which says he
     "text": "Tovald Ekrund left folk music in 2025. Since then he plays the cello.",
 }
 UPDATE_QUESTION = {"question": "Tovald Ekrund plays the [MASK] .", "subject": "Tovald Ekrund", "answer": "cello"}
-SENTENCE_WEIGHTS = 0.015  # the sentence temperature the demo shows beside bertknn's defaults
 FRESH_QUESTIONS = [  # the second answer is a word of four wordpieces: no masked LM can give it alone
     {"question": "Tamsin Orwhey was born in [MASK] .", "subject": "Tamsin Orwhey", "answer": "tallinn"},
     {"question": "Edda Kallaste was born in [MASK] .", "subject": "Edda Kallaste", "answer": "kuressaare"},
-    # one document, four places and a year: each question must find its own (`--sentence-temperature`)
+    # one document, four places and a year: each question must find its own (the sentence weights)
     {"question": "Maren Holtby was born in [MASK] .", "subject": "Maren Holtby", "answer": "bergen"},
     {"question": "Maren Holtby died in [MASK] .", "subject": "Maren Holtby", "answer": "oslo"},
 ]
@@ -68,7 +67,7 @@ def fixed_by_knn(prediction: Prediction, answer: str) -> bool:
 
 def demo_path(encoder: Encoder) -> Path:
     """Where the demo corpus's datastore for this model and layer is cached."""
-    return cache_dir() / f"demo-{encoder.cache_tag}-v{VERSION}"  # a new datastore format: a new demo datastore
+    return cache_dir() / f"demo-{encoder.cache_tag}-v{VERSION}-evidence"  # a new format or evidence: a new one
 
 
 def build_demo(
@@ -83,7 +82,7 @@ def build_demo(
 
 def fresh_facts(knn: BertKNN) -> tuple[list[tuple[str, list[Prediction]]], tuple[Prediction, Prediction]]:
     """Facts the datastore lacks (FRESH_QUESTIONS), asked before adding their documents, after adding them (with
-    bertknn's defaults, then with sentence weights, SENTENCE_WEIGHTS) and after removing them: (stage, a prediction
+    bertknn's defaults, then without sentence weights) and after removing them: (stage, a prediction
     per question) each; then a fact the corpus has, asked before and after a newer document (UPDATE) changes it.
 
     Runs on a temporary copy of the datastore, so the cached demo datastore is left as it was.
@@ -100,7 +99,7 @@ def fresh_facts(knn: BertKNN) -> tuple[list[tuple[str, list[Prediction]]], tuple
         stages = [("before add", ask())]
         fresh.add_documents(FRESH_DOCUMENTS)
         stages.append(("after add", ask()))
-        stages.append(("sentence weights", ask(sentence_temperature=SENTENCE_WEIGHTS)))
+        stages.append(("no sentence weights", ask(sentence_temperature=0.0)))
         fresh.remove_documents([d["id"] for d in FRESH_DOCUMENTS])
         stages.append(("after remove", ask()))
         asked = ([UPDATE_QUESTION["question"]], [UPDATE_QUESTION["subject"]])
@@ -137,8 +136,8 @@ def narration(knn: BertKNN) -> Iterator[RenderableType]:
     yield (
         "\n[bold]Fresh facts[/], asked before and after `bertknn add` of "
         + " and ".join(repr(d["text"]) for d in FRESH_DOCUMENTS)
-        + f", after it with sentence weights (--sentence-temperature {SENTENCE_WEIGHTS}), then after `bertknn remove`"
-        " (on a copy of the datastore):"
+        + ", after it without sentence weights (--no-sentence-weights), then after `bertknn remove` (on a copy of the"
+        " datastore):"
     )
     stages, update = fresh_facts(knn)
     width = max(len(stage) for stage, _ in stages)

@@ -366,3 +366,45 @@ def mask_count_error(text: str, mask: str = MASK) -> str | None:
             f"the question has no {mask}: write the word to predict as {mask}, e.g. 'Paris is the capital of {mask}.'"
         )
     return f"the question has {n} {mask} tokens; BERT-kNN predicts exactly one {mask} per question"
+
+
+# Evidence texts: what the sentence weights (model/sentences.py) read of an entry, and what a datastore stores the
+# vectors of (store/evidence.py). Pure text, so that both layers compute the same texts.
+PLACEHOLDER = "something"  # the unknown word in a question's and a clause's text
+TEXT_CACHE = 50_000  # texts whose names-out form is kept (a question's texts recur for each neighbour)
+
+
+@lru_cache(maxsize=4096)
+def _names(title: str) -> re.Pattern[str] | None:
+    """One pattern for the title whole (tried first) and each of its words, with a possessive 's; None if none."""
+    names = sorted({n for n in (title, *title.split()) if n.strip()}, key=len, reverse=True)
+    alternatives = "|".join(map(re.escape, names))
+    return re.compile(rf"(?<!\w)(?:{alternatives})(?:'s)?(?!\w)", re.IGNORECASE) if names else None
+
+
+@lru_cache(maxsize=TEXT_CACHE)
+def without_names(text: str, title: str) -> str:
+    """`text` without the words of a document's `title` (and their possessive 's), the mask and extra spaces: what
+    a sentence or a question says of the subject rather than who the subject is. Cached: a question's texts recur
+    for each of its neighbours, a sentence for each of its words."""
+    text, names = text.replace(MASK, " "), _names(title)
+    return " ".join((names.sub(" ", text) if names else text).split())
+
+
+def clause(sentence: str, span: tuple[int, int], title: str) -> str:
+    """The words of `sentence` before the target at character `span`, back to the previous name or number (a word
+    that starts with a capital letter or a digit, not the sentence's first word nor a word of `title`), then the
+    placeholder: the part of the sentence that says what the target is."""
+    names = {w.lower() for w in re.findall(r"\w+", title)}
+    cut = 0
+    for i, word in enumerate(re.finditer(r"\w+", sentence[: span[0]])):
+        text = word.group()
+        if i and (text[0].isupper() or text[0].isdigit()) and text.lower() not in names:
+            cut = word.end()
+    return f"{sentence[cut : span[0]]}{PLACEHOLDER}"
+
+
+def evidence_texts(sentence: str, span: tuple[int, int], title: str) -> tuple[str, str, str]:
+    """An entry's evidence texts: the target's word, the sentence and the target's clause (`clause`), the names of
+    the entry's document (`title`) taken out."""
+    return tuple(without_names(x, title) for x in (sentence[slice(*span)], sentence, clause(sentence, span, title)))

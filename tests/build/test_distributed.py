@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ ray = pytest.importorskip("ray")
 from bertknn.build import distributed  # noqa: E402
 from bertknn.index.retrieval import TfidfIndex  # noqa: E402
 from bertknn.query.pipeline import BertKNN  # noqa: E402
+from bertknn.store import evidence  # noqa: E402
 from bertknn.store.shards import SHARDS_FILE, ShardedDatastore  # noqa: E402
 
 from .. import ray_cluster  # noqa: E402
@@ -65,6 +67,14 @@ def test_shards_hold_exactly_the_single_build_s_entries(built):
     assert sharded.provenance(every.tolist()) == single.store.provenance(every.tolist())
     assert sharded.document_ranges([44, 3, 45]) == single.store.document_ranges([44, 3, 45])
     assert [d for d, _ in sharded.find_titles("town 31")] == [d for d, _ in single.store.find_titles("town 31")] == [31]
+    # every shard holds the evidence vectors of its entries' texts, counted as its entries use them
+    assert sharded.evidence_model == single.store.evidence_model is not None
+    for shard in sharded.shards:
+        ids = shard.evidence_ids(list(range(shard.size)))
+        assert dict(shard.db.execute("SELECT id, refs FROM evidence")) == Counter(ids.ravel().tolist())
+    rows = single.store.provenance(every.tolist())
+    texts = sorted(set(evidence.entry_texts((e.sentence, e.span, e.title) for e in rows)))
+    assert sorted(sharded.evidence_vectors(texts)) == texts
 
 
 def test_ir_scores_over_shards_equal_one_index_over_all(built):

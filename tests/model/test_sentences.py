@@ -11,16 +11,20 @@ from bertknn.model.encoder import Encoder
 from bertknn.model.sentences import (
     AHEAD_THREADS,
     BACKGROUND,
+    DISTANCE_SHARE,
+    FLOOR,
+    LM_SHARE,
+    LM_WORDS,
+    SCORED_WORDS,
     TEXTS,
     SentenceMatch,
-    clause,
     log_weights,
-    without_names,
 )
 from bertknn.query.combine import Words
 from bertknn.query.knn import document_vote, knn_distribution
 from bertknn.query.pipeline import BertKNN
-from bertknn.query.settings import PAPER, SENTENCE_DISTANCE, SENTENCE_LM_SHARE, SENTENCE_LM_WORDS, Settings
+from bertknn.query.settings import PAPER, Settings
+from bertknn.text import clause, without_names
 from tests.conftest import CountingSentences, write_corpus
 from tests.tolerances import FLOAT64_RTOL, MODEL_RTOL, assert_ranking_close
 
@@ -252,11 +256,16 @@ def test_the_sentence_encoder_tells_which_place_a_question_asks_for():
 
 def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder, monkeypatch):
     docs = [
-        {"id": "a", "title": "Maren Holtby", "text": "Holtby was born in Bergen. Holtby died in Oslo. She sang."},
+        {
+            "id": "a",
+            "title": "Maren Holtby",
+            "text": "Holtby was born in Bergen. Holtby died in Oslo. She sang songs of Lyon, Porto, Riga, Ghent, "
+            "Vienna and Madrid with friends.",  # more words than the weights score (SCORED_WORDS)
+        },
         {"id": "b", "title": "Ada Quen", "text": "Quen lived in Vienna. Quen wrote books about Lyon."},
     ]
     knn = BertKNN.build(write_corpus(tmp_path / "c.jsonl", docs), tmp_path / "s", encoder)
-    s = Settings(sentence_temperature=0.05, sentence_floor=0.7)
+    s = Settings(sentence_temperature=0.05)
     question = "Maren Holtby was born in [MASK] ."
     (query,) = knn.preprocess([question], ["Maren Holtby"])
     (p_lm,), (state,) = encoder.query_ids([(query.ids, query.mask)])
@@ -269,29 +278,29 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder,
 
     def expected(chosen):
         scored = chosen & np.isfinite(sims)
-        lifted = np.maximum(sims, s.sentence_floor)
-        nearer = (1 - SENTENCE_DISTANCE) * (found.distances - found.distances.min()) / s.temperature
-        return np.where(scored, lifted, lifted[scored].min()) / 0.05 + np.where(scored & (sims > 0.7), nearer, 0.0)
+        lifted = np.maximum(sims, FLOOR)
+        nearer = (1 - DISTANCE_SHARE) * (found.distances - found.distances.min()) / s.temperature
+        return np.where(scored, lifted, lifted[scored].min()) / 0.05 + np.where(scored & (sims > FLOOR), nearer, 0.0)
 
-    monkeypatch.setattr("bertknn.query.pipeline.SENTENCE_WORDS", 2)  # fewer than the document's words
-    assert (sims < 0.7).any() and (sims > 0.7).any()  # the floor raises some scores and leaves others
-    by_vote = np.isin(words.index(found.values), words.best(plain, 2))
+    assert len(np.unique(found.values)) > SCORED_WORDS  # some words' evidence is not scored
+    assert (sims < FLOOR).any() and (sims > FLOOR).any()  # the floor raises some scores and leaves others
+    by_vote = np.isin(words.index(found.values), words.best(plain, SCORED_WORDS))
     (weights,) = knn.sentence_weights([question], [found], [words], [plain], s)
     np.testing.assert_allclose(weights, expected(by_vote), rtol=MODEL_RTOL)  # float32 sentence vectors
-    by_lm = np.isin(words.index(found.values), words.best(np.where(plain > 0, words.lm(p_lm), 0), SENTENCE_LM_WORDS))
+    by_lm = np.isin(words.index(found.values), words.best(np.where(plain > 0, words.lm(p_lm), 0), LM_WORDS))
     assert (by_lm & ~by_vote).any()
     (with_lm,) = knn.sentence_weights([question], [found], [words], [plain], s, [p_lm])
     at = words.index(found.values)
     one_token = at < words.vocab  # the LM has not scored a word of several tokens ("holtby") yet: left out
     assert (by_vote & ~one_token).any()
     np.testing.assert_allclose(with_lm, expected((by_vote | by_lm) & one_token), rtol=MODEL_RTOL)
-    # an LM sure of one word: the neighbours of the words it gives under SENTENCE_LM_SHARE of its probability drop out,
-    # but for the vote's best word (SENTENCE_VOTE_WORDS): the LM's doubt alone does not demote the vote's own choice
+    # an LM sure of one word: the neighbours of the words it gives under LM_SHARE of its probability drop out, but
+    # for the vote's best word (VOTE_WORDS): the LM's doubt alone does not demote the vote's own choice
     (first,) = words.best(plain, 1)
     below = at[by_vote & (at < words.vocab) & (at != first)][0]  # one of the vote's best words, not its first
     top, above = [w for w in np.unique(at[at < words.vocab]) if w not in (below, first)][:2]
     sure = np.full(words.vocab, 1e-9)
-    sure[[top, above, below]] = 1.0, 1.1 * SENTENCE_LM_SHARE, 0.9 * SENTENCE_LM_SHARE
+    sure[[top, above, below]] = 1.0, 1.1 * LM_SHARE, 0.9 * LM_SHARE
     assert first >= words.vocab  # "holtby" here (several tokens, unscored by the LM): kept, scored NaN (the question's)
     (by_sure,) = knn.sentence_weights([question], [found], [words], [plain], s, [sure / sure.sum()])
     np.testing.assert_allclose(by_sure, expected(np.isin(at, [top, above, first])), rtol=MODEL_RTOL)
@@ -371,7 +380,7 @@ def test_the_lm_chooses_the_words_whose_evidence_is_scored_a_word_of_several_tok
     chosen = np.array([True, True, True, True, True, True, False])
     prior = words.prior(10.0, "Maren Holtby was born in [MASK] .")  # no bonus for the name the question holds
     lm = words.lm(p_vocab)
-    assert lm[6] / lm[0] < SENTENCE_LM_SHARE < 10 * lm[6] / lm[0] and lm[3] / lm[0] < SENTENCE_LM_SHARE < lm[2] / lm[0]
+    assert lm[6] / lm[0] < LM_SHARE < 10 * lm[6] / lm[0] and lm[3] / lm[0] < LM_SHARE < lm[2] / lm[0]
     assert _by_lm(chosen, found, words, vote, p_vocab, prior).tolist() == [True, True, True, False, True, False, True]
     assert _by_lm(chosen, found, words, vote, p_vocab, None).tolist() == [True, True, True, False, False, False, True]
     doubted = np.array([0.1, 0.1, 0.1, 0.4, 0.0, 0.2, 0.1])  # the vote's best word: token 3, under 0.005 of the LM's
@@ -385,11 +394,10 @@ def test_the_paper_and_bad_values_of_the_sentence_temperature():
     with pytest.raises(ValueError, match="sentence_temperature must be a number >= 0"):
         Settings(sentence_temperature=float("nan"))
     assert Settings(sentence_temperature=0.5).file_tag().endswith("-st0.5-ct1.25-f0.4-named")
-    assert Settings(sentence_temperature=0.5, sentence_floor=0).file_tag().endswith("-st0.5-sf0-ct1.25-f0.4-named")
-    assert Settings(sentence_floor=0).file_tag() == Settings().file_tag()  # no sentence weights: the floor is moot
-    for bad in (-0.5, float("inf"), "1", True):
-        with pytest.raises(ValueError, match="sentence_floor must be a number >= 0"):
-            Settings(sentence_floor=bad)
+    assert Settings().file_tag().endswith("-st0.015-ct1.25-f0.4-named")  # on by default
+    assert "-st" not in Settings(sentence_temperature=0).file_tag()
+    with pytest.raises(TypeError, match="unknown hyperparameter"):  # the floor is part of the method, not a setting
+        Settings().replace(sentence_floor=0.5)
 
 
 def test_a_document_with_two_places_answers_both_questions(tmp_path):
@@ -421,8 +429,9 @@ def test_a_document_with_two_places_answers_both_questions(tmp_path):
 
 def test_the_issues_document_answers_each_of_its_places_with_the_sentence_weights(tmp_path):
     """The default model on a document with four places, a year in the birth sentence and two facts in one sentence:
-    bertknn's defaults answer "born in" with the place of death (the year second); the sentence weights
-    (`--sentence-temperature 0.015`, the default floor) answer every question with its own place."""
+    without the sentence weights (`--no-sentence-weights`) "born in" is answered with the place of death (the year
+    second); bertknn's defaults, the weights read from the evidence vectors the build stored, answer every question
+    with its own place."""
     from bertknn.demo import DEMO_CORPUS
 
     docs = [json.loads(line) for line in DEMO_CORPUS.read_text(encoding="utf-8").splitlines()[:6]]
@@ -435,10 +444,11 @@ def test_the_issues_document_answers_each_of_its_places_with_the_sentence_weight
     )
     asked = {"was born in": "bergen", "studied in": "zurich", "worked in": "madrid", "died in": "oslo"}
     questions = [f"Maren Holtby {relation} [MASK] ." for relation in asked]
-    plain = knn.predict_batch(questions, ["Maren Holtby"] * 4, top_k=2, evidence=0)
+    plain = knn.predict_batch(questions, ["Maren Holtby"] * 4, top_k=2, evidence=0, sentence_temperature=0)
     assert [w.token for w in plain[0].bert_knn] == ["oslo", "1979"]
+    assert knn.store.evidence_model  # a store built now holds its evidence vectors
     for subject in ("Maren Holtby", None):
-        weighed = knn.predict_batch(questions, [subject] * 4, top_k=1, evidence=0, sentence_temperature=0.015)
+        weighed = knn.predict_batch(questions, [subject] * 4, top_k=1, evidence=0)
         assert [p.bert_knn[0].token for p in weighed] == list(asked.values())
 
 

@@ -378,12 +378,15 @@ def connect_ro(store: Path) -> sqlite3.Connection:
 
 
 def tables(store: Path) -> dict:
-    """documents (id, title, state, start, end), sentences and entries, in index order."""
+    """documents (id, title, state, start, end), sentences and entries, in index order; the evidence vectors and
+    their references, in id order."""
     with connect_ro(store) as db:
+        held = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'evidence'").fetchone()
         return {
             "documents": db.execute("SELECT idx, id, title, state, start, end FROM documents ORDER BY idx").fetchall(),
             "sentences": db.execute("SELECT * FROM sentences ORDER BY idx").fetchall(),
             "entries": db.execute("SELECT * FROM entries ORDER BY idx").fetchall(),
+            "evidence": db.execute("SELECT * FROM evidence ORDER BY id").fetchall() if held else [],
         }
 
 

@@ -20,13 +20,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertknn.build import workers
+from bertknn.build import evidence, workers
 from bertknn.build.corpus import Corpus, open_corpus, record_located
 from bertknn.index import retrieval
 from bertknn.model.encoder import Encoder
+from bertknn.model.sentences import SENTENCE_MODEL
 from bertknn.store.datastore import FORMAT, VERSION, Datastore, DatastoreError, Record
 from bertknn.store.datastore import copy_registration as copy_store
 from bertknn.store.datastore import create as create_store
+from bertknn.store.evidence import FIELD
 from bertknn.text import (
     SLOW_SPLITTERS,
     SPLITTER,
@@ -86,10 +88,12 @@ def manifest(
     splitter: str = SPLITTER,
     whole_words: bool = True,
     names: bool = False,
+    evidence: bool = True,
 ) -> dict:
     """The manifest of a new datastore for `encoder` (model, weights hash, layer, width, key options, the sentence
-    splitter its documents are split with); without `whole_words`, of format 1 (the paper's targets: words of one
-    token); with `names`, multi-word names are targets too."""
+    splitter its documents are split with, the sentence encoder of its evidence vectors); without `whole_words`, of
+    format 1 (the paper's targets: words of one token); with `names`, multi-word names are targets too; without
+    `evidence`, no evidence vectors (the paper's datastore: its questions are answered without sentence weights)."""
     if names and (pack > 1 or not whole_words):
         raise DatastoreError("multi-word names need whole words and one target per pass: drop --pack or --names")
     words = {"words_from": encoder.vocab_size, "names": names} if whole_words else {}  # longer words' values from
@@ -108,6 +112,7 @@ def manifest(
         "value_dtype": "int32",
         "status": "building",
         "corpus": corpus,
+        **({FIELD: SENTENCE_MODEL} if evidence else {}),  # every entry's evidence texts get vectors (store/evidence.py)
         **words,
     }
 
@@ -134,11 +139,13 @@ def create(
     int8_keys: bool = False,
     whole_words: bool = True,
     names: bool = False,
+    evidence: bool = True,
 ) -> Datastore:
     """Create an empty datastore directory for `encoder` (or reopen it when it was made for the same model)."""
     path = Path(path)
     if not (path / "manifest.json").exists():
-        return create_store(path, manifest(encoder, corpus, pack, int8_keys, whole_words=whole_words, names=names))
+        made = manifest(encoder, corpus, pack, int8_keys, whole_words=whole_words, names=names, evidence=evidence)
+        return create_store(path, made)
     store = Datastore(path)
     check_encoder(store, encoder)
     known = store.manifest.get("corpus") or {}
@@ -275,10 +282,13 @@ def _prepare(
 def _embed_chunk(
     store: Datastore, docs: list[int], rows: list, sentences: list[Sentence], encoder: Encoder, token_budget: int | None
 ) -> int:
-    """The stages for whole documents: their sentences -> masked contexts -> keys -> appended to the store."""
+    """The stages for whole documents: their sentences -> masked contexts -> keys (and, in a store with evidence
+    vectors, the sentence encoder's vectors of their evidence texts: build/evidence.py) -> appended to the store."""
     found = keys(encoder, sentences, store.pack, store.int8_keys, token_budget)
     held, words = values(store, encoder, sentences)
-    return store.append(docs, rows, found, held, [s.spans for s in sentences], words)
+    spans = [s.spans for s in sentences]
+    said = evidence.chunk(store, rows, spans, encoder.runtime) if store.evidence_model else None
+    return store.append(docs, rows, found, held, spans, words, evidence=said)
 
 
 def check_corpus(corpus: Corpus, progress: Callable[[str, int, int], None]) -> int:
@@ -342,6 +352,7 @@ def build(
     n_workers: int = 0,
     whole_words: bool = True,
     names: bool = False,
+    evidence: bool = True,
 ) -> Datastore:
     """Build (or resume building) the datastore of a corpus: JSONL, Parquet, DrQA's docs.db, a Wikipedia XML dump or
     a datasets.Dataset (`corpus.open_corpus`).
@@ -349,8 +360,9 @@ def build(
     Documents are first registered (text and sentences, REGISTER_DOCS per transaction), then embedded in chunks
     (`embed`); with `lazy`, embedding is left for later and done per document on demand. `pack` > 1 masks that many
     targets per pass and `int8_keys` runs the encoder quantised (`Encoder.embed`); without `whole_words` only words of
-    one token are stored (format 1, the paper's targets); with `names`, multi-word names too (`text.names_of`); the
-    manifest records them all: a resume with others is refused, and later embedding (lazy, `add`) follows them.
+    one token are stored (format 1, the paper's targets); with `names`, multi-word names too (`text.names_of`);
+    without `evidence`, no evidence vectors (build/evidence.py: the sentence weights read them); the manifest records
+    them all: a resume with others is refused, and later embedding (lazy, `add`) follows them.
     `progress(phase, done, total)` reports the phases ("checking" where the format counts its documents from
     metadata, "reading", "embedding").
     Sentences are split in `n_workers` processes (0: every core for a corpus of `workers.PARALLEL_FROM`+ documents)
@@ -367,7 +379,7 @@ def build(
     source = open_corpus(corpus)
     report = progress or (lambda phase, done, total: None)
     n_docs = check_corpus(source, report)
-    store = create(out, encoder, source.info(n_docs), pack, int8_keys, whole_words, names)
+    store = create(out, encoder, source.info(n_docs), pack, int8_keys, whole_words, names, evidence)
     with store.writing():
         _register_all(store, source, n_docs, report, n_workers)
         if not lazy:

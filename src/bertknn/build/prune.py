@@ -28,6 +28,7 @@ from bertknn.build.builder import finish, require_built
 from bertknn.index import retrieval
 from bertknn.store.atomic import write_json
 from bertknn.store.datastore import CODEC, Datastore, DatastoreError, copy_registration
+from bertknn.store.evidence import Evidence
 from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, Store, is_sharded
 
 CHUNK_ENTRIES = 16_384  # source entries read per commit
@@ -150,6 +151,7 @@ def _copy_chunk(src: Datastore, dst: Datastore, docs: list[int], radius: float, 
     keys, values, counts = [np.zeros((0, src.dim), np.float32)], [np.zeros(0, np.int32)], [np.zeros(0, np.int64)]
     sentences: list[tuple[int, int, str]] = []
     spans: list[np.ndarray] = []
+    sources: list[np.ndarray] = []  # the source entries kept, whose evidence vectors the copies carry
     for doc, (a, b) in zip(docs, src.document_ranges(docs)):
         rows: list[tuple[int, int, int]] = []
         if doc not in hidden and a < b:
@@ -160,10 +162,20 @@ def _copy_chunk(src: Datastore, dst: Datastore, docs: list[int], radius: float, 
             values.append(doc_values[kept])
             counts.append(count)
             rows = src.entry_rows(a + kept)
+            sources.append(a + kept)
         sentences_of, spans_of = _by_sentence(doc, rows)
         sentences += sentences_of
         spans += spans_of
-    dst.append(docs, sentences, np.concatenate(keys), np.concatenate(values), spans, counts=np.concatenate(counts))
+    evidence = _evidence(src, dst, np.concatenate([np.zeros(0, np.int64), *sources])) if dst.evidence_model else None
+    keys, values, counts = np.concatenate(keys), np.concatenate(values), np.concatenate(counts)
+    dst.append(docs, sentences, keys, values, spans, counts=counts, evidence=evidence)
+
+
+def _evidence(src: Datastore, dst: Datastore, entries: np.ndarray) -> Evidence:
+    """The evidence of the kept `entries` of `src`, as `dst` commits it: their text ids, and the vectors `dst` lacks,
+    copied (not embedded again)."""
+    ids = src.evidence_ids(entries.tolist())
+    return Evidence(ids, src.evidence_blobs(set(ids.ravel().tolist()) - dst.evidence_held(ids.ravel().tolist())))
 
 
 def _by_sentence(doc: int, rows: list[tuple[int, int, int]]) -> tuple[list[tuple[int, int, str]], list[np.ndarray]]:

@@ -28,7 +28,6 @@ from bertknn.query.settings import (
     MIXTURE,
     MIXTURES,
     PAPER,
-    SENTENCE_FLOOR,
     SENTENCE_TEMPERATURE,
     WORD_BONUS,
 )
@@ -203,12 +202,12 @@ SentenceTemperatureOption = Annotated[
         f"the question asks (all-MiniLM-L6-v2); 0: every sentence alike (the paper) [default: {SENTENCE_TEMPERATURE}]",
     ),
 ]
-SentenceFloorOption = Annotated[
-    float | None,
+NoSentenceWeightsOption = Annotated[
+    bool,
     typer.Option(
-        min=0,
-        help="sentence scores below this count as this, so that only evidence that says what is asked moves the vote "
-        f"[default: {SENTENCE_FLOOR}]",
+        "--no-sentence-weights",
+        help="every sentence alike, as in the paper (--sentence-temperature 0); a datastore made before evidence "
+        "vectors answers so until `bertknn sentences` stores them",
     ),
 ]
 ConflictsOption = Annotated[
@@ -269,10 +268,12 @@ BackendOption = Annotated[
 ]
 
 
-def query_options(paper: bool, **given: object) -> dict:
-    """The query settings a command passes on: those given (not None), over the paper's when `paper` (--paper)."""
+def query_options(paper: bool, no_sentence_weights: bool = False, **given: object) -> dict:
+    """The query settings a command passes on: those given (not None), over the paper's when `paper` (--paper);
+    `no_sentence_weights` (--no-sentence-weights) sets the sentence temperature to 0."""
     base = {name: value for name, value in PAPER.as_dict().items() if name != "retrieval"} if paper else {}
-    return base | {name: value for name, value in given.items() if value is not None}
+    off = {"sentence_temperature": 0.0} if no_sentence_weights else {}
+    return base | {name: value for name, value in given.items() if value is not None} | off
 
 
 def _build(corpus: Path, out: Path, model: str | Encoder, layer: int | None, **options: object) -> BertKNN:

@@ -22,9 +22,9 @@ from bertknn.cli import (
     LamOption,
     MixtureOption,
     NDocsOption,
+    NoSentenceWeightsOption,
     PackOption,
     PaperOption,
-    SentenceFloorOption,
     SentenceTemperatureOption,
     TemperatureOption,
     ThreadsOption,
@@ -129,7 +129,7 @@ def eval_lama(
     lam_by: LamByOption = None,
     mixture: MixtureOption = None,
     sentence_temperature: SentenceTemperatureOption = None,
-    sentence_floor: SentenceFloorOption = None,
+    no_sentence_weights: NoSentenceWeightsOption = False,
     entity_filter: EntityFilterOption = None,
     paper: PaperOption = False,
     backend: BackendOption = CLI_BACKEND,
@@ -154,7 +154,7 @@ def eval_lama(
     given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
     given |= {"lam_by": lam_by, "mixture": mixture, "sentence_temperature": sentence_temperature}
     given |= {"entity_filter": entity_filter}
-    given = query_options(paper, **given, sentence_floor=sentence_floor)
+    given = query_options(paper, no_sentence_weights, **given)
     blocks = [int(x) for x in layers.split(",")] if layers else None
     options = {"phases": phase_progress, "max_seconds": max_minutes * 60 if max_minutes else None, "seed": seed}
     options |= {"pack": pack, "int8_keys": int8_keys, "with_subject": not no_subject}

@@ -27,9 +27,9 @@ from bertknn.cli import (
     LmWordsOption,
     MixtureOption,
     NDocsOption,
+    NoSentenceWeightsOption,
     PackOption,
     PaperOption,
-    SentenceFloorOption,
     SentenceTemperatureOption,
     TemperatureOption,
     ThreadsOption,
@@ -201,7 +201,7 @@ def ask(
     lm_words: LmWordsOption = None,
     word_bonus: WordBonusOption = None,
     sentence_temperature: SentenceTemperatureOption = None,
-    sentence_floor: SentenceFloorOption = None,
+    no_sentence_weights: NoSentenceWeightsOption = False,
     conflicts: ConflictsOption = None,
     entity_filter: EntityFilterOption = None,
     paper: PaperOption = False,
@@ -223,7 +223,7 @@ def ask(
     given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
     given |= {"lam_by": lam_by, "mixture": mixture, "lm_words": lm_words, "word_bonus": word_bonus}
     given |= {"conflicts": conflicts, "entity_filter": entity_filter}
-    options = query_options(paper, **given, sentence_temperature=sentence_temperature, sentence_floor=sentence_floor)
+    options = query_options(paper, no_sentence_weights, **given, sentence_temperature=sentence_temperature)
     knn = BertKNN.load(datastore, model, runtime=backend, **options)
     prediction = knn.predict(question, subject=subject, top_k=top_k, retrieval=retrieval)
     if as_json:
@@ -294,23 +294,23 @@ def sentences(
     dtype: DtypeOption = "float32",
     threads: ThreadsOption = 0,
 ) -> None:
-    """Embed a datastore's evidence ahead for the sentence weights (`--sentence-temperature`): each entry's sentence,
-    word and clause, stored in bertknn's cache directory, so that a question about documents not asked of before
-    embeds only its own text (while the LM reads the question). Rerun to resume, or after `bertknn add`."""
-    from bertknn.model.sentences import SentenceMatch
-    from bertknn.store.shards import open_store
+    """Store the evidence vectors of a datastore made before them: each entry's sentence, word and clause embedded by
+    the sentence encoder, so that its questions weigh their neighbours' sentences (a datastore built or added to now
+    stores them as it goes; until then its questions are answered without the weights). Rerun to resume."""
+    from bertknn.build.evidence import fill
+    from bertknn.store.shards import ShardedDatastore, open_store
 
     began, store = time.time(), open_store(datastore)
-    match = SentenceMatch.with_stored(backend)
+    shards = store.shards if isinstance(store, ShardedDatastore) else [store]
+    filled = 0
     with phase_progress() as report:
-        made = match.store_entries(store, lambda done, total: report("embedding", done, total))
-    size = store.size
-    file = match.stored.path
+        for shard in shards:
+            filled += fill(shard, backend, lambda done, total: report("embedding", done, total))
     console.print(
-        f"{made:,} texts of {size:,} entries embedded into {escape(str(file))} ({file.stat().st_size / 2**20:,.1f} MiB"
-        f" in all, {time.time() - began:,.0f}s); questions with --sentence-temperature read them"
-        if file.is_file()
-        else f"{escape(str(datastore))} holds no entries: nothing to embed"
+        f"evidence vectors stored for {filled:,} entries of {escape(str(datastore))} ({time.time() - began:,.0f}s); "
+        "its questions weigh their neighbours' sentences"
+        if filled
+        else f"{escape(str(datastore))} holds the evidence vectors of all its entries already: nothing to do"
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from bertknn.model.sentences import FLOOR
 from bertknn.query.settings import HPARAMS, PAPER, Settings
 from bertknn.store import atomic
 
@@ -327,8 +328,8 @@ def _options_beyond_paper(settings: Settings) -> str:
     )
     sentences = (
         f"each neighbour weighted by exp(score / {settings.sentence_temperature}), score how well its sentence and "
-        f"clause say what the question asks, at least {settings.sentence_floor}, for the words the LM finds possible "
-        "answers (sentence_temperature, sentence_floor)"
+        f"clause say what the question asks, at least {FLOOR}, for the words the LM finds possible answers "
+        "(sentence_temperature)"
         if settings.sentence_temperature
         else "all alike (the paper's)"
     )

@@ -25,17 +25,16 @@ question answering recast as inference does (Demszky et al., 2018). A lexical sc
 phrased unlike their evidence ("born in" against "came into the world in"); bench/README.md has each view's share
 of right choices.
 
-Only the evidence of the neighbours whose words are among the kNN's best few is embedded (one model pass over short
-texts per question, bounded); the other neighbours count as the least similar of those. Vectors computed ahead
-(`sentence_vectors`, `bertknn sentences`) are read instead of embedding their texts again, and a question's own text
-can be embedded while the LM reads the question (`embed_ahead`), where its documents are known before (`question_text`
-of their titles).
+Only the evidence of the neighbours whose words are among the kNN's best few is scored; the other neighbours count as
+the least similar of those. The evidence texts' vectors are the datastore's (a build stores them with the entries:
+store/evidence.py), so a question embeds only its own text, while the LM reads the question (`embed_ahead`), where
+its documents are known before (`question_text` of their titles); a text the store lacks is embedded here.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 from itertools import islice
@@ -46,13 +45,19 @@ import numpy as np
 from bertknn.model.default_model import SENTENCE_MODEL, load_sentence_model
 from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime
-from bertknn.model.sentence_vectors import StoredVectors, default_path
-from bertknn.text import MASK
+from bertknn.text import MASK, PLACEHOLDER, evidence_texts, without_names
 
 CACHE = 50_000  # sentence vectors kept in memory (a service's questions meet the same documents again)
-STORE_CHUNK = 10_000  # entries whose texts `SentenceMatch.store_entries` embeds and commits at a time
+# The sentence weights' fixed parts: the method, not settings (`Settings.sentence_temperature` turns it on and off);
+# each was chosen on the dev halves of bench/sentences.py's sets and LAMA dev (bench/README.md, "One document,
+# several facts", has the measurements and the held-out halves).
+FLOOR = 0.7  # scores below it count as it: only evidence that says what is asked moves the vote
+SCORED_WORDS = 10  # the evidence scored is that of the neighbours holding the kNN's this many best words,
+LM_WORDS = 5  # and of those holding the LM's this many best words among the vote's,
+LM_SHARE = 0.005  # but not of a word the LM gives less than this share of its best such word's probability,
+VOTE_WORDS = 1  # save the vote's this many best words: the LM's doubt alone does not demote them
+DISTANCE_SHARE = 0.5  # a neighbour scored above the floor: its key distance counts this much in the vote
 AHEAD_THREADS = 1  # ONNX Runtime's threads for `embed_ahead`'s pass, which runs beside the LM's (bench/README.md)
-PLACEHOLDER = "something"  # the unknown word in a question's and a clause's text
 TEXTS = ("question", "word", "sentence", "clause")  # what `SentenceMatch.texts` gives for a neighbour, in order
 # Generic statements of common relations, the subject left out: what any question says (hand-written, not LAMA's).
 BACKGROUND = tuple(
@@ -70,61 +75,18 @@ BACKGROUND = tuple(
 )  # fmt: skip
 
 
-class Evidence(Protocol):
-    """Where a stored entry comes from, as far as its texts go (`store.datastore.Provenance` is one)."""
+class StoredEvidence(Protocol):
+    """Where the vectors of evidence texts were stored ahead (`store.datastore.Datastore` is one: its entries'
+    evidence vectors, store/evidence.py)."""
 
-    sentence: str
-    span: tuple[int, int]
-    title: str
-
-
-class Entries(Protocol):
-    """A datastore as `SentenceMatch.store_entries` reads it (`store.datastore.Datastore` is one)."""
-
-    size: int
-
-    def provenance(self, entries: list[int]) -> Sequence[Evidence]: ...
+    def evidence_vectors(self, texts: Sequence[str]) -> dict[str, np.ndarray]: ...
 
 
-@lru_cache(maxsize=4096)
-def _names(title: str) -> re.Pattern[str] | None:
-    """One pattern for the title whole (tried first) and each of its words, with a possessive 's; None if none."""
-    names = sorted({n for n in (title, *title.split()) if n.strip()}, key=len, reverse=True)
-    alternatives = "|".join(map(re.escape, names))
-    return re.compile(rf"(?<!\w)(?:{alternatives})(?:'s)?(?!\w)", re.IGNORECASE) if names else None
-
-
-@lru_cache(maxsize=CACHE)
-def without_names(text: str, title: str) -> str:
-    """`text` without the words of a document's `title` (and their possessive 's), the mask and extra spaces: what
-    a sentence or a question says of the subject rather than who the subject is. Cached: a question's texts recur
-    for each of its neighbours, a sentence for each of its words."""
-    text, names = text.replace(MASK, " "), _names(title)
-    return " ".join((names.sub(" ", text) if names else text).split())
-
-
-def _words(question: str, title: str) -> set[str]:
-    """The lowercased words of `question` without the title's names."""
-    return set(re.findall(r"\w+", without_names(question, title).lower()))
-
-
-def clause(sentence: str, span: tuple[int, int], title: str) -> str:
-    """The words of `sentence` before the target at character `span`, back to the previous name or number (a word
-    that starts with a capital letter or a digit, not the sentence's first word nor a word of `title`), then the
-    placeholder: the part of the sentence that says what the target is."""
-    names = {w.lower() for w in re.findall(r"\w+", title)}
-    cut = 0
-    for i, word in enumerate(re.finditer(r"\w+", sentence[: span[0]])):
-        text = word.group()
-        if i and (text[0].isupper() or text[0].isdigit()) and text.lower() not in names:
-            cut = word.end()
-    return f"{sentence[cut : span[0]]}{PLACEHOLDER}"
-
-
-def evidence_texts(sentence: str, span: tuple[int, int], title: str) -> tuple[str, str, str]:
-    """A neighbour's texts after the question's (`TEXTS`): the target's word, the sentence and the target's clause
-    (`clause`), the names of the neighbour's document (`title`) taken out."""
-    return tuple(without_names(x, title) for x in (sentence[slice(*span)], sentence, clause(sentence, span, title)))
+@lru_cache(maxsize=4)
+def sentence_encoder(runtime: Runtime | str = "torch") -> Encoder:
+    """The sentence encoder (SENTENCE_MODEL) on `runtime`, loaded once per runtime: what a build embeds the
+    evidence texts with and a question its own text."""
+    return Encoder(*load_sentence_model(), SENTENCE_MODEL, runtime=runtime)
 
 
 def log_weights(
@@ -153,6 +115,11 @@ def log_weights(
     return out
 
 
+def _words(question: str, title: str) -> set[str]:
+    """The lowercased words of `question` without the title's names."""
+    return set(re.findall(r"\w+", without_names(question, title).lower()))
+
+
 class SentenceMatch:
     """How well each neighbour's evidence says what a question asks (`scores`), from a sentence encoder's vectors
     (cached); the encoder (default: all-MiniLM-L6-v2 on `runtime`) is loaded when first needed."""
@@ -162,7 +129,7 @@ class SentenceMatch:
         runtime: Runtime | str = "torch",
         encoder: Encoder | None = None,
         cache: int = CACHE,
-        stored: StoredVectors | None = None,
+        stored: StoredEvidence | None = None,
     ) -> None:
         self.runtime, self._encoder, self.cache, self._vectors = runtime, encoder, cache, {}
         self.stored = stored  # vectors computed ahead, read before a text is embedded
@@ -170,17 +137,11 @@ class SentenceMatch:
         self._worker: ThreadPoolExecutor | None = None  # `embed_ahead`'s thread, started when first needed
         self._ahead: list[tuple[list[str], Future]] = []  # texts being embedded ahead, and their vectors to come
 
-    @classmethod
-    def with_stored(cls, runtime: Runtime | str = "torch") -> SentenceMatch:
-        """The default sentence encoder, reading the vectors `bertknn sentences` stored in bertknn's cache directory
-        (none there: every text is embedded)."""
-        return cls(runtime, stored=StoredVectors(default_path(SENTENCE_MODEL), SENTENCE_MODEL))
-
     @property
     def encoder(self) -> Encoder:
         """The sentence encoder."""
         if self._encoder is None:
-            self._encoder = Encoder(*load_sentence_model(), SENTENCE_MODEL, runtime=self.runtime)
+            self._encoder = sentence_encoder(self.runtime)
         return self._encoder
 
     def clear(self) -> None:
@@ -194,7 +155,7 @@ class SentenceMatch:
         (emptied when the new ones would not fit)."""
         coming = {text for texts_ahead, _ in self._ahead for text in texts_ahead}
         todo = list(dict.fromkeys(t for t in texts if t not in self._vectors and t not in coming))
-        new = self.stored.get(todo) if self.stored is not None and todo else {}
+        new = self.stored.evidence_vectors(todo) if self.stored is not None and todo else {}
         rest = [t for t in todo if t not in new]
         new.update(zip(rest, self.encoder.sentence_vectors(rest)) if rest else ())
         for texts_ahead, future in self._ahead:
@@ -217,21 +178,6 @@ class SentenceMatch:
             if self._worker is None:
                 self._worker = ThreadPoolExecutor(1, thread_name_prefix="bertknn-sentences")
             self._ahead.append((todo, self._worker.submit(encoder.sentence_vectors, todo, threads=AHEAD_THREADS)))
-
-    def store_entries(self, store: Entries, progress: Callable[[int, int], None] = lambda done, total: None) -> int:
-        """Embed into `stored` the evidence texts (`evidence_texts`: word, sentence, clause) of every entry of a
-        datastore not stored yet, `STORE_CHUNK` entries a transaction (a run killed keeps what it committed; a rerun
-        skips it); `progress(done, total)` after each; how many texts were new."""
-        if self.stored is None:
-            raise ValueError("this SentenceMatch has no stored vectors to write (`SentenceMatch.with_stored`)")
-        made, size = 0, store.size
-        progress(0, size)
-        for first in range(0, size, STORE_CHUNK):
-            rows = store.provenance(list(range(first, min(first + STORE_CHUNK, size))))
-            texts = [text for row in rows for text in evidence_texts(row.sentence, row.span, row.title)]
-            made += self.stored.add(texts, self.encoder.sentence_vectors)
-            progress(min(first + STORE_CHUNK, size), size)
-        return made
 
     def background(self) -> np.ndarray:
         """The mean vector of the generic questions (`BACKGROUND`), computed once."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -18,7 +19,16 @@ from bertknn.index.retrieval import TfidfIndex
 from bertknn.model.default_model import DEFAULT_MODEL
 from bertknn.model.encoder import Encoder, QuestionError
 from bertknn.model.runtime import Runtime
-from bertknn.model.sentences import SentenceMatch, log_weights
+from bertknn.model.sentences import (
+    DISTANCE_SHARE,
+    FLOOR,
+    LM_SHARE,
+    LM_WORDS,
+    SCORED_WORDS,
+    VOTE_WORDS,
+    SentenceMatch,
+    log_weights,
+)
 from bertknn.query.combine import (
     Neighbour,
     Prediction,
@@ -40,11 +50,6 @@ from bertknn.query.knn import (
 from bertknn.query.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, RemoteShards, Search
 from bertknn.query.settings import (
     NEWER,
-    SENTENCE_DISTANCE,
-    SENTENCE_LM_SHARE,
-    SENTENCE_LM_WORDS,
-    SENTENCE_VOTE_WORDS,
-    SENTENCE_WORDS,
     Settings,
 )
 from bertknn.store.datastore import Datastore, DatastoreError, Provenance
@@ -53,6 +58,8 @@ from bertknn.text import Document, unicode_error
 
 if TYPE_CHECKING:
     from datasets import Dataset
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,18 +76,17 @@ def _by_lm(
     chosen: np.ndarray, found: Neighbours, words: Words, vote: np.ndarray, p_lm: np.ndarray, prior: np.ndarray | None
 ) -> np.ndarray:
     """`chosen` (the neighbours whose evidence the sentence weights score) with those holding the LM's
-    SENTENCE_LM_WORDS best of the vote's words added, and those holding a word the LM gives less than
-    SENTENCE_LM_SHARE of the best one's probability taken out: the LM knows what kind of word is asked (a year does
+    `sentences.LM_WORDS` best of the vote's words added, and those holding a word the LM gives less than
+    `sentences.LM_SHARE` of the best one's probability taken out: the LM knows what kind of word is asked (a year does
     not answer "born in [MASK]"), as QA systems check a candidate's answer type. A word of several tokens counts by
     the LM's score `words` holds (`BertKNN.word_scores`; unscored, 0: taken out) times its `prior` (`Words.prior`:
     the mixture's word bonus, for the same reason: the LM is a weak judge of words it cannot spell in one token).
-    The vote's SENTENCE_VOTE_WORDS best words stay whatever the LM gives them: a word not scored counts as the least
+    The vote's `sentences.VOTE_WORDS` best words stay whatever the LM gives them: a word not scored counts as the least
     similar, so taking out the vote's own choice would demote it on the LM's doubt alone; its sentence decides."""
     lm, at = np.where(vote > 0, words.lm(p_lm), 0.0), words.index(found.values)
-    if SENTENCE_LM_WORDS:
-        chosen = chosen | np.isin(at, Words.best(lm, SENTENCE_LM_WORDS))
+    chosen = chosen | np.isin(at, Words.best(lm, LM_WORDS))
     judged = lm[at] if prior is None else lm[at] * prior[at]
-    return chosen & ((judged >= SENTENCE_LM_SHARE * lm.max()) | np.isin(at, Words.best(vote, SENTENCE_VOTE_WORDS)))
+    return chosen & ((judged >= LM_SHARE * lm.max()) | np.isin(at, Words.best(vote, VOTE_WORDS)))
 
 
 def _source(e: Provenance) -> tuple:
@@ -118,7 +124,8 @@ class BertKNN:
         builder.require_built(store)
         builder.check_encoder(store, encoder)
         self.encoder, self.store = encoder, store
-        self.sentence_match = SentenceMatch.with_stored(encoder.runtime)
+        self.sentence_match = SentenceMatch(encoder.runtime, stored=store)  # the store's evidence vectors
+        self._told_no_evidence = False
         self._writer: Writer | None = None
         self.index = index or self._load_index()
         self._faiss_stat: tuple | None = None  # (size, mtime) of the FAISS files when they were loaded
@@ -218,6 +225,7 @@ class BertKNN:
         whole_words: bool = True,
         names: bool = False,
         key_codec: str = "float16",
+        evidence: bool = True,
         **hparams: float,
     ) -> BertKNN:
         """Embed a corpus into a datastore at `out` (resuming an interrupted build), index it, and load it.
@@ -232,10 +240,12 @@ class BertKNN:
         `names`, runs of capitalised words ("Port Elsmere") are stored as one answer too, besides their words.
         `n_workers`: processes that split sentences and hash IR features (0: every core for a large corpus,
         `workers.count`). `key_codec` (a FAISS factory string: SQ8, PQ96, ...) stores the keys compressed
-        (`Writer.convert_keys`).
+        (`Writer.convert_keys`). Without `evidence`, no evidence vectors are stored (the paper's datastore; its
+        questions are answered without sentence weights).
         """
         encoder = model if isinstance(model, Encoder) else Encoder.load(model, layer, runtime)
         options = {"lazy": lazy, "pack": pack, "int8_keys": int8_keys, "whole_words": whole_words, "names": names}
+        options["evidence"] = evidence
         writer = Writer.build(corpus, out, encoder, n_workers, progress, key_codec, **options)
         return cls(encoder, writer.store, writer.index, **hparams)
 
@@ -300,7 +310,7 @@ class BertKNN:
                 words = [self.words(f) for f in found]
                 votes = [self.vote(f, s, w) for f, w in zip(found, words)]
                 if s.sentence_temperature:  # the LM's choice of words needs its scores of those of several tokens
-                    chosen = [w.candidates(v, SENTENCE_WORDS) for w, v in zip(words, votes)]
+                    chosen = [w.candidates(v, SCORED_WORDS) for w, v in zip(words, votes)]
                     words = self.word_scores(batch, words, chosen)
                     weights = self.sentence_weights([q.text for q in batch], found, words, votes, s, probs)
                     votes = [self.vote(f, s, w, lw) for f, w, lw in zip(found, words, weights)]
@@ -361,6 +371,16 @@ class BertKNN:
             raise ValueError(f"top_k must be an integer from 1 to the vocabulary size {vocab} (got {top_k!r})")
         if isinstance(evidence, bool) or not isinstance(evidence, (int, np.integer)) or evidence < 0:
             raise ValueError(f"evidence must be an integer >= 0 (got {evidence!r})")
+        if s.sentence_temperature and not self.store.evidence_model:
+            if not self._told_no_evidence:
+                self._told_no_evidence = True
+                log.warning(
+                    "%s was made before evidence vectors: its questions are answered without sentence weights until "
+                    "`bertknn sentences %s` stores them",
+                    self.store.path,
+                    self.store.path,
+                )
+            s = s.replace(sentence_temperature=0.0)
         return s
 
     def preprocess(self, texts: Sequence[str], subjects: Sequence[str | None] | None = None) -> list[Query]:
@@ -508,11 +528,11 @@ class BertKNN:
         lm: Sequence[np.ndarray] | None = None,
     ) -> list[np.ndarray | None]:
         """Each question's neighbours' sentence log weights (`sentences.log_weights`): the evidence of the neighbours
-        holding the vote's SENTENCE_WORDS best words, chosen again by the LM's distribution `lm` over the vocabulary
-        when given (`_by_lm`: the LM knows what kind of word the question asks for, a language, not a city), scored
-        against the question (`SentenceMatch.scores`), all questions' texts embedded together (None for a question
-        without neighbours)."""
-        chosen = [np.isin(w.index(f.values), Words.best(v, SENTENCE_WORDS)) for f, w, v in zip(found, words, votes)]
+        holding the vote's `sentences.SCORED_WORDS` best words, chosen again by the LM's distribution `lm` over the
+        vocabulary when given (`_by_lm`: the LM knows what kind of word the question asks for, a language, not a
+        city), scored against the question (`SentenceMatch.scores`), all questions' texts embedded together (None for
+        a question without neighbours)."""
+        chosen = [np.isin(w.index(f.values), Words.best(v, SCORED_WORDS)) for f, w, v in zip(found, words, votes)]
         if lm is not None:
             parts = zip(chosen, found, words, votes, lm, questions)
             chosen = [c if v is None else _by_lm(c, f, w, v, p, w.prior(s.word_bonus, q)) for c, f, w, v, p, q in parts]
@@ -523,8 +543,8 @@ class BertKNN:
         for c, f, sim in zip(chosen, found, self.sentence_match.scores(asked)):
             full = np.zeros(len(c))
             full[c] = sim
-            distance = (f.distances, s.temperature, SENTENCE_DISTANCE)
-            out.append(log_weights(full, c, s.sentence_temperature, s.sentence_floor, distance) if c.any() else None)
+            distance = (f.distances, s.temperature, DISTANCE_SHARE)
+            out.append(log_weights(full, c, s.sentence_temperature, FLOOR, distance) if c.any() else None)
         return out
 
     def distributions(
@@ -585,12 +605,6 @@ class BertKNN:
         added = self.writer.add_documents(docs, skip_existing, progress, wait, replace)
         self._adopt(self.writer)
         return added
-
-    def store_sentences(self, progress: Callable[[int, int], None] = lambda done, total: None) -> int:
-        """Embed the datastore's evidence ahead for the sentence weights (`bertknn sentences`: each entry's word,
-        sentence and clause) into the vectors their questions read; how many texts were new.
-        Call it again after `add_documents`: what it has not stored is embedded as questions need it."""
-        return self.sentence_match.store_entries(self.store, progress)
 
     def _adopt(self, writer: Writer) -> None:
         """Read the indexes as `writer` just left them (what it wrote is what this reader would load)."""

@@ -21,16 +21,10 @@ LAM = 0.5  # lambda of that mixture (the paper's 0.3 is for the linear one)
 DOC_TEMPERATURE = 0.2  # the retrieval-aware vote's temperature; 0: the paper's vote
 LM_WORDS = 5  # the LM scores the words of several tokens among the kNN's this many most probable words; 0: all
 WORD_BONUS = 10.0  # the log-linear mixture's factor for a word of several tokens (bench/words.py fits it)
-SENTENCE_TEMPERATURE = 0.0  # T_s of the sentence weight exp(score / T_s); 0: none (off: its cost per question)
-SENTENCE_FLOOR = 0.7  # sentence scores below it count as it: only evidence that says what is asked moves the vote
+SENTENCE_TEMPERATURE = 0.015  # T_s of the sentence weight exp(score / T_s); 0: none
 NEWER = 20.0  # conflicts "newest": a newer document that speaks to the question as nearly outvotes an older by e^NEWER
 CONFIDENCE_TEMPERATURE = 1.25  # the probabilities' temperature, fitted by bench/calibration.py; 1: none
 LM_FLOOR = 0.4  # the share of the LM's distribution mixed into them, fitted with it; 0: none
-SENTENCE_WORDS = 10  # the sentences embedded are those of the neighbours holding the kNN's this many best words
-SENTENCE_LM_WORDS = 5  # and those of the neighbours holding the LM's this many best words among the vote's
-SENTENCE_LM_SHARE = 0.005  # but not those of a word the LM gives less than this share of its best such word's p
-SENTENCE_VOTE_WORDS = 1  # save those of the vote's this many best words: the LM's doubt alone does not demote them
-SENTENCE_DISTANCE = 0.5  # a neighbour whose sentence scores above the floor: its key distance counts this much
 HPARAMS = ("n_docs", "k", "temperature", "lam")  # the numeric ones
 TUNED = (*HPARAMS, "mixture")  # what `bertknn tune` searches and stores
 
@@ -39,7 +33,6 @@ BOUNDS = (  # the other numeric settings: (lowest, lowest excluded, above the hi
     ("doc_temperature", (0, False, math.inf), ">= 0 (0: the paper's vote)"),
     ("word_bonus", (0, True, math.inf), "> 0 (1: none)"),
     ("sentence_temperature", (0, False, math.inf), ">= 0 (0: no sentence weights)"),
-    ("sentence_floor", (0, False, math.inf), ">= 0 (0: every sentence score counts)"),
     ("confidence_temperature", (0, True, math.inf), "> 0 (1: none)"),
     ("lm_floor", (0, False, 1), "in [0, 1) (0: none)"),
 )
@@ -87,13 +80,11 @@ class Settings:
     like a speech recogniser's word insertion bonus: the LM is a weak judge of words it cannot spell in one token
     (it gives invented words that fit and that do not fit alike low scores) and would otherwise veto the neighbours'
     evidence for them; sentence_temperature > 0 weighs each neighbour within its document by exp(score / T_s), the
-    score how well its sentence and clause say what the question asks (`sentences`), so that of one document's
-    places the one said in a sentence like the question wins, of the words the LM finds possible answers (a year
-    does not answer "born in": SENTENCE_LM_SHARE); 0: every sentence alike, as in the paper, and bertknn's default
-    for the cost per question (bench/sentences.py); sentence_floor: scores below it count as it, so that only
-    evidence that says what is asked moves the vote (LAMA's Wikipedia sentences mostly do not), and a neighbour
-    scored above it has its key distance count SENTENCE_DISTANCE as much (the keys place one document's places
-    close together: the sentence tells them apart); confidence_temperature
+    score how well its sentence and clause say what the question asks (`model.sentences`, whose fixed parts say
+    which neighbours are scored and how a score moves the vote), so that of one document's places the one said in
+    a sentence like the question wins, of the words the LM finds possible answers (a year does not answer "born
+    in"); on by default, read from the datastore's evidence vectors (a store made before them answers without until
+    `bertknn sentences` stores them); 0: every sentence alike, as in the paper; confidence_temperature
     and lm_floor make the probabilities shown honest (`combine.calibrate`: temperature scaling, then a share of the LM's
     distribution mixed in), both fitted on a dev split (1 and 0: as combined). conflicts: where several documents
     carry the subject's title (an article and its updates), their neighbours vote together as one document's, and
@@ -116,7 +107,6 @@ class Settings:
     lm_words: int = LM_WORDS
     word_bonus: float = WORD_BONUS
     sentence_temperature: float = SENTENCE_TEMPERATURE
-    sentence_floor: float = SENTENCE_FLOOR
     confidence_temperature: float = CONFIDENCE_TEMPERATURE
     lm_floor: float = LM_FLOOR
     conflicts: str = "newest"
@@ -203,11 +193,6 @@ class Settings:
             + (f"-w{self.lm_words}" if self.lm_words != LM_WORDS else "")
             + (f"-b{self.word_bonus}" if self.word_bonus != WORD_BONUS else "")
             + (f"-st{self.sentence_temperature}" if self.sentence_temperature else "")
-            + (
-                f"-sf{self.sentence_floor}"
-                if self.sentence_temperature and self.sentence_floor != SENTENCE_FLOOR
-                else ""
-            )
             + (f"-ct{self.confidence_temperature}" if self.confidence_temperature != 1 else "")
             + (f"-f{self.lm_floor}" if self.lm_floor else "")
             + (f"-c{self.conflicts}" if self.conflicts != "newest" else "")

@@ -85,12 +85,6 @@ class Options(BaseModel):
         description="weigh each neighbour by exp(score / this), the score how well its sentence says what the question "
         "asks; 0: none",
     )
-    sentence_floor: float | None = Field(
-        default=None,
-        ge=0,
-        allow_inf_nan=False,
-        description="sentence scores below this count as this: only evidence that says what is asked moves the vote",
-    )
     entity_filter: bool | None = Field(
         default=None,
         description="search TF-IDF's documents only where they name the question's entity, and not the subject's own "

@@ -11,8 +11,9 @@ Layout of a datastore directory:
 - counts.i32, in a pruned store only (manifest `pruned`, build/prune.py): how many contexts each entry stands for
   (1 unless near-duplicates were merged into it), which the kNN vote weighs it by;
 - store.sqlite: documents (each with one contiguous entry range and a state), sentences, each entry's provenance,
-  the words of several tokens, and the commit point of the indexes: the live parts of each (`parts`), which the
-  indexes (index/) write and readers open, named here only by kind, name and range.
+  the words of several tokens, the vectors of the entries' evidence texts (evidence.py), and the commit point of the
+  indexes: the live parts of each (`parts`), which the indexes (index/) write and readers open, named here only by
+  kind, name and range.
 
 Format 1 (older datastores) stored only words of one token: it opens and answers as it did, and documents added to it
 keep that rule. It cannot be upgraded in place (its words of several tokens have no keys): build it anew.
@@ -52,6 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from bertknn.store import atomic
+from bertknn.store import evidence as evidence_table
 from bertknn.store.atomic import write_json
 from bertknn.store.codec import FLOAT16, Decoded, KeyCodec
 from bertknn.store.integrity import ChecksumError, Checksums, Damage, seal
@@ -99,6 +101,7 @@ OPTIONAL = {
     "key_codec": str,
     "key_codec_pending": str,
     "pruned": dict,
+    "evidence": str,
 }
 KEYS, CODES, CODEC = "keys.f16", "keys.codes", "keys.codec"  # float16 keys; or their codes and the codec (codec.py)
 VALUES, COUNTS = "values.i32", "counts.i32"  # each entry's word; and, in a pruned store, the contexts it stands for
@@ -803,7 +806,16 @@ class Datastore:
         return skipped
 
     def _hide(self, docs: list[int]) -> None:
-        """Mark documents removed and free their ids (inside the caller's transaction)."""
+        """Mark documents removed, free their ids and release their entries' evidence (inside the caller's
+        transaction)."""
+        filled = self.evidence_filled
+        ranges = self.db.execute(
+            "SELECT start, end FROM documents WHERE start IS NOT NULL AND idx IN (SELECT value FROM json_each(?))",
+            (json.dumps([int(d) for d in docs]),),
+        )
+        entries = [e for a, b in ranges for e in range(a, min(b, filled))]
+        if entries:
+            evidence_table.release(self.db, self.evidence_ids(entries))
         self.db.executemany(
             "UPDATE documents SET state = 'removed', removed_id = id, id = ? || idx WHERE idx = ?",
             [(REMOVED_PREFIX, d) for d in docs],
@@ -931,11 +943,13 @@ class Datastore:
         spans: list[np.ndarray],
         words: Sequence[tuple[int, str, str]] = (),
         counts: np.ndarray | None = None,
+        evidence: evidence_table.Evidence | None = None,
     ) -> int:
         """Store the entries of whole documents: keys (float16), values (and in a pruned store `counts`, 1 each when
         not given) appended and fsynced, then in one transaction each sentence's entry rows (`spans[i]`: the character
-        spans of `rows[i]`'s targets), the new `words` their values use (`word_values`), each document's [start, end)
-        range and the new entry count. Returns the entries added."""
+        spans of `rows[i]`'s targets), the new `words` their values use (`word_values`), their `evidence` vectors
+        (a store with evidence must be given them), each document's [start, end) range and the new entry count.
+        Returns the entries added."""
         keys = np.asarray(keys, np.float16)
         if not np.isfinite(keys).all():  # float16 overflows past 65,504: such keys would poison every distance
             raise DatastoreError(
@@ -943,6 +957,13 @@ class Datastore:
                 "of them was stored. Check the model, or choose another --layer"
             )
         start, codec = self.size, self.codec
+        if (evidence is None) == bool(self.evidence_model):
+            raise DatastoreError(
+                f"{self.path} {'holds' if self.evidence_model else 'lacks'} evidence vectors, and this append "
+                f"{'lacks' if evidence is None else 'holds'} them: nothing was stored"
+            )
+        if evidence is not None and len(evidence.ids) != len(values):
+            raise DatastoreError(f"{len(evidence.ids)} entries' evidence for {len(values)} entries: nothing stored")
         if codec is not None:
             keys = codec.encode(keys)
         if counts is None:
@@ -956,19 +977,28 @@ class Datastore:
             first.setdefault(doc, entry)
             entry_rows += [(entry + j, sent_idx, int(a), int(b)) for j, (a, b) in enumerate(sentence_spans)]
             entry += len(sentence_spans)
-        self._commit_entries(docs, first, entry_rows, start, entry, words)
+        self._commit_entries(docs, first, entry_rows, start, entry, words, evidence)
         self._map()
         return entry - start
 
     def _commit_entries(
-        self, docs: list[int], first: dict[int, int], rows: list, start: int, end: int, words: Sequence
+        self,
+        docs: list[int],
+        first: dict[int, int],
+        rows: list,
+        start: int,
+        end: int,
+        words: Sequence,
+        evidence: evidence_table.Evidence | None,
     ) -> None:
-        """One transaction: the chunk's entry rows, its new words, each document's [start, end) range and the new
-        entry count."""
+        """One transaction: the chunk's entry rows, its new words, its evidence vectors, each document's [start, end)
+        range and the new entry count."""
         with self.sqlite_errors(), self.db:
             if words:
                 self.db.execute(WORDS)
                 self.db.executemany("INSERT INTO words VALUES (?, ?, ?)", words)
+            if evidence is not None:
+                evidence_table.commit(self.db, evidence)
             self.db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?)", rows)
             bounds = [first.get(d, start) for d in docs]  # every document of a chunk has >= 1 sentence
             ends = [*bounds[1:], end]
@@ -977,6 +1007,45 @@ class Datastore:
                 [(a, b, d) for d, a, b in zip(docs, bounds, ends)],
             )
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('entries', ?)", (str(end),))
+
+    @property
+    def evidence_model(self) -> str | None:
+        """The sentence encoder whose vectors every entry's evidence texts have (evidence.py); None in a store made
+        before them until `bertknn sentences` fills them."""
+        return self.manifest.get(evidence_table.FIELD)
+
+    @property
+    def evidence_filled(self) -> int:
+        """Entries [0, n) whose evidence is stored: all of a store with evidence; of one being filled, how far."""
+        return self.size if self.evidence_model else int(self._meta(evidence_table.FILLED, "0"))
+
+    def evidence_ids(self, entries: list[int]) -> np.ndarray:
+        """The text ids ([n, evidence.VIEWS]) of entries' evidence texts (`text.evidence_texts`)."""
+        rows = ((e.sentence, e.span, e.title) for e in self.provenance(entries))
+        ids = [evidence_table.text_id(t) for t in evidence_table.entry_texts(rows)]
+        return np.asarray(ids, np.int64).reshape(-1, evidence_table.VIEWS)
+
+    def evidence_held(self, ids: Iterable[int]) -> set[int]:
+        """Those of the text ids whose vectors the store holds."""
+        with self.sqlite_errors():
+            return evidence_table.held(self.db, ids)
+
+    def evidence_blobs(self, ids: Iterable[int]) -> dict[int, bytes]:
+        """The stored vectors (encoded) of those of the text ids the store holds: what a copy of entries carries."""
+        with self.sqlite_errors():
+            return evidence_table.blobs(self.db, ids)
+
+    def evidence_vectors(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        """The stored vectors of those of the evidence `texts` the store holds (what the sentence weights read)."""
+        with self.sqlite_errors():
+            return evidence_table.read(self.db, texts)
+
+    def fill_evidence(self, stop: int, evidence: evidence_table.Evidence) -> None:
+        """A store made before evidence vectors: store those of entries [`evidence_filled`, stop) in one
+        transaction and record how far that got (`bertknn sentences`, build/evidence.py)."""
+        with self.sqlite_errors(), self.db:
+            evidence_table.commit(self.db, evidence)
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (evidence_table.FILLED, str(stop)))
 
     @property
     def whole_words(self) -> bool:
@@ -1116,6 +1185,8 @@ def _fill_copy(
         if not words:
             db.execute("DELETE FROM words")
         db.execute("DELETE FROM parts")
+        db.execute(evidence_table.TABLE)
+        db.execute("DELETE FROM evidence")  # the copy's entries bring theirs
         rows = [(kind, p.name, p.first, p.stop) for kind, listed in parts.items() for p in listed]
         db.executemany("INSERT INTO parts VALUES (?, ?, ?, ?)", rows)
         db.execute("INSERT INTO meta VALUES ('parts', '1')")

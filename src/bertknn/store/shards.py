@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -138,6 +138,11 @@ class Store(Protocol):
     def provenance(self, entries: list[int]) -> list[Provenance]: ...
 
     def counts_of(self, entries: np.ndarray) -> np.ndarray | None: ...
+
+    @property
+    def evidence_model(self) -> str | None: ...
+
+    def evidence_vectors(self, texts: Sequence[str]) -> dict[str, np.ndarray]: ...
 
     def hidden_documents(self) -> np.ndarray: ...
 
@@ -405,6 +410,21 @@ class ShardedDatastore:
             return [dataclasses.replace(e, entry=e.entry + base) for e in shard.provenance(local)]
 
         return self._gather(entries, self.entry_starts, read)
+
+    @property
+    def evidence_model(self) -> str | None:
+        """The sentence encoder of the evidence vectors (`Datastore.evidence_model`) when every shard has them."""
+        models = {shard.evidence_model for shard in self.shards}
+        return models.pop() if len(models) == 1 else None
+
+    def evidence_vectors(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        """The stored vectors of those of the evidence `texts` any shard holds (`Datastore.evidence_vectors`)."""
+        found: dict[str, np.ndarray] = {}
+        for shard in self.shards:
+            rest = [t for t in texts if t not in found]
+            if rest:
+                found.update(shard.evidence_vectors(rest))
+        return found
 
     def counts_of(self, entries: np.ndarray) -> np.ndarray | None:
         """The contexts each entry stands for (`Datastore.counts_of`), None when no shard is pruned."""

@@ -22,7 +22,10 @@ from bertknn.store.datastore import (
     acquire_lock,
     data_files,
 )
+from bertknn.store.evidence import VIEWS
 from bertknn.store.integrity import ChecksumError, Checksums, Damage
+
+EVIDENCE_SAMPLE = 65_536  # live entries whose evidence texts `verify` looks up (the references are summed in full)
 
 
 @dataclass
@@ -108,12 +111,42 @@ def _entry_problems(store: Datastore, rows: int = 1 << 16) -> list[str]:
         if counts is not None and (counts < 1).any():
             bad = (start + np.flatnonzero(counts < 1))[:5].tolist()
             problems.append(f"{store.path / COUNTS}: entries {bad} stand for fewer than one context")
+    problems += _evidence_problems(store)
     with store.sqlite_errors():
         outside = store.db.execute(
             "SELECT count(*) FROM documents WHERE start < 0 OR end > ? OR end < start", (store.size,)
         ).fetchone()[0]
     if outside:
         problems.append(f"{store.path / SQLITE}: {outside} document(s) with entry ranges outside the datastore")
+    return problems
+
+
+def _evidence_problems(store: Datastore, sample: int = EVIDENCE_SAMPLE) -> list[str]:
+    """In a store with evidence vectors (evidence.py): references that do not add up to the live entries' texts,
+    vectors of another size than the others, and, of `sample` live entries drawn at random (all of a smaller store),
+    those whose texts have no vector."""
+    if not store.evidence_model:
+        return []
+    live = np.arange(store.size)
+    hidden = store.hidden_documents()
+    live = live[~np.isin(store.documents_of(live), hidden)] if len(hidden) and len(live) else live
+    problems, where = [], store.path / SQLITE
+    with store.sqlite_errors():
+        refs = store.db.execute("SELECT coalesce(sum(refs), 0) FROM evidence").fetchone()[0]
+        sizes = dict(store.db.execute("SELECT length(vector), count(*) FROM evidence GROUP BY 1").fetchall())
+    if refs != VIEWS * len(live):
+        problems.append(f"{where}: the evidence vectors count {refs:,} references, not {VIEWS * len(live):,}")
+    if len(sizes) > 1:  # every vector of a store has one size: the sentence encoder's width, and its scale
+        usual = max(sizes, key=sizes.get)
+        problems.append(f"{where}: {sum(sizes.values()) - sizes[usual]:,} evidence vectors have the wrong size")
+    chosen = np.sort(np.random.default_rng(0).choice(live, sample, replace=False)) if len(live) > sample else live
+    ids = store.evidence_ids(chosen.tolist())
+    lacking = chosen[~np.isin(ids, list(store.evidence_held(ids.ravel().tolist()))).all(axis=1)]
+    if len(lacking):
+        problems.append(
+            f"{where}: {len(lacking):,} of {len(chosen):,} entries checked lack their evidence vectors (the first: "
+            f"entry {lacking[0]}); rebuild the datastore, or restore it from a copy"
+        )
     return problems
 
 

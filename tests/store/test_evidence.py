@@ -1,0 +1,208 @@
+"""Evidence vectors kept with the entries (store/evidence.py): each text once, its references counted exactly as the
+entries use it, the vectors the sentence encoder's within int8's rounding, kept by prune and convert-keys, released
+by remove, checked by verify; a store made before them answers as before until `bertknn sentences` fills them."""
+
+import logging
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bertknn.build import evidence as build_evidence
+from bertknn.build.prune import prune
+from bertknn.build.writer import Writer
+from bertknn.model.sentences import SENTENCE_MODEL, sentence_encoder
+from bertknn.query.pipeline import BertKNN
+from bertknn.store import evidence
+from bertknn.store.atomic import write_json
+from bertknn.store.datastore import Datastore, DatastoreError
+from bertknn.store.verify import verify
+from tests.conftest import write_corpus
+from tests.tolerances import MODEL_ATOL
+
+QUESTIONS = ["Ilsa Varnhold was born in [MASK] .", "Dante was born in [MASK] .", "Quellbrook lies near [MASK] ."]
+SUBJECTS = ["Ilsa Varnhold", "Dante Alighieri", "Quellbrook"]
+
+
+def _live(store: Datastore) -> list[int]:
+    hidden = store.hidden_documents()
+    entries = np.arange(store.size)
+    return entries[~np.isin(store.documents_of(entries), hidden)].tolist()
+
+
+def _references(store: Datastore) -> Counter:
+    """What the table must count: each text id once per live entry that uses it."""
+    return Counter(store.evidence_ids(_live(store)).ravel().tolist())
+
+
+def _rows(store: Datastore) -> Counter:
+    return Counter(dict(store.db.execute("SELECT id, refs FROM evidence")))
+
+
+def _made_before(path) -> None:
+    """Make a built store look like one made before evidence vectors: no table, no manifest field."""
+    with Datastore(path) as store, store.writing():
+        with store.db:
+            store.db.execute("DROP TABLE evidence")
+        del store.manifest[evidence.FIELD]
+        write_json(path / "manifest.json", store.manifest)
+
+
+def test_four_bits_with_a_scale_per_vector_round_each_value_by_at_most_half_a_step():
+    rng = np.random.default_rng(0)
+    vectors = np.vstack([rng.standard_normal((20, 384)).astype(np.float32), np.zeros((1, 384), np.float32)])
+    vectors[:5] *= 1e-3
+    decoded = np.array([evidence.decode(blob) for blob in evidence.encode(vectors)])
+    step = np.abs(vectors).max(axis=1, keepdims=True) / evidence.LEVELS
+    assert all(len(blob) == 4 + 384 // 2 for blob in evidence.encode(vectors))
+    # the largest value comes back but for float32's rounding of max / 7 * 7
+    np.testing.assert_allclose(np.abs(decoded).max(axis=1), np.abs(vectors).max(axis=1), rtol=1e-6)
+    assert (np.abs(decoded - vectors) <= step / 2 * (1 + 1e-6)).all()  # rint: half a step, float32's rounding aside
+    assert not decoded[-1].any()  # a zero vector stays zero
+    with pytest.raises(ValueError, match="even width"):
+        evidence.encode(np.ones((1, 3)))
+
+
+def test_a_build_stores_each_evidence_text_once_with_its_entries_counted(tmp_path, small_corpus, encoder):
+    store = BertKNN.build(small_corpus, tmp_path / "s", encoder).store
+    assert store.evidence_model == SENTENCE_MODEL
+    assert _rows(store) == _references(store)
+    rows = [(e.sentence, e.span, e.title) for e in store.provenance(list(range(store.size)))]
+    texts = sorted(set(evidence.entry_texts(rows)))
+    assert len(texts) < 3 * store.size  # sentences and words are shared by entries
+    stored = store.evidence_vectors(texts)
+    assert sorted(stored) == texts
+    fresh = sentence_encoder(encoder.runtime).sentence_vectors(texts)
+    step = np.abs(fresh).max(axis=1, keepdims=True) / evidence.LEVELS
+    # 4 bits round by half a step; the build embedded these texts in other batches (model noise: MODEL_ATOL)
+    assert (np.abs(np.array([stored[t] for t in texts]) - fresh) <= step / 2 + MODEL_ATOL).all()
+
+
+def test_remove_releases_the_references_and_drops_the_texts_no_entry_uses(built):
+    store = built.store
+    only_d1 = set(store.evidence_ids(list(range(*store.document_ranges([0])[0]))).ravel().tolist())
+    only_d1 -= set(store.evidence_ids(list(range(store.document_ranges([0])[0][1], store.size))).ravel().tolist())
+    assert only_d1 and only_d1 <= store.evidence_held(only_d1)
+    built.remove_documents(["d1"])
+    assert _rows(store) == _references(store)
+    assert not store.evidence_held(only_d1)
+
+
+def test_an_append_that_lacks_the_evidence_the_store_holds_is_refused(built):
+    store, size = built.store, built.store.size
+    with store.writing(), pytest.raises(DatastoreError, match="lacks them: nothing was stored"):
+        store.append([0], [(0, 0, "x")], np.zeros((1, store.dim)), np.zeros(1, np.int32), [np.array([[0, 1]])])
+    assert store.size == size
+
+
+def test_prune_and_convert_keys_keep_the_evidence(tmp_path, encoder):
+    text = "Ode Lund sang in Vienna. Lund danced in Vienna. Lund lived in Vienna with Ada Quen."
+    corpus = write_corpus(tmp_path / "c.jsonl", [{"id": "a", "title": "Ode Lund", "text": text}])
+    source = BertKNN.build(corpus, tmp_path / "s", encoder).store
+    pruned = prune(source.path, tmp_path / "pruned", radius=1e9)  # a document's entries of one word merge
+    assert pruned.size < source.size and pruned.evidence_model == SENTENCE_MODEL
+    assert _rows(pruned) == _references(pruned)
+    ids = list(_rows(pruned))
+    assert pruned.evidence_blobs(ids) == source.evidence_blobs(ids)  # copied, not embedded again
+    before = dict(source.db.execute("SELECT id, vector FROM evidence"))
+    Writer(source).convert_keys("SQ8", train_size=source.size)
+    assert dict(Datastore(source.path).db.execute("SELECT id, vector FROM evidence")) == before
+
+
+def test_verify_names_entries_without_their_vectors_and_vectors_of_the_wrong_size(built):
+    store = built.store
+    assert not verify(store.path).problems
+    (first,) = store.evidence_ids([0])[0][:1]
+    with store.writing(), store.db:
+        store.db.execute("DELETE FROM evidence WHERE id = ?", (int(first),))
+        store.db.execute("UPDATE evidence SET vector = x'0000' WHERE id = (SELECT max(id) FROM evidence)")
+    problems = " ".join(verify(store.path).problems)
+    assert "entries checked lack their evidence vectors (the first: entry 0)" in problems
+    assert "1 evidence vectors have the wrong size" in problems
+    assert "the evidence vectors count" in problems  # the deleted row's references are missing
+
+
+def test_a_store_made_before_answers_as_before_until_bertknn_sentences_fills_it(
+    tmp_path, small_corpus, encoder, caplog, monkeypatch
+):
+    built = BertKNN.build(small_corpus, tmp_path / "s", encoder)
+    weighed = built.predict_batch(QUESTIONS, SUBJECTS, top_k=3, evidence=0)
+    plain = built.predict_batch(QUESTIONS, SUBJECTS, top_k=3, evidence=0, sentence_temperature=0)
+    built.store.close()
+    _made_before(tmp_path / "s")
+    old = BertKNN(encoder, Datastore(tmp_path / "s"))
+    assert old.store.evidence_model is None
+    with caplog.at_level(logging.WARNING):
+        answered = old.predict_batch(QUESTIONS, SUBJECTS, top_k=3, evidence=0)
+    assert "bertknn sentences" in caplog.text  # said once, not silently
+    # the same store and inputs, the weights off: bit-identical answers
+    assert [p.to_dict(encoder.tokenizer) for p in answered] == [p.to_dict(encoder.tokenizer) for p in plain]
+    added = {"id": "d9", "title": "Orla Fenwick", "text": "Orla Fenwick was born in Tallinn in 1950."}
+    old.add_documents([added])  # an add to it stores no vectors until it is filled
+    assert old.store.evidence_model is None
+    monkeypatch.setattr(build_evidence, "FILL_ENTRIES", 7)
+    fill, calls = old.store.fill_evidence, []
+
+    def killed(stop, found):  # a run killed after its first transaction
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(stop)
+        fill(stop, found)
+
+    monkeypatch.setattr(old.store, "fill_evidence", killed)
+    with pytest.raises(KeyboardInterrupt):
+        build_evidence.fill(old.store, encoder.runtime)
+    monkeypatch.undo()
+    assert old.store.evidence_filled == 7 and old.store.evidence_model is None
+    assert build_evidence.fill(old.store, encoder.runtime) == old.store.size - 7  # goes on from there
+    assert old.store.evidence_model == SENTENCE_MODEL and _rows(old.store) == _references(old.store)
+    again = old.predict_batch(QUESTIONS, SUBJECTS, top_k=3, evidence=0)
+    assert [[w.token for w in p.bert_knn] for p in again] == [[w.token for w in p.bert_knn] for p in weighed]
+
+
+def test_bertknn_sentences_fills_a_store_made_before(tmp_path, small_corpus, encoder):
+    from typer.testing import CliRunner
+
+    from bertknn.cli import app
+
+    BertKNN.build(small_corpus, tmp_path / "s", encoder).store.close()
+    _made_before(tmp_path / "s")
+    result = CliRunner().invoke(app, ["sentences", str(tmp_path / "s"), "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert "evidence vectors stored for" in result.output
+    store = Datastore(tmp_path / "s")
+    assert store.evidence_model == SENTENCE_MODEL and _rows(store) == _references(store)
+    again = CliRunner().invoke(app, ["sentences", str(tmp_path / "s"), "--threads", "1"])
+    assert again.exit_code == 0 and "nothing to do" in again.output
+
+
+def test_a_document_added_to_a_store_with_evidence_brings_its_vectors(tmp_path, encoder):
+    corpus = write_corpus(tmp_path / "c.jsonl", [{"id": "a", "title": "Ada Quen", "text": "Quen lived in Vienna."}])
+    knn = BertKNN.build(corpus, tmp_path / "s", encoder)
+    knn.add_documents([{"id": "b", "title": "Ode Lund", "text": "Lund lived in Vienna and sang in Lyon."}])
+    assert _rows(knn.store) == _references(knn.store)
+    assert knn.store.evidence_held(knn.store.evidence_ids([knn.store.size - 1]).ravel().tolist())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(-1e3, 1e3, allow_nan=False, width=32), min_size=2, max_size=64).filter(lambda v: len(v) % 2 == 0)
+)
+def test_any_finite_vector_comes_back_within_half_a_step(values):
+    vector = np.asarray(values, np.float32)
+    (blob,) = evidence.encode(vector[None])
+    step = np.abs(vector).max() / evidence.LEVELS
+    assert np.abs(evidence.decode(blob) - vector).max() <= step / 2 * (1 + 1e-5) + 1e-30
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=80), st.integers(0, 80), st.integers(0, 20), st.text(max_size=30))
+def test_any_sentence_span_and_title_give_three_texts_and_stable_ids(sentence, start, length, title):
+    span = (min(start, len(sentence)), min(start + length, len(sentence)))
+    texts = evidence.entry_texts([(sentence, span, title)])
+    assert len(texts) == evidence.VIEWS and all(isinstance(t, str) for t in texts)
+    assert [evidence.text_id(t) for t in texts] == [
+        evidence.text_id(t) for t in evidence.entry_texts([(sentence, span, title)])
+    ]
