@@ -2,7 +2,7 @@
 (`combine.calibrate`), chosen on a LAMA dev split and checked on the report's sample, in one run.
 
     python bench/calibration.py [--dev 5] [--test 30] [--temperatures 1,1.25,1.5,2,3] [--floors 0,0.01,...,0.7]
-                                [--sentence-temperature T] [--sentence-floor F] [--corpus F] [--smoke]
+                                [--sentence-temperature T] [--corpus F] [--smoke]
 
 Dev: `tune.DevSplit` (--dev facts per T-REx and Google-RE relation, seed 1), asked with and without subjects; test:
 the report's sample (`eval lama --sample-per-relation --test --heldout-only`: T-REx and Google-RE, seed 0), asked
@@ -12,9 +12,10 @@ that `eval lama` uses (cached), through `predict_batch` with bertknn's defaults 
 distributions. Chosen: the lowest mean negative log-likelihood of the gold answer on dev,
 both subject modes together. Printed per split and mode, uncalibrated and chosen: that NLL, the expected calibration
 error of the top answer (`evaluation.calibration`), and P@1, also with bertknn's calibration (`settings`).
---sentence-temperature / --sentence-floor: all of it with the sentence weights on. --corpus: another corpus than the
-evidence corpus (its lazy datastore cached alike). --smoke: a lazy datastore of the first 40 evidence documents (in a
-temporary directory), 8 dev and 8 test facts (1 per relation), a grid of 2 temperatures and 2 floors, one thread.
+--sentence-temperature: all of it with the sentence weights at that temperature (default 0: off, as the calibration was
+fitted). --corpus: another corpus than the evidence corpus (its lazy datastore cached alike). --smoke: a lazy datastore
+of the first 40 evidence documents (in a temporary directory), 8 dev and 8 test facts (1 per relation), a grid of 2
+temperatures and 2 floors, one thread.
 """
 
 from __future__ import annotations
@@ -70,7 +71,6 @@ def main() -> None:
     parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
     parser.add_argument("--corpus", type=Path, default=EVIDENCE, help="the corpus [default: the evidence corpus]")
     parser.add_argument("--sentence-temperature", type=float, default=0.0, help="sentence weights [default: off]")
-    parser.add_argument("--sentence-floor", type=float, help="their floor [default: bertknn's]")
     parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
     directory, most = None, None
@@ -95,7 +95,7 @@ def main() -> None:
     dev, test = dev[:most], test[:most]
     reader = lama_reader(args.corpus, encoder, directory)
     grid = [(float(t), float(f)) for t in args.temperatures.split(",") for f in args.floors.split(",")]
-    options = {"sentence_temperature": args.sentence_temperature, "sentence_floor": args.sentence_floor}
+    options = {"sentence_temperature": args.sentence_temperature}
     asked = {
         ("dev", "subject"): _asked(reader, dev, True, options),
         ("dev", "no subject"): _asked(reader, dev, False, options),
@@ -105,8 +105,7 @@ def main() -> None:
     nll = {g: _measures(dev_runs, *g)[0] for g in grid}
     best = min(grid, key=lambda g: (nll[g], g))
     print(f"\n## Calibration: LAMA dev {len(dev)} facts, test {len(test)} facts (the report's sample less dev)")
-    floor = "bertknn's" if args.sentence_floor is None else f"{args.sentence_floor:g}"
-    print(f"sentence_temperature {args.sentence_temperature:g}, sentence_floor {floor}\n")
+    print(f"sentence_temperature {args.sentence_temperature:g}\n")
     print("Dev NLL of the gold answer per temperature (rows) and floor (columns):\n")
     floors = sorted({f for _, f in grid})
     print("| temperature | " + " | ".join(f"floor {f:g}" for f in floors) + " |")

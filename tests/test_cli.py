@@ -112,9 +112,12 @@ def test_ask_paper_and_mixture_choose_the_settings(store_dir):
     assert_ranking_close(answer("--mixture", "linear"), library(DEFAULT.replace(mixture="linear")))
     bad = runner.invoke(app, ["ask", str(store_dir), question, "--mixture", "cubic", "--threads", "1"])
     assert bad.exit_code == 2 and "mixture must be one of linear, log-linear, not 'cubic'" in bad.output
-    words, text = DEFAULT.replace(lm_words=0, word_bonus=1000.0), "It is a small town in [MASK] ."  # no quellbrook
-    assert_ranking_close(answer("--lm-words", "0", "--word-bonus", "1000", text=text), library(words, text))
-    assert differs(library(words, text), library(DEFAULT, text))
+    plain = DEFAULT.replace(sentence_temperature=0)  # the weights off: the words' options decide the ranking alone
+    assert_ranking_close(answer("--no-sentence-weights"), library(plain))
+    words, text = plain.replace(lm_words=0, word_bonus=1000.0), "It is a small town in [MASK] ."  # no quellbrook
+    scored = answer("--lm-words", "0", "--word-bonus", "1000", "--no-sentence-weights", text=text)
+    assert_ranking_close(scored, library(words, text))
+    assert differs(library(words, text), library(plain, text))
     bad = runner.invoke(app, ["ask", str(store_dir), question, "--word-bonus", "0", "--threads", "1"])
     assert bad.exit_code == 2 and "word_bonus must be a number > 0 (1: none), not 0.0" in bad.output
     unnamed, text = DEFAULT.replace(entity_filter=False), "Zorblat is a small town in [MASK] ."  # in no document
@@ -173,8 +176,8 @@ def test_demo_runs_and_caches(tmp_path, tiny_model_dir, monkeypatch):
     assert "Ilsa Varnhold was born in [MASK] ." in first.output and "questions answered right" in first.output
     fresh = [line.split(": BERT-kNN ")[1].split()[0] for line in first.output.splitlines() if ": BERT-kNN " in line]
     said = " ".join(first.output.split())  # lines wrapped at the terminal's width, joined
-    assert "sentence weights (--sentence-temperature 0.015)" in said and "sentence weights: BERT-kNN" in said
-    # per question: before add, after add, after add with sentence weights, after remove
+    assert "without sentence weights (--no-sentence-weights)" in said and "no sentence weights: BERT-kNN" in said
+    # per question: before add, after add, after add without sentence weights, after remove
     assert fresh[1] == "tallinn" and fresh[0] != "tallinn" and fresh[3] != "tallinn"
     assert fresh[5] == "kuressaare" and "kuressaare" not in (fresh[4], fresh[7])  # a word of four wordpieces
     assert "before the update: answers" in said and "after the update: answers" in said  # an article's update

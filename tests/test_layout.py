@@ -49,7 +49,13 @@ def test_each_subpackage_imports_only_those_before_it():
 
 
 def test_storage_imports_neither_the_model_nor_the_tokenizer():
-    assert _imports("store.datastore") == {"bertknn.store.atomic", "bertknn.store.codec", "bertknn.store.integrity"}
+    assert _imports("store.datastore") == {
+        "bertknn.store.atomic",
+        "bertknn.store.codec",
+        "bertknn.store.evidence",
+        "bertknn.store.integrity",
+    }
+    assert _imports("store.evidence") == {"bertknn.text"}  # the evidence texts: string functions, no tokenizer
     assert _imports("store.codec") == {"bertknn.store.atomic"}
     assert _imports("store.integrity") == {"bertknn.store.atomic"}
     assert _imports("store.atomic") == set()

@@ -31,7 +31,9 @@ QUESTION, SUBJECT = "Zorblat Quenmire was born in [MASK] .", "Zorblat Quenmire"
 
 
 def _answers(knn: BertKNN, retrieval: str) -> tuple[str, list[str]]:
-    p = knn.predict(QUESTION, subject=SUBJECT, retrieval=retrieval, top_k=3)
+    # the keys alone (no sentence weights): over the whole datastore (faiss) the sentences "X was born in Tallinn"
+    # and "Y was born in Lisbon" read alike with the names out, and the tiny model's keys are what tell them apart
+    p = knn.predict(QUESTION, subject=SUBJECT, retrieval=retrieval, top_k=3, sentence_temperature=0)
     return p.knn[0].token if p.knn else "", p.documents
 
 

@@ -121,18 +121,15 @@ def test_results_names_read_back_as_what_the_run_did():
         "questions": "with the subject",
     }
     tuned = Settings(n_docs=1, k=64, temperature=34.51, lam=0.25, doc_temperature=0.2, lam_by="entropy", lm_words=0)
-    tuned = tuned.replace(sentence_temperature=0.1, sentence_floor=0.5)
-    assert results_name(Run(tuned), "full").endswith(
-        "-dt0.2-entropy-loglin-w0-st0.1-sf0.5-ct1.25-f0.4-named-full.jsonl"
-    )
+    tuned = tuned.replace(sentence_temperature=0.1)
+    assert results_name(Run(tuned), "full").endswith("-dt0.2-entropy-loglin-w0-st0.1-ct1.25-f0.4-named-full.jsonl")
     assert results_run(results_name(Run(tuned), "common", with_subject=False)) == {
         "block": "11",
         "hyperparameters": "n1-k64-T34.51-l0.25",
         "vote": "retrieval-aware (doc_temperature 0.2)",
         "mixture": "log-linear",
         "lambda": "adaptive (entropy)",
-        "options": "lm_words 0, sentence_temperature 0.1, sentence_floor 0.5, confidence_temperature 1.25, "
-        "lm_floor 0.4, entity filter",
+        "options": "lm_words 0, sentence_temperature 0.1, confidence_temperature 1.25, lm_floor 0.4, entity filter",
         "vocabulary": "common",
         "questions": "without the subject",
     }

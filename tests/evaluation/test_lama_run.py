@@ -59,9 +59,11 @@ def test_lama_setting_says_what_was_evaluated(built, encoder, small_corpus):
         "PARTIAL: a random subset, rerun the same command to complete it",
         "ranking vocabulary": "LAMA common vocabulary",
         "hyperparameters": "n_docs=3, k=128, temperature=6.0, lam=0.5 (as given on the command line where set)",
-        "vote, sentences, mixture, lambda, probabilities": "vote retrieval-aware (doc_temperature=0.2); sentences all "
-        "alike (the paper's); mixture log-linear, p_kNN^lam p_LM^(1-lam) renormalised (mixture=log-linear); lambda "
-        "constant (the paper's); probabilities calibrated (confidence_temperature=1.25, lm_floor=0.4)",
+        "vote, sentences, mixture, lambda, probabilities": "vote retrieval-aware (doc_temperature=0.2); sentences each "
+        "neighbour weighted by exp(score / 0.015), score how well its sentence and clause say what the question asks, "
+        "at least 0.7, for the words the LM finds possible answers (sentence_temperature); mixture log-linear, "
+        "p_kNN^lam p_LM^(1-lam) renormalised (mixture=log-linear); lambda constant (the paper's); probabilities "
+        "calibrated (confidence_temperature=1.25, lm_floor=0.4)",
         "questions": "with the subject: its document by title, else TF-IDF on the subject (the paper)",
         "LAMA-UHN": "string-match filter applied; person-name filter not applied (it needs a cased BERT)",
         "wall time": "10 s (this run; cached embeddings and results are reused)",
@@ -71,7 +73,13 @@ def test_lama_setting_says_what_was_evaluated(built, encoder, small_corpus):
     paper = " (bertknn's defaults; the paper's: n_docs=3, k=128, temperature=6.0, lam=0.3)"
     assert plain["hyperparameters"].endswith(paper)
     built.settings = built.settings.replace(
-        doc_temperature=0, lam_by="entropy", mixture="linear", lam=0.3, confidence_temperature=1, lm_floor=0
+        doc_temperature=0,
+        lam_by="entropy",
+        mixture="linear",
+        lam=0.3,
+        confidence_temperature=1,
+        lm_floor=0,
+        sentence_temperature=0,
     )
     assert lama_setting(encoder, built, 4, 4, small_corpus, None, 0, False, "full", {"mixture": "linear"}, 0)[
         "hyperparameters"

@@ -86,7 +86,7 @@ def test_bad_factory_string_and_too_few_training_keys(built):
 
 def test_predict_paths_say_which_was_used_and_match_brute_force(built):
     FaissIndex.build(built.store, "Flat")
-    knn = BertKNN(built.encoder, built.store)
+    knn = BertKNN(built.encoder, built.store, sentence_temperature=0)  # the vote of the keys alone, as brute force's
     ir = knn.predict(QUESTION.replace("Zorblat Quenmire", "Dante"), subject="Dante Alighieri")
     whole = knn.predict("Dante was born in [MASK] .", retrieval="faiss", k=8)
     both = knn.predict(  # the paper's vote: the retrieval-aware one ranks FAISS's other documents below Dante's

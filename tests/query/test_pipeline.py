@@ -46,8 +46,8 @@ def test_knn_part_equals_a_brute_force_over_the_titled_document(built):
     assert name.sum() == 2
     values = np.asarray(store.values[start:end])
     expected = knn_distribution(values[~name], dist[~name], 6.0, built.encoder.vocab_size)
-    p = built.predict("Ilsa Varnhold was born in [MASK] .", subject="ilsa varnhold")
-    np.testing.assert_allclose(p.p_knn, expected, atol=1e-6)  # k=128 > entries: every other entry votes
+    p = built.predict("Ilsa Varnhold was born in [MASK] .", subject="ilsa varnhold", sentence_temperature=0)
+    np.testing.assert_allclose(p.p_knn, expected, atol=1e-6)  # k=128 > entries: every other entry votes (keys alone)
     paper = built.predict("Ilsa Varnhold was born in [MASK] .", subject="ilsa varnhold", settings=PAPER)
     every = knn_distribution(values, dist, 6.0, built.encoder.vocab_size)
     np.testing.assert_allclose(paper.p_knn, every, atol=1e-6)  # the paper's: every entry of the document

@@ -11,7 +11,8 @@ from bertknn.text import CorpusError, iso_date, parse_document
 
 QUESTION = "Ilsa Varnhold was born in [MASK] ."
 # the kNN alone, uncalibrated: the vote is the answer, so its ratios can be read off `p`
-KNN_ONLY = Settings(lam=1.0, confidence_temperature=1.0, lm_floor=0.0)
+# the kNN's vote by the keys alone (the sentence weights: test_sentences), as combined
+KNN_ONLY = Settings(lam=1.0, confidence_temperature=1.0, lm_floor=0.0, sentence_temperature=0.0)
 
 
 def _p(reader, prediction, word: str) -> float:

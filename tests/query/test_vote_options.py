@@ -12,7 +12,8 @@ from bertknn.query.settings import DOC_TEMPERATURE, LAM, PAPER
 from ..tolerances import FLOAT64_RTOL
 
 QUESTION = "Ilsa Varnhold was born in [MASK] ."
-RAW = {"confidence_temperature": 1.0, "lm_floor": 0.0}  # the probabilities as combined (calibration: test_calibration)
+# the probabilities as combined (calibration: test_calibration), the keys' vote alone (sentence weights: test_sentences)
+RAW = {"confidence_temperature": 1.0, "lm_floor": 0.0, "sentence_temperature": 0.0}
 
 
 def test_the_retrieval_aware_vote_weighs_each_document_by_its_retrieval_score(built):

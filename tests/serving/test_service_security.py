@@ -315,8 +315,8 @@ def test_a_lone_surrogate_in_the_question_is_named(secured):
         ({"word_bonus": 0}, "greater than 0"),
         ({"word_bonus": float("inf")}, "finite number"),
         ({"sentence_temperature": -0.01}, "greater than or equal to 0"),
-        ({"sentence_floor": -1}, "greater than or equal to 0"),
-        ({"sentence_floor": float("nan")}, "finite number"),
+        ({"sentence_temperature": float("nan")}, "finite number"),
+        ({"sentence_floor": 0.5}, "Extra inputs are not permitted"),  # part of the method, no option
     ],
 )
 def test_options_are_bounded_and_finite(client, options, message):
@@ -344,7 +344,7 @@ OPTIONS = st.fixed_dictionaries(
         "mixture": st.sampled_from(["linear", "log-linear", "x"]),
         "lm_words": JSON_VALUES | st.integers(),
         "word_bonus": st.floats(),
-        "sentence_floor": st.floats(),
+        "sentence_temperature": st.floats(),
     },
 )
 EXTRA_FIELDS = st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=2)

@@ -120,12 +120,12 @@ class BertKNN:
                     f"{store.path / 'manifest.json'} holds bad tuned hyperparameters ({err}); rerun `bertknn tune` or "
                     "delete its 'tuned' field"
                 ) from None
-        self.settings = settings.replace(**hparams)
         builder.require_built(store)
         builder.check_encoder(store, encoder)
         self.encoder, self.store = encoder, store
         self.sentence_match = SentenceMatch(encoder.runtime, stored=store)  # the store's evidence vectors
         self._told_no_evidence = False
+        self.settings = self._within_store(settings.replace(**hparams))
         self._writer: Writer | None = None
         self.index = index or self._load_index()
         self._faiss_stat: tuple | None = None  # (size, mtime) of the FAISS files when they were loaded
@@ -371,17 +371,22 @@ class BertKNN:
             raise ValueError(f"top_k must be an integer from 1 to the vocabulary size {vocab} (got {top_k!r})")
         if isinstance(evidence, bool) or not isinstance(evidence, (int, np.integer)) or evidence < 0:
             raise ValueError(f"evidence must be an integer >= 0 (got {evidence!r})")
-        if s.sentence_temperature and not self.store.evidence_model:
-            if not self._told_no_evidence:
-                self._told_no_evidence = True
-                log.warning(
-                    "%s was made before evidence vectors: its questions are answered without sentence weights until "
-                    "`bertknn sentences %s` stores them",
-                    self.store.path,
-                    self.store.path,
-                )
-            s = s.replace(sentence_temperature=0.0)
-        return s
+        return self._within_store(s)
+
+    def _within_store(self, s: Settings) -> Settings:
+        """`s`, without sentence weights where the datastore has no evidence vectors (made before them, or built
+        without): said once, in a warning that names the command that stores them."""
+        if not s.sentence_temperature or self.store.evidence_model:
+            return s
+        if not self._told_no_evidence:
+            self._told_no_evidence = True
+            log.warning(
+                "%s has no evidence vectors: its questions are answered without sentence weights until `bertknn "
+                "sentences %s` stores them",
+                self.store.path,
+                self.store.path,
+            )
+        return s.replace(sentence_temperature=0.0)
 
     def preprocess(self, texts: Sequence[str], subjects: Sequence[str | None] | None = None) -> list[Query]:
         """Questions checked and encoded for the model, once: QuestionError names the first bad question or

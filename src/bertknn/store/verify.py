@@ -22,7 +22,7 @@ from bertknn.store.datastore import (
     acquire_lock,
     data_files,
 )
-from bertknn.store.evidence import VIEWS
+from bertknn.store.evidence import VIEWS, exists
 from bertknn.store.integrity import ChecksumError, Checksums, Damage
 
 EVIDENCE_SAMPLE = 65_536  # live entries whose evidence texts `verify` looks up (the references are summed in full)
@@ -122,18 +122,22 @@ def _entry_problems(store: Datastore, rows: int = 1 << 16) -> list[str]:
 
 
 def _evidence_problems(store: Datastore, sample: int = EVIDENCE_SAMPLE) -> list[str]:
-    """In a store with evidence vectors (evidence.py): references that do not add up to the live entries' texts,
-    vectors of another size than the others, and, of `sample` live entries drawn at random (all of a smaller store),
-    those whose texts have no vector."""
+    """In a store with evidence vectors (evidence.py): references that do not add up to the texts of the entries
+    not removed (a remove releases its entries'; those of an add not yet published count), vectors of another size
+    than the others, and, of `sample` such entries drawn at random (all of a smaller store), those whose texts have no
+    vector."""
     if not store.evidence_model:
         return []
     live = np.arange(store.size)
-    hidden = store.hidden_documents()
-    live = live[~np.isin(store.documents_of(live), hidden)] if len(hidden) and len(live) else live
-    problems, where = [], store.path / SQLITE
     with store.sqlite_errors():
-        refs = store.db.execute("SELECT coalesce(sum(refs), 0) FROM evidence").fetchone()[0]
-        sizes = dict(store.db.execute("SELECT length(vector), count(*) FROM evidence GROUP BY 1").fetchall())
+        removed = [r[0] for r in store.db.execute("SELECT idx FROM documents WHERE state = 'removed'")]
+    live = live[~np.isin(store.documents_of(live), removed)] if removed and len(live) else live
+    problems, where = [], store.path / SQLITE
+    refs, sizes = 0, {}
+    with store.sqlite_errors():
+        if exists(store.db):  # the first writer makes the table
+            refs = store.db.execute("SELECT coalesce(sum(refs), 0) FROM evidence").fetchone()[0]
+            sizes = dict(store.db.execute("SELECT length(vector), count(*) FROM evidence GROUP BY 1").fetchall())
     if refs != VIEWS * len(live):
         problems.append(f"{where}: the evidence vectors count {refs:,} references, not {VIEWS * len(live):,}")
     if len(sizes) > 1:  # every vector of a store has one size: the sentence encoder's width, and its scale
