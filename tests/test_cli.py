@@ -169,7 +169,10 @@ def test_ask_on_a_missing_datastore(tmp_path):
 
 
 def test_demo_runs_and_caches(tmp_path, tiny_model_dir, monkeypatch):
+    from bertknn.model.sentences import sentence_encoder
+
     monkeypatch.setenv("BERTKNN_CACHE", str(tmp_path / "cache"))
+    sentence_encoder.cache_clear()  # loaded once per process: here, as in a new one, from this cache directory
     args = ["demo", "--model", str(tiny_model_dir), "--threads", "1"]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
