@@ -34,8 +34,7 @@ def _embedded(store: Datastore, texts: list[str], runtime: Runtime) -> table.Evi
     """Evidence of entries whose texts are `texts` (VIEWS per entry): their ids, and the new ones embedded."""
     ids = [table.text_id(t) for t in texts]
     known = store.evidence_held(ids)
-    todo = dict(zip(ids, texts))
-    todo = {i: t for i, t in todo.items() if i not in known}
+    todo = {i: t for i, t in zip(ids, texts) if i not in known}
     blobs = {}
     if todo:
         blobs = dict(zip(todo, table.encode(sentence_encoder(runtime).sentence_vectors(list(todo.values())))))

@@ -110,7 +110,8 @@ def commit(db: sqlite3.Connection, evidence: Evidence) -> None:
     """Store `evidence` (inside the caller's transaction): new rows with their blobs, and each id's references
     counted. A ValueError names an id that has neither a row nor a blob (nothing is written)."""
     counts = Counter(evidence.ids.ravel().tolist())
-    lacking = set(counts) - set(evidence.blobs) - held(db, counts)
+    unknown = set(counts) - set(evidence.blobs)  # ids the chunk brings no blob for: the store must hold them
+    lacking = unknown - held(db, unknown)
     if lacking:
         raise ValueError(f"no evidence vector for {len(lacking)} text ids, e.g. {sorted(lacking)[:3]}")
     db.execute(TABLE)
