@@ -2,14 +2,14 @@
 words (and multi-word names, `--names`) costs, against the paper's targets (words of one wordpiece, datastore format
 1), in one run.
 
-    python bench/words.py [--base-docs 2000] [--cost-docs 500] [--bonus 1,10] [--sentence-temperature T]
-        [--skip-accuracy] [--skip-cost] [--smoke]
+    python bench/words.py [--base-docs 2000] [--cost-docs 500] [--bonus 1,10] [--skip-accuracy] [--skip-cost]
+        [--smoke]
 
 Accuracy: a lazy datastore of the first --base-docs evidence documents for each kind of targets, asked the fresh-facts
 questions (bench/fresh_facts/: words_*.jsonl, 40 invented documents whose answers have 1-5 wordpieces or two
 words, and the single-wordpiece set documents/questions.jsonl) before and after `add_documents` of their 80
 documents, with and without subjects, with bertknn's default settings, and after `add` with each --bonus as
-`word_bonus` (and, for whole words, with the sentence weights at --sentence-temperature). Printed: BERT-kNN P@1 (its
+`word_bonus` (and, for whole words, without the sentence weights: sentence_temperature 0). Printed: BERT-kNN P@1 (its
 top word equals the answer) per number of wordpieces of the answer, for the questions of even-numbered documents
 (dev: where `word_bonus` was chosen) and odd-numbered ones (test).
 
@@ -88,18 +88,17 @@ def accuracy(args) -> None:
     bonuses = [float(b) for b in args.bonus.split(",")] if args.bonus else []
     for i, (name, options) in enumerate(FORMATS.items()):
         knn = BertKNN.build(corpus, work / f"store-{i}", args.model, lazy=True, **options)
-        runs = [("before add", WORD_BONUS, 0.0), ("after add", WORD_BONUS, 0.0)]
-        runs += [("after add", b, 0.0) for b in bonuses if b != WORD_BONUS and name == "whole words"]
-        if args.sentence_temperature and name == "whole words":
-            t_s = args.sentence_temperature
-            runs.append((f"after add, sentence_temperature {t_s:g}", WORD_BONUS, t_s))
-        for when, bonus, t_s in runs:
+        runs = [("before add", WORD_BONUS, {}), ("after add", WORD_BONUS, {})]
+        runs += [("after add", b, {}) for b in bonuses if b != WORD_BONUS and name == "whole words"]
+        if name == "whole words":  # the default before the sentence weights
+            runs.append(("after add, no sentence weights", WORD_BONUS, {"sentence_temperature": 0.0}))
+        for when, bonus, settings in runs:
             if when.startswith("after add") and not knn.store.n_documents > args.base_docs:
                 knn.add_documents(docs)
             for mode in ("subject", "no subject"):
                 subjects = [q["subject"] if mode == "subject" else None for q in questions]
                 texts = [q["question"] for q in questions]
-                options = {"word_bonus": bonus, "sentence_temperature": t_s}
+                options = {"word_bonus": bonus, **settings}
                 found = knn.predict_batch(texts, subjects, top_k=1, evidence=0, **options)
                 hits = defaultdict(list)
                 for q, p in zip(questions, found):
@@ -159,9 +158,6 @@ def main() -> None:
     parser.add_argument("--model", default="bertknn/minilm-l6-mlm")
     parser.add_argument("--backend", default="torch", help="the cost part's: torch, onnx or onnx-int8")
     parser.add_argument("--bonus", default="1", help="comma-separated word_bonus values also measured after add")
-    parser.add_argument(
-        "--sentence-temperature", type=float, default=0.0, help="also asked after add with these sentence weights"
-    )
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")
     parser.add_argument("--repeats", type=int, default=3, help="times each cost question is asked")

@@ -143,11 +143,11 @@ CASES = {
     "verify": ("verify.py", [], None, [r"^open-time sample \(\d+ \+ last\) +[\d.]+ s"]),
     "words": (
         "words.py",
-        ["--sentence-temperature", "0.015"],
+        [],
         "wiki",
         [
             r"^\| whole words \+ names \| after add \| ",
-            r"^\| whole words \| after add, sentence_temperature 0.015 \| ",
+            r"^\| whole words \| after add, no sentence weights \| ",
             r"^questions per cell: ",
         ],
     ),
