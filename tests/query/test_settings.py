@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bertknn import BertKNN, DatastoreError
+from bertknn.cli.settings import QuerySettings
 from bertknn.evaluation.results import results_name
 from bertknn.query.settings import (
     DEFAULT,
@@ -75,24 +77,27 @@ def test_replace_round_trip():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"k": 0, "lam": 2.0}, "k must be a whole number >= 1 (got 0); lam must be in [0, 1] (got 2.0)"),
+        ({"k": 0, "lam": 2.0}, "k must be a whole number >= 1, not 0; lam must be a number in [0, 1], not 2.0"),
         (
             {"temperature": float("nan"), "lam": "0.5"},
-            "temperature must be a finite number (got nan); lam must be a finite number (got '0.5')",
+            "temperature must be a number > 0, not nan; lam must be a number in [0, 1], not '0.5'",
         ),
-        ({"k": 2.5}, "k must be a whole number >= 1 (got 2.5)"),
-        ({"n_docs": 0}, "n_docs must be a whole number >= 1 (got 0)"),
-        ({"n_docs": True}, "n_docs must be a finite number (got True)"),
-        ({"temperature": 0}, "temperature must be > 0 (got 0)"),
-        ({"temperature": -1}, "temperature must be > 0 (got -1)"),
-        ({"lam": -0.1}, "lam must be in [0, 1] (got -0.1)"),
+        ({"k": 2.5}, "k must be a whole number >= 1, not 2.5"),
+        ({"n_docs": 0}, "n_docs must be a whole number >= 1, not 0"),
+        ({"n_docs": True}, "n_docs must be a whole number >= 1, not True"),
+        ({"temperature": 0}, "temperature must be a number > 0, not 0"),
+        ({"temperature": -1}, "temperature must be a number > 0, not -1"),
+        ({"lam": -0.1}, "lam must be a number in [0, 1], not -0.1"),
         ({"retrieval": "web"}, "retrieval must be one of ir, faiss, ir+faiss, not 'web'"),
-        ({"lam": 5, "retrieval": "web"}, "lam must be in [0, 1] (got 5); retrieval must be one of ir, faiss, ir+faiss"),
-        ({"k": float("inf"), "retrieval": 3}, "k must be a finite number (got inf); retrieval must be one of"),
+        (
+            {"lam": 5, "retrieval": "web"},
+            "lam must be a number in [0, 1], not 5; retrieval must be one of ir, faiss, ir+faiss",
+        ),
+        ({"k": float("inf"), "retrieval": 3}, "k must be a whole number >= 1, not inf; retrieval must be one of"),
         ({"doc_temperature": -1}, "doc_temperature must be a number >= 0 (0: the paper's vote), not -1"),
         ({"doc_temperature": float("nan"), "lam_by": "max"}, "doc_temperature must be a number >= 0 (0: the paper's"),
         ({"lam_by": "max"}, "lam_by must be one of constant, entropy, not 'max'"),
-        ({"mixture": "max", "k": 0}, "k must be a whole number >= 1 (got 0); mixture must be one of linear, log-"),
+        ({"mixture": "max", "k": 0}, "k must be a whole number >= 1, not 0; mixture must be one of linear, log-"),
         ({"lm_words": -1}, "lm_words must be a whole number >= 0 (0: every word of several tokens), not -1"),
         (
             {"lm_words": 2.5, "word_bonus": 0},
@@ -132,7 +137,7 @@ def test_unknown_names_are_a_type_error():
         Settings.from_tuned({"retrieval": "faiss"})  # a datastore stores tuned numbers only
     with pytest.raises(TypeError, match="unknown hyperparameter"):
         Settings.from_tuned([3, 128])
-    with pytest.raises(ValueError, match=r"lam must be in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"lam must be a number in \[0, 1\]"):
         Settings.from_tuned({"lam": 3})
 
 
@@ -159,7 +164,9 @@ def test_tuned_values_stored_with_the_datastore_replace_the_papers(built):
     assert results_name(tuned, "full") == f"results-L{built.store.layer}-{tag}-full.jsonl"
     with built.store.writing():
         built.store.set_manifest(tuned={"hparams": {"lam": 7}})
-    with pytest.raises(DatastoreError, match=r"holds bad tuned hyperparameters \(lam must be in \[0, 1\] \(got 7\)\)"):
+    with pytest.raises(
+        DatastoreError, match=r"holds bad tuned hyperparameters \(lam must be a number in \[0, 1\], not 7\)"
+    ):
         BertKNN(built.encoder, built.store)
 
 
@@ -282,3 +289,52 @@ def test_the_scan_finds_copies():
     for line in lines:
         assert TUPLE.search(line) or NAMED.search(line) or sum(bool(v.search(line)) for v in values) >= 2, line
     assert not NAMED.search("KEY_WINDOW = 128") and not NAMED.search("max_length: int = 128")
+
+
+def test_every_setting_is_an_option_of_the_cli_and_the_service_with_its_bounds():
+    """The CLI's options and the service's request schema are made from Settings' declarations: each field is in
+    both, with the bounds or choices Settings states (and the service's own caps, no looser)."""
+    from typer.main import get_command
+
+    from bertknn.cli import app
+    from bertknn.query.settings import SPECS
+    from bertknn.serving.schemas import LIMITS, Options
+
+    cli = get_command(app)
+    commands = {"ask": cli.commands["ask"], "eval lama": cli.commands["eval"].commands["lama"]}
+    schema = Options.model_json_schema()["properties"]
+    bounds = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
+    assert set(schema) == {field.name for field, _ in SPECS}
+    for field, spec in SPECS:
+        for name, command in commands.items():
+            option = next((p for p in command.params if p.name == field.name), None)
+            assert option is not None, f"{name} has no option for {field.name}"
+            allowed = " or ".join(spec.choices) if spec.choices else spec.range()
+            assert f"[{allowed}]" in option.help if allowed else field.type == "bool", (name, field.name)
+        stated = next(s for s in schema[field.name]["anyOf"] if s["type"] != "null")
+        expected = {key: getattr(spec, name) for name, key in bounds.items() if getattr(spec, name) is not None}
+        if field.name in LIMITS:
+            assert stated.pop("maximum") == LIMITS[field.name] and spec.le is None
+        assert {k: v for k, v in stated.items() if k in bounds.values()} == expected, field.name
+        assert stated.get("enum", []) == list(spec.choices), field.name
+    assert Settings.__dataclass_fields__["lam"].metadata["spec"].flag == "--lambda"
+    assert next(p for p in commands["ask"].params if p.name == "lam").opts == ["--lambda"]
+
+
+def test_the_cli_gives_the_settings_its_options_make(tmp_path):
+    """What a command is called with: the options given, over the paper's with --paper; --no-sentence-weights."""
+    from bertknn.cli import settings
+
+    signature = settings.exposed(inspect.signature(_command, eval_str=True))
+    assert [p.name for p in signature.parameters.values()][:2] == ["datastore", "n_docs"]
+    given = signature.bind(tmp_path, k=4, paper=True, no_sentence_weights=True).arguments
+    given = {name: given.get(name, p.default) for name, p in signature.parameters.items()}
+    made = settings.gathered(given)
+    assert made["datastore"] == tmp_path and made["top_k"] == 10
+    paper = {name: value for name, value in PAPER.replace(k=4).as_dict().items() if name != "retrieval"}
+    assert made["settings"] == paper | {"sentence_temperature": 0.0}  # the retrieval stays the datastore's
+    assert settings.gathered({**given, "paper": False, "no_sentence_weights": False})["settings"] == {"k": 4}
+
+
+def _command(datastore: Path, settings: QuerySettings = None, top_k: int = 10) -> None:  # a command's shape
+    """A command that takes the query settings."""

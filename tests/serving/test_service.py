@@ -95,9 +95,10 @@ def test_batch_equals_singles(client):
         ({**ILSA, "top_k": 0}, "greater than or equal to 1"),
         ({**ILSA, "top_k": 1000}, "less than or equal to 100"),
         ({**ILSA, "evidence": 21}, "less than or equal to 20"),
-        ({**ILSA, "options": {"lam": 5}}, "lam must be in [0, 1] (got 5"),
-        ({**ILSA, "options": {"n_docs": 2, "temperature": -1}}, "temperature must be > 0"),
-        ({**ILSA, "options": {"k": 0}}, "greater than or equal to 1"),
+        ({**ILSA, "options": {"lam": 5}}, "lam must be a number in [0, 1], not 5"),
+        ({**ILSA, "options": {"n_docs": 2, "temperature": -1}}, "temperature must be a number > 0"),
+        ({**ILSA, "options": {"k": 0}}, "k must be a whole number >= 1, not 0"),
+        ({**ILSA, "options": {"k": 20_000}}, "less than or equal to 10000"),  # the service's own cap
         ({**ILSA, "options": {"beam": 3}}, "Extra inputs are not permitted"),
         ({**ILSA, "options": {"doc_temperature": -1}}, "doc_temperature must be a number >= 0"),
         ({**ILSA, "options": {"lam_by": "max"}}, "lam_by must be one of constant, entropy"),

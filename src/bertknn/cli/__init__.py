@@ -19,18 +19,10 @@ import typer
 import typer.core
 from rich.markup import escape
 
+from bertknn.cli import settings
+from bertknn.cli.settings import QuerySettings
 from bertknn.console import console, phase_progress, show_log, shown
 from bertknn.model.runtime import Runtime
-from bertknn.query.settings import (
-    DEFAULT,
-    DOC_TEMPERATURE,
-    LM_WORDS,
-    MIXTURE,
-    MIXTURES,
-    PAPER,
-    SENTENCE_TEMPERATURE,
-    WORD_BONUS,
-)
 
 HELP = (
     "BERT-kNN: a masked language model that answers cloze questions from a text collection it searches.\n\n"
@@ -61,7 +53,6 @@ data_app = typer.Typer(no_args_is_help=True, help="Get and verify evaluation dat
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate BERT, kNN and BERT-kNN.", **PLAIN)
 app.add_typer(data_app, name="data")
 app.add_typer(eval_app, name="eval")
-TUNED = "default: the datastore's tuned value, else "
 
 
 def _version(wanted: bool) -> None:
@@ -99,14 +90,17 @@ def command(
     arguments; exit 130) where one is given. A command that runs the model declares `backend`, `device`, `dtype` and
     `threads`: it is called with the `Runtime` they make (checked here, threads applied) in `backend`; under
     `--engine ray` the model runs on the cluster's workers, so the device is checked there (`Runtime.remote`).
-    `example` (command lines, one per line) ends the command's help."""
+    A command that declares `settings: QuerySettings` gets the query settings' options (cli/settings.py) and is called
+    with the settings given, as a dict. `example` (command lines, one per line) ends the command's help."""
 
     def wrap(fn: Callable[..., None]) -> Callable[..., None]:
-        signature = inspect.signature(fn)
+        signature = settings.exposed(inspect.signature(fn, eval_str=True))
 
-        @functools.wraps(fn)  # typer reads the command's signature and help through __wrapped__
+        @functools.wraps(fn)  # typer reads the command's help through __wrapped__, its signature in __signature__
         def run(*args: object, **kwargs: object) -> None:
             arguments = signature.bind(*args, **kwargs).arguments
+            if "paper" in arguments:  # the settings' options, gathered into `settings`
+                arguments = settings.gathered(arguments)
             try:
                 if "backend" in arguments:  # the command gets, in `backend`, the Runtime made of its model options
                     options = (arguments[name] for name in ("backend", "threads", "device", "dtype"))
@@ -125,6 +119,7 @@ def command(
                 console.print(f"[yellow]interrupted[/]: {interrupted.format(**arguments)}")
                 raise typer.Exit(130) from None
 
+        run.__signature__ = signature
         lines = "".join(f"\n  {line}" for line in example.splitlines())
         return group.command(name, epilog=f"\b\nExample:{lines}" if example else None)(run)
 
@@ -153,87 +148,6 @@ def _writer_wait(datastore: Path, wait: float) -> Iterator[None]:
 
 DatastoreArg = Annotated[Path, typer.Argument(help="datastore directory made by `bertknn build`")]
 ThreadsOption = Annotated[int, typer.Option(help="CPU threads [default: all cores]", show_default=False)]
-NDocsOption = Annotated[int | None, typer.Option(help=f"documents retrieved [{TUNED}{DEFAULT.n_docs}]")]
-KOption = Annotated[int | None, typer.Option(help=f"nearest neighbours [{TUNED}{DEFAULT.k}]")]
-TemperatureOption = Annotated[
-    float | None, typer.Option(help=f"kNN temperature l in exp(-d/l) [{TUNED}{DEFAULT.temperature}]")
-]
-LamOption = Annotated[
-    float | None, typer.Option("--lambda", help=f"weight of p_kNN [{TUNED}{DEFAULT.lam}; the paper's: {PAPER.lam}]")
-]
-DocTemperatureOption = Annotated[
-    float | None,
-    typer.Option(
-        min=0,
-        help="retrieval-aware kNN: each retrieved document's neighbours vote within it, weighted by a softmax of its "
-        f"retrieval score over this temperature; 0: the paper's vote [default: {DOC_TEMPERATURE}]",
-    ),
-]
-LamByOption = Annotated[
-    str | None,
-    typer.Option(help="lambda per question: constant (the paper) or entropy (scaled by the kNN's confidence)"),
-]
-MixtureOption = Annotated[
-    str | None,
-    typer.Option(
-        help=f"how p_kNN and the LM's p combine: {' or '.join(MIXTURES)} (the paper: linear) [{TUNED}{MIXTURE}]"
-    ),
-]
-LmWordsOption = Annotated[
-    int | None,
-    typer.Option(
-        min=0,
-        help="the LM scores the answers of several tokens among the kNN's this many best words (one model pass per "
-        f"word length); the log-linear mixture leaves the others out; 0: all [default: {LM_WORDS}]",
-    ),
-]
-WordBonusOption = Annotated[
-    float | None,
-    typer.Option(
-        help="the log-linear mixture's factor for answers of several tokens, whose LM scores are weak evidence; 1: "
-        f"none [default: {WORD_BONUS}]",
-    ),
-]
-SentenceTemperatureOption = Annotated[
-    float | None,
-    typer.Option(
-        min=0,
-        help="weigh each neighbour within its document by exp(score / this), the score how well its sentence says what "
-        f"the question asks (all-MiniLM-L6-v2); 0: every sentence alike (the paper) [default: {SENTENCE_TEMPERATURE}]",
-    ),
-]
-NoSentenceWeightsOption = Annotated[
-    bool,
-    typer.Option(
-        "--no-sentence-weights",
-        help="every sentence alike, as in the paper (--sentence-temperature 0); a datastore made before evidence "
-        "vectors answers so until `bertknn sentences` stores them",
-    ),
-]
-ConflictsOption = Annotated[
-    str | None,
-    typer.Option(
-        help="where documents about the subject disagree: newest (a newer document whose evidence speaks to the "
-        "question about as nearly outvotes the older ones) or vote (all alike) [default: newest]",
-    ),
-]
-EntityFilterOption = Annotated[
-    bool | None,
-    typer.Option(
-        "--entity-filter/--no-entity-filter",
-        help="keep only retrieved documents that name the question's subject (or, without one, its capitalised "
-        "names), so that evidence about another entity does not answer, and leave the subject's own name in its "
-        "article out of the vote [default: on; off with --paper]",
-    ),
-]
-PaperOption = Annotated[
-    bool,
-    typer.Option(
-        "--paper",
-        help="the paper's method exactly: its vote, mixture, n_docs, k, temperature and lambda (options given with it "
-        "still apply)",
-    ),
-]
 PackOption = Annotated[
     int,
     typer.Option(
@@ -268,14 +182,6 @@ BackendOption = Annotated[
 ]
 
 
-def query_options(paper: bool, no_sentence_weights: bool = False, **given: object) -> dict:
-    """The query settings a command passes on: those given (not None), over the paper's when `paper` (--paper);
-    `no_sentence_weights` (--no-sentence-weights) sets the sentence temperature to 0."""
-    base = {name: value for name, value in PAPER.as_dict().items() if name != "retrieval"} if paper else {}
-    off = {"sentence_temperature": 0.0} if no_sentence_weights else {}
-    return base | {name: value for name, value in given.items() if value is not None} | off
-
-
 def _build(corpus: Path, out: Path, model: str | Encoder, layer: int | None, **options: object) -> BertKNN:
     """Build with progress bars (reading, then embedding documents), then say what the datastore holds."""
     from bertknn.query.pipeline import BertKNN
@@ -293,4 +199,4 @@ def _build(corpus: Path, out: Path, model: str | Encoder, layer: int | None, **o
 
 from bertknn.cli import edits, lama, serve, store  # noqa: E402 (registers their commands on the apps above)
 
-__all__ = ["app", "command", "edits", "lama", "serve", "store"]
+__all__ = ["QuerySettings", "app", "command", "edits", "lama", "serve", "store"]

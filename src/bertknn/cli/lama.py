@@ -13,25 +13,14 @@ from bertknn.cli import (
     DATA_DIR,
     BackendOption,
     DeviceOption,
-    DocTemperatureOption,
     DtypeOption,
-    EntityFilterOption,
     Int8Option,
-    KOption,
-    LamByOption,
-    LamOption,
-    MixtureOption,
-    NDocsOption,
-    NoSentenceWeightsOption,
     PackOption,
-    PaperOption,
-    SentenceTemperatureOption,
-    TemperatureOption,
+    QuerySettings,
     ThreadsOption,
     command,
     data_app,
     eval_app,
-    query_options,
 )
 from bertknn.console import console, p_at_1_table, phase_progress
 from bertknn.evaluation.facts import GROUPS
@@ -121,17 +110,7 @@ def eval_lama(
     max_minutes: MaxMinutesOption = None,
     pack: PackOption = 1,
     int8_keys: Int8Option = False,
-    n_docs: NDocsOption = None,
-    k: KOption = None,
-    temperature: TemperatureOption = None,
-    lam: LamOption = None,
-    doc_temperature: DocTemperatureOption = None,
-    lam_by: LamByOption = None,
-    mixture: MixtureOption = None,
-    sentence_temperature: SentenceTemperatureOption = None,
-    no_sentence_weights: NoSentenceWeightsOption = False,
-    entity_filter: EntityFilterOption = None,
-    paper: PaperOption = False,
+    settings: QuerySettings = None,
     backend: BackendOption = CLI_BACKEND,
     device: DeviceOption = "auto",
     dtype: DtypeOption = "float32",
@@ -151,16 +130,12 @@ def eval_lama(
     facts = select_facts(
         data, encoder.tokenizer, groups, common, heldout_only, sample_per_relation, seed, console.print
     )
-    given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
-    given |= {"lam_by": lam_by, "mixture": mixture, "sentence_temperature": sentence_temperature}
-    given |= {"entity_filter": entity_filter}
-    given = query_options(paper, no_sentence_weights, **given)
     blocks = [int(x) for x in layers.split(",")] if layers else None
     options = {"phases": phase_progress, "max_seconds": max_minutes * 60 if max_minutes else None, "seed": seed}
     options |= {"pack": pack, "int8_keys": int8_keys, "with_subject": not no_subject}
-    summary, rows, reader = evaluate_layers(corpus, encoder, facts, out, blocks, common, **options, **given)
+    summary, rows, reader = evaluate_layers(corpus, encoder, facts, out, blocks, common, **options, **settings)
     asked = {"per_relation": sample_per_relation, "seed": seed, "heldout_only": heldout_only, "vocab": vocab}
-    asked |= {"given": given, "began": began, "with_subject": not no_subject}
+    asked |= {"given": settings, "began": began, "with_subject": not no_subject}
     setting = lama_setting(encoder, reader, len(facts), len(rows), corpus, **asked)
     console.print(f"report: {write_report(out, summary, rows, setting)}")
     console.print(p_at_1_table(summary))

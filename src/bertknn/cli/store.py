@@ -14,36 +14,21 @@ from rich.markup import escape
 from bertknn.cli import (
     WAIT_S,
     BackendOption,
-    ConflictsOption,
     DatastoreArg,
     DeviceOption,
-    DocTemperatureOption,
     DtypeOption,
-    EntityFilterOption,
     Int8Option,
-    KOption,
-    LamByOption,
-    LamOption,
-    LmWordsOption,
-    MixtureOption,
-    NDocsOption,
-    NoSentenceWeightsOption,
     PackOption,
-    PaperOption,
-    SentenceTemperatureOption,
-    TemperatureOption,
+    QuerySettings,
     ThreadsOption,
     WaitOption,
-    WordBonusOption,
     _build,
     _writer_wait,
     command,
-    query_options,
 )
 from bertknn.console import console, phase_progress, render, shown
 from bertknn.model.default_model import DEFAULT_MODEL
 from bertknn.model.runtime import CLI_BACKEND
-from bertknn.query.settings import PAPER
 
 if TYPE_CHECKING:
     from bertknn.build.corpus import Corpus
@@ -191,23 +176,7 @@ def ask(
     question: Annotated[str, typer.Argument(help="cloze question with exactly one [MASK]")],
     subject: Annotated[str | None, typer.Option(help="subject of a knowledge-base question (steers retrieval)")] = None,
     top_k: Annotated[int, typer.Option(min=1, max=1000, help="answers (words) to list")] = 10,
-    n_docs: NDocsOption = None,
-    k: KOption = None,
-    temperature: TemperatureOption = None,
-    lam: LamOption = None,
-    doc_temperature: DocTemperatureOption = None,
-    lam_by: LamByOption = None,
-    mixture: MixtureOption = None,
-    lm_words: LmWordsOption = None,
-    word_bonus: WordBonusOption = None,
-    sentence_temperature: SentenceTemperatureOption = None,
-    no_sentence_weights: NoSentenceWeightsOption = False,
-    conflicts: ConflictsOption = None,
-    entity_filter: EntityFilterOption = None,
-    paper: PaperOption = False,
-    retrieval: Annotated[
-        str, typer.Option(help="neighbours from: ir (the paper), faiss (whole datastore; `bertknn index`), ir+faiss")
-    ] = PAPER.retrieval,
+    settings: QuerySettings = None,
     model: Annotated[str | None, typer.Option(help="model [default: the datastore's]")] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="print the answer as JSON, each ranking also in the fill-mask format")
@@ -220,12 +189,8 @@ def ask(
     """Answer a cloze question: BERT, kNN and BERT-kNN side by side, with the evidence sentences."""
     from bertknn.query.pipeline import BertKNN
 
-    given = {"n_docs": n_docs, "k": k, "temperature": temperature, "lam": lam, "doc_temperature": doc_temperature}
-    given |= {"lam_by": lam_by, "mixture": mixture, "lm_words": lm_words, "word_bonus": word_bonus}
-    given |= {"conflicts": conflicts, "entity_filter": entity_filter}
-    options = query_options(paper, no_sentence_weights, **given, sentence_temperature=sentence_temperature)
-    knn = BertKNN.load(datastore, model, runtime=backend, **options)
-    prediction = knn.predict(question, subject=subject, top_k=top_k, retrieval=retrieval)
+    knn = BertKNN.load(datastore, model, runtime=backend, **settings)
+    prediction = knn.predict(question, subject=subject, top_k=top_k)
     if as_json:
         typer.echo(json.dumps(prediction.to_dict(knn.encoder.tokenizer), indent=1))  # plain: never wrapped
     else:

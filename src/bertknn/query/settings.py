@@ -29,29 +29,68 @@ HPARAMS = ("n_docs", "k", "temperature", "lam")  # the numeric ones
 TUNED = (*HPARAMS, "mixture")  # what `bertknn tune` searches and stores
 
 
-BOUNDS = (  # the other numeric settings: (lowest, lowest excluded, above the highest) and what the error says
-    ("doc_temperature", (0, False, math.inf), ">= 0 (0: the paper's vote)"),
-    ("word_bonus", (0, True, math.inf), "> 0 (1: none)"),
-    ("sentence_temperature", (0, False, math.inf), ">= 0 (0: no sentence weights)"),
-    ("confidence_temperature", (0, True, math.inf), "> 0 (1: none)"),
-    ("lm_floor", (0, False, 1), "in [0, 1) (0: none)"),
-)
+@dataclass(frozen=True)
+class Spec:
+    """A setting declared once: what it does, its bounds or choices, and its command-line flag. `Settings` checks
+    values by it; the CLI's options (cli/settings.py) and the service's request schema (serving/schemas.py) are made
+    from it, so a setting appears everywhere or nowhere."""
+
+    help: str
+    ge: float | None = None  # bounds of a number: >= ge, > gt, <= le, < lt
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple[str, ...] = ()  # the values a text setting takes
+    note: str = ""  # what an edge value means ("0: the paper's vote")
+    flag: str = ""  # the command line's name, where it is not --the-name
+
+    def range(self) -> str:
+        """The bounds as the CLI's help shows them: "x>=0", "0<=x<1"; "" for none."""
+        low = f"{self.ge}<=" if self.ge is not None else f"{self.gt}<" if self.gt is not None else ""
+        high = f"<={self.le}" if self.le is not None else f"<{self.lt}" if self.lt is not None else ""
+        if low and not high:
+            return f"x>={self.ge}" if self.ge is not None else f"x>{self.gt}"
+        return f"{low}x{high}" if low or high else ""
+
+    def problem(self, name: str, kind: str, value: object) -> str | None:
+        """What is wrong with `value` for the setting `name` of type `kind` ("int", "float", "str", "bool"), None if
+        nothing."""
+        if kind == "bool":
+            return None if isinstance(value, bool) else f"{name} must be true or false, not {value!r}"
+        if kind == "str":
+            ok = isinstance(value, str) and value in self.choices
+            return None if ok else f"{name} must be one of {', '.join(self.choices)}, not {value!r}"
+        number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+        whole = kind != "int" or (number and value == int(value))
+        bounds = (
+            (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+            and (self.lt is None or value < self.lt)
+            if number
+            else False
+        )
+        if number and whole and bounds:
+            return None
+        note = f" ({self.note})" if self.note else ""
+        return (
+            f"{name} must be {'a whole number' if kind == 'int' else 'a number'} {self._bounds()}{note}, not {value!r}"
+        )
+
+    def _bounds(self) -> str:
+        """The bounds in an error message: ">= 1", "in [0, 1)"."""
+        low, high = (self.ge, self.gt), (self.le, self.lt)
+        if any(b is not None for b in low) and any(b is not None for b in high):
+            left = f"[{self.ge}" if self.ge is not None else f"({self.gt}"
+            return f"in {left}, {self.le}]" if self.le is not None else f"in {left}, {self.lt})"
+        if self.ge is not None:
+            return f">= {self.ge}"
+        return f"> {self.gt}" if self.gt is not None else f"<= {self.le}" if self.le is not None else f"< {self.lt}"
 
 
-def _in_bounds(value: object, low: float, strict: bool, high: float) -> bool:
-    """Whether `value` is a finite number (not a bool) from `low` (excluded when `strict`) to below `high`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return False
-    return (value > low if strict else value >= low) and value < high
-
-
-def _out_of_bounds(settings: Settings, bounds: tuple) -> list[str]:
-    """What is wrong with `settings`' values of `bounds` (BOUNDS rows), in their order."""
-    return [
-        f"{name} must be a number {what}, not {getattr(settings, name)!r}"
-        for name, (low, strict, high), what in bounds
-        if not _in_bounds(getattr(settings, name), low, strict, high)
-    ]
+def setting(default: object, help: str, **spec: object) -> object:
+    """A field of `Settings` with its `Spec`."""
+    return dataclasses.field(default=default, metadata={"spec": Spec(help, **spec)})
 
 
 def _check_names(names, known: tuple[str, ...]) -> None:
@@ -96,61 +135,73 @@ class Settings:
     Made with bad values, it raises ValueError naming every problem.
     """
 
-    n_docs: int = 3
-    k: int = 128
-    temperature: float = 6.0
-    lam: float = LAM
-    retrieval: str = "ir"
-    doc_temperature: float = DOC_TEMPERATURE
-    lam_by: str = "constant"
-    mixture: str = MIXTURE
-    lm_words: int = LM_WORDS
-    word_bonus: float = WORD_BONUS
-    sentence_temperature: float = SENTENCE_TEMPERATURE
-    confidence_temperature: float = CONFIDENCE_TEMPERATURE
-    lm_floor: float = LM_FLOOR
-    conflicts: str = "newest"
-    entity_filter: bool = True
+    n_docs: int = setting(3, "documents retrieved", ge=1)
+    k: int = setting(128, "nearest neighbours", ge=1)
+    temperature: float = setting(6.0, "kNN temperature l in exp(-d/l), d the squared distance", gt=0)
+    lam: float = setting(LAM, "weight of p_kNN against the LM's p", ge=0, le=1, flag="--lambda")
+    retrieval: str = setting(
+        "ir",
+        "neighbours from: ir (the documents IR picks: the paper), faiss (the whole datastore's FAISS index: "
+        "`bertknn index`), ir+faiss",
+        choices=RETRIEVALS,
+    )
+    doc_temperature: float = setting(
+        DOC_TEMPERATURE,
+        "retrieval-aware kNN: each retrieved document's neighbours vote within it, weighted by a softmax of its "
+        "retrieval score over this temperature",
+        ge=0,
+        note="0: the paper's vote",
+    )
+    lam_by: str = setting(
+        "constant",
+        "lambda per question: constant (the paper) or entropy (scaled by the kNN's confidence)",
+        choices=LAM_RULES,
+    )
+    mixture: str = setting(
+        MIXTURE, "how p_kNN and the LM's p combine: linear (the paper) or log-linear", choices=MIXTURES
+    )
+    lm_words: int = setting(
+        LM_WORDS,
+        "the LM scores the answers of several tokens among the kNN's this many best words (one model pass per word "
+        "length); the log-linear mixture leaves the others out",
+        ge=0,
+        note="0: every word of several tokens",
+    )
+    word_bonus: float = setting(
+        WORD_BONUS,
+        "the log-linear mixture's factor for answers of several tokens, whose LM scores are weak evidence",
+        gt=0,
+        note="1: none",
+    )
+    sentence_temperature: float = setting(
+        SENTENCE_TEMPERATURE,
+        "weigh each neighbour within its document by exp(score / this), the score how well its sentence says what "
+        "the question asks (read from the datastore's evidence vectors)",
+        ge=0,
+        note="0: no sentence weights",
+    )
+    confidence_temperature: float = setting(
+        CONFIDENCE_TEMPERATURE, "the probabilities' temperature (calibration)", gt=0, note="1: none"
+    )
+    lm_floor: float = setting(
+        LM_FLOOR, "the share of the LM's distribution mixed into the probabilities shown", ge=0, lt=1, note="0: none"
+    )
+    conflicts: str = setting(
+        "newest",
+        "where documents about the subject disagree: newest (a newer document whose evidence speaks to the question "
+        "about as nearly outvotes the older ones) or vote (all alike)",
+        choices=CONFLICTS,
+    )
+    entity_filter: bool = setting(
+        True,
+        "keep only retrieved documents that name the question's subject (or, without one, its capitalised names), "
+        "and leave the subject's own name in its article out of the vote",
+    )
 
     def __post_init__(self) -> None:
-        wrong_retrieval = (
-            []
-            if isinstance(self.retrieval, str) and self.retrieval in RETRIEVALS
-            else [f"retrieval must be one of {', '.join(RETRIEVALS)}, not {self.retrieval!r}"]
-        )
-        odd = [
-            f"{name} must be a finite number (got {value!r})"
-            for name, value in self.hparams.items()
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-        ]
-        if odd:
-            raise ValueError("; ".join(odd + wrong_retrieval))
-        n_docs, k, temperature, lam = self.n_docs, self.k, self.temperature, self.lam
-        problems = [
-            msg
-            for bad, msg in (
-                (n_docs < 1 or n_docs != int(n_docs), f"n_docs must be a whole number >= 1 (got {n_docs})"),
-                (k < 1 or k != int(k), f"k must be a whole number >= 1 (got {k})"),
-                (not temperature > 0, f"temperature must be > 0 (got {temperature})"),
-                (not 0 <= lam <= 1, f"lam must be in [0, 1] (got {lam})"),
-            )
-            if bad
-        ] + wrong_retrieval
-        problems += _out_of_bounds(self, BOUNDS[:1])
-        if self.lam_by not in LAM_RULES:
-            problems.append(f"lam_by must be one of {', '.join(LAM_RULES)}, not {self.lam_by!r}")
-        lm_words = self.lm_words
-        if isinstance(lm_words, bool) or not isinstance(lm_words, int) or lm_words < 0:
-            problems.append(f"lm_words must be a whole number >= 0 (0: every word of several tokens), not {lm_words!r}")
-        problems += _out_of_bounds(self, BOUNDS[1:])
-        if self.mixture not in MIXTURES:
-            problems.append(f"mixture must be one of {', '.join(MIXTURES)}, not {self.mixture!r}")
-        if not isinstance(self.entity_filter, bool):
-            problems.append(f"entity_filter must be true or false, not {self.entity_filter!r}")
-        if self.conflicts not in CONFLICTS:
-            problems.append(f"conflicts must be one of {', '.join(CONFLICTS)}, not {self.conflicts!r}")
-        if problems:
-            raise ValueError("; ".join(problems))
+        problems = [spec.problem(field.name, field.type, getattr(self, field.name)) for field, spec in SPECS]
+        if any(problems):
+            raise ValueError("; ".join(p for p in problems if p))
 
     def replace(self, **overrides) -> Settings:
         """These settings with the non-None `overrides`, checked: unknown names raise TypeError, bad values
@@ -201,7 +252,8 @@ class Settings:
         return f"n{self.n_docs}-k{self.k}-T{self.temperature}-l{self.lam}{extra}"
 
 
-FIELDS = tuple(field.name for field in dataclasses.fields(Settings))
+SPECS = tuple((field, field.metadata["spec"]) for field in dataclasses.fields(Settings))  # each field and its Spec
+FIELDS = tuple(field.name for field, _ in SPECS)
 PAPER = Settings(  # the paper's method exactly (Kassner and Schütze)
     lam=0.3,
     doc_temperature=0.0,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model, model_validator
 
-from bertknn.query.settings import CONFLICTS, LAM_RULES, MIXTURES, RETRIEVALS
+from bertknn.query.settings import SPECS
 from bertknn.text import MASK, Document, parse_document, unicode_error
 
 MAX_TEXT = 1000
@@ -43,57 +43,31 @@ TopK = Annotated[int, Field(default=10, ge=1, le=100, description="answers per r
 EvidenceCount = Annotated[int, Field(default=3, ge=0, le=20, description="evidence sentences per kNN answer")]
 
 
-class Options(BaseModel):
-    """Per-request settings; unset ones keep the server's (the datastore's tuned values or bertknn's defaults)."""
+LIMITS = {"n_docs": MAX_N_DOCS, "k": MAX_K, "lm_words": MAX_K}  # the service's caps beyond what Settings allows
 
-    model_config = ConfigDict(extra="forbid")
-    n_docs: int | None = Field(default=None, ge=1, le=MAX_N_DOCS, description="documents retrieved")
-    k: int | None = Field(default=None, ge=1, le=MAX_K, description="nearest neighbours")
-    temperature: float | None = Field(default=None, allow_inf_nan=False, description="l in exp(-d/l)")
-    lam: float | None = Field(default=None, allow_inf_nan=False, description="weight of p_kNN in [0, 1]")
-    retrieval: Annotated[str, WithJsonSchema({"type": "string", "enum": list(RETRIEVALS)})] | None = Field(
-        default=None,  # checked by Settings (`_checked`), so the message is the library's
-        description="neighbours from IR documents (default), the whole datastore's FAISS index, or both",
-    )
-    doc_temperature: float | None = Field(
-        default=None,
-        allow_inf_nan=False,
-        description="retrieval-aware kNN vote: p(d|q) = softmax of retrieval scores over this; 0: the paper's vote",
-    )
-    lam_by: Annotated[str, WithJsonSchema({"type": "string", "enum": list(LAM_RULES)})] | None = Field(
-        default=None, description="lambda per question: constant (the paper) or entropy (by the kNN's confidence)"
-    )
-    mixture: Annotated[str, WithJsonSchema({"type": "string", "enum": list(MIXTURES)})] | None = Field(
-        default=None, description="p_kNN and the LM's p combined: linear (the paper) or log-linear"
-    )
-    lm_words: int | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_K,
-        description="the LM scores the answers of several tokens among the kNN's this many best words; 0: all",
-    )
-    word_bonus: float | None = Field(
-        default=None,
-        gt=0,
-        allow_inf_nan=False,
-        description="the log-linear mixture's factor for answers of several tokens; 1: none",
-    )
-    sentence_temperature: float | None = Field(
-        default=None,
-        ge=0,
-        allow_inf_nan=False,
-        description="weigh each neighbour by exp(score / this), the score how well its sentence says what the question "
-        "asks; 0: none",
-    )
-    entity_filter: bool | None = Field(
-        default=None,
-        description="search TF-IDF's documents only where they name the question's entity, and not the subject's own "
-        "name in its article (the paper: no)",
-    )
-    conflicts: Annotated[str, WithJsonSchema({"type": "string", "enum": list(CONFLICTS)})] | None = Field(
-        default=None,
-        description="where documents about the subject disagree: the newest wins (newest) or all vote alike (vote)",
-    )
+
+def _option(field, spec) -> tuple:
+    """A request option made from a `Settings` field's declaration (query/settings.py): its type, help, and bounds or
+    choices. The schema states them; Settings checks them (`_checked`), so that the message is the library's. The
+    service's own caps (LIMITS) are checked here, first."""
+    kind = {"int": int, "float": float, "str": str, "bool": bool}[field.type]
+    schema = {"type": {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}[field.type]}
+    schema |= {"enum": list(spec.choices)} if spec.choices else {}
+    bounds = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
+    schema |= {key: getattr(spec, name) for name, key in bounds.items() if getattr(spec, name) is not None}
+    cap = {"le": LIMITS[field.name]} if field.name in LIMITS else {}
+    schema |= {"maximum": cap["le"]} if cap else {}
+    finite = {"allow_inf_nan": False} if field.type == "float" else {}
+    description = f"{spec.help}; {spec.note}" if spec.note else spec.help
+    return Annotated[kind, WithJsonSchema(schema)] | None, Field(default=None, description=description, **cap, **finite)
+
+
+Options = create_model(
+    "Options",
+    __config__=ConfigDict(extra="forbid"),
+    __doc__="Per-request settings; unset ones keep the server's (the datastore's tuned values or bertknn's defaults).",
+    **{field.name: _option(field, spec) for field, spec in SPECS},
+)
 
 
 FillMask = Annotated[
