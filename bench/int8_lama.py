@@ -26,7 +26,7 @@ from bertknn.evaluation.run import evaluate_facts, lama_reader
 from bertknn.model.encoder import Encoder, cache_dir
 from bertknn.model.runtime import Runtime
 from bertknn.model.train_head import is_heldout
-from bertknn.query.combine import METHODS
+from bertknn.query.prediction import METHODS
 from bertknn.query.settings import PAPER
 
 

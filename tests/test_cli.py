@@ -289,7 +289,9 @@ def test_the_error_handler_gives_one_line_and_an_exit_status():
 def test_help_shows_its_defaults_and_brackets_as_written():
     asked = runner.invoke(app, ["ask", "--help"], terminal_width=200).output
     assert "documents retrieved [x>=1] [default: the datastore's tuned value, else 3]" in asked
-    assert "[linear or log-linear] [default: the datastore's tuned value, else log-linear; the paper's: linear]" in asked
+    assert (
+        "[linear or log-linear] [default: the datastore's tuned value, else log-linear; the paper's: linear]" in asked
+    )
     assert "[default: all cores]" in asked
     assert "[default: 0]" not in asked  # --threads 0 means all cores: said once
     assert "MLM head, [MASK] embedding" in runner.invoke(app, ["--help"], terminal_width=200).output

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from bertknn.cli import app
 from bertknn.console import render
 from bertknn.model.encoder import QuestionError
-from bertknn.query.combine import Neighbour, Prediction, TokenScore
+from bertknn.query.prediction import Neighbour, Prediction, TokenScore
 from bertknn.text import CONTROL, CorpusError, Document, iter_corpus, parse_document, question_error
 
 FUZZ = settings(

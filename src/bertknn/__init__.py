@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from bertknn.model.default_model import DEFAULT_MODEL
     from bertknn.model.encoder import Encoder, ModelError, QuestionError
-    from bertknn.query.combine import Neighbour, Prediction, TokenScore
     from bertknn.query.pipeline import BertKNN
+    from bertknn.query.prediction import Neighbour, Prediction, TokenScore
     from bertknn.query.settings import PAPER, Settings
     from bertknn.store.datastore import Datastore, DatastoreError
     from bertknn.text import CorpusError
 
 _WHERE = {
-    "Neighbour": "query.combine",
-    "Prediction": "query.combine",
-    "TokenScore": "query.combine",
+    "Neighbour": "query.prediction",
+    "Prediction": "query.prediction",
+    "TokenScore": "query.prediction",
     "Datastore": "store.datastore",
     "DatastoreError": "store.datastore",
     "DEFAULT_MODEL": "model.default_model",

@@ -18,7 +18,7 @@ from rich.table import Table
 from bertknn.text import eta, printable
 
 if TYPE_CHECKING:
-    from bertknn.query.combine import Prediction
+    from bertknn.query.prediction import Prediction
 
 console = Console()
 LOG_EVERY_S = 30  # a progress line this often when the output is not a terminal (a log file, CI)

@@ -16,8 +16,8 @@ from bertknn.console import prob, render
 from bertknn.model.default_model import DEFAULT_MODEL
 from bertknn.model.encoder import Encoder, cache_dir
 from bertknn.model.runtime import Runtime
-from bertknn.query.combine import Prediction
 from bertknn.query.pipeline import BertKNN
+from bertknn.query.prediction import Prediction
 from bertknn.store.datastore import VERSION, Datastore
 
 DEMO_CORPUS = Path(str(files("bertknn") / "data" / "demo_corpus.jsonl"))

@@ -12,7 +12,7 @@ from bertknn import BertKNN, DatastoreError
 from bertknn.build import prune as prune_module
 from bertknn.build.prune import merge, prune
 from bertknn.cli import app
-from bertknn.query.knn import knn_distribution
+from bertknn.query.knn import knn_distribution, vote
 from bertknn.query.settings import PAPER
 from bertknn.store.datastore import Datastore
 from bertknn.store.shards import ShardedDatastore
@@ -110,7 +110,7 @@ def test_a_pruned_store_votes_with_its_counts(built, tmp_path):
     assert counts.max() > 1  # the question meets merged entries
     words = pruned.words(found)
     want = knn_distribution(words.index(found.values), found.distances, s.temperature, words.size, np.log(counts))
-    assert np.allclose(pruned.vote(found, s, words), want)
+    assert np.allclose(vote(pruned.store, found, s, words), want)
     shown = [n for ns in prediction.evidence.values() for n in ns]
     by_distance = {float(d): int(c) for d, c in zip(found.distances, counts)}
     assert shown and all(n.count == by_distance[n.distance] for n in shown)

@@ -19,9 +19,10 @@ from bertknn.evaluation.edits_answers import SCORES, probability, target_tokens
 from bertknn.evaluation.edits_data import EditRecord, EditsError, load_edits, questions_of, split_edits
 from bertknn.evaluation.edits_report import write_edits_report
 from bertknn.model.runtime import Runtime
-from bertknn.query.combine import Prediction, Words, ranked
+from bertknn.query.prediction import Prediction, ranked
 from bertknn.query.search import Neighbours
 from bertknn.query.settings import DEFAULT, PAPER
+from bertknn.query.words import Words
 
 FLAT = {
     "case_id": 2,

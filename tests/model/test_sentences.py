@@ -2,6 +2,7 @@
 vectors, against values computed by hand; and a two-place document answered right with the default model."""
 
 import json
+from functools import partial
 
 import numpy as np
 import pytest
@@ -20,10 +21,11 @@ from bertknn.model.sentences import (
     SentenceMatch,
     log_weights,
 )
-from bertknn.query.combine import Words
-from bertknn.query.knn import document_vote, knn_distribution
+from bertknn.query import sentences
+from bertknn.query.knn import document_vote, knn_distribution, vote
 from bertknn.query.pipeline import BertKNN
 from bertknn.query.settings import PAPER, Settings
+from bertknn.query.words import Words, scored
 from bertknn.text import clause, without_names
 from tests.conftest import CountingSentences, write_corpus
 from tests.tolerances import FLOAT64_RTOL, MODEL_RTOL, assert_ranking_close
@@ -271,7 +273,8 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder,
     (p_lm,), (state,) = encoder.query_ids([(query.ids, query.mask)])
     found = knn.search("ir").search(question, "Maren Holtby", state, s)
     words = knn.words(found)
-    plain = knn.vote(found, s, words)
+    plain = vote(knn.store, found, s, words)
+    weigh = partial(sentences.weights, knn.store, knn.sentence_match)  # the sentence weights of this store
     rows = knn.store.provenance(found.entries.tolist())
     sims = np.array([knn.sentence_match.scores([[(question, r.sentence, r.span, r.title)]])[0][0] for r in rows])
     assert np.isnan(sims[[r.sentence[slice(*r.span)].lower() == "born" for r in rows]]).all()  # a word it asks with
@@ -285,11 +288,11 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder,
     assert len(np.unique(found.values)) > SCORED_WORDS  # some words' evidence is not scored
     assert (sims < FLOOR).any() and (sims > FLOOR).any()  # the floor raises some scores and leaves others
     by_vote = np.isin(words.index(found.values), words.best(plain, SCORED_WORDS))
-    (weights,) = knn.sentence_weights([question], [found], [words], [plain], s)
+    (weights,) = weigh([question], [found], [words], [plain], s)
     np.testing.assert_allclose(weights, expected(by_vote), rtol=MODEL_RTOL)  # float32 sentence vectors
     by_lm = np.isin(words.index(found.values), words.best(np.where(plain > 0, words.lm(p_lm), 0), LM_WORDS))
     assert (by_lm & ~by_vote).any()
-    (with_lm,) = knn.sentence_weights([question], [found], [words], [plain], s, [p_lm])
+    (with_lm,) = weigh([question], [found], [words], [plain], s, [p_lm])
     at = words.index(found.values)
     one_token = at < words.vocab  # the LM has not scored a word of several tokens ("holtby") yet: left out
     assert (by_vote & ~one_token).any()
@@ -302,24 +305,26 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder,
     sure = np.full(words.vocab, 1e-9)
     sure[[top, above, below]] = 1.0, 1.1 * LM_SHARE, 0.9 * LM_SHARE
     assert first >= words.vocab  # "holtby" here (several tokens, unscored by the LM): kept, scored NaN (the question's)
-    (by_sure,) = knn.sentence_weights([question], [found], [words], [plain], s, [sure / sure.sum()])
+    (by_sure,) = sentences.weights(
+        knn.store, knn.sentence_match, [question], [found], [words], [plain], s, [sure / sure.sum()]
+    )
     np.testing.assert_allclose(by_sure, expected(np.isin(at, [top, above, first])), rtol=MODEL_RTOL)
     assert (by_vote & (at == below)).any()  # one of the vote's words, left out
     # predict scores the vote's words of several tokens first (the LM's choice needs their scores), each once
     several = words.candidates(plain, 2)
-    scored = knn.word_scores([query], [words], [several])[0]
-    assert several and scored.scores[several].all()
+    rated = scored(knn.encoder, [(query.ids, query.mask)], [words], [several])[0]
+    assert several and rated.scores[several].all()
     asked = []
     with monkeypatch.context() as patch:
         patch.setattr(encoder, "word_scores", lambda q, pieces: (asked.append(pieces), [np.zeros(0)])[1])
-        again = knn.word_scores([query], [scored], [several])[0]
-    assert np.array_equal(again.scores, scored.scores) and asked == [[[]]]  # known: not computed again
-    (weights,) = knn.sentence_weights([question], [found], [scored], [plain], s, [p_lm])
-    weighted = knn.vote(found, s, scored, weights)
+        again = scored(knn.encoder, [(query.ids, query.mask)], [rated], [several])[0]
+    assert np.array_equal(again.scores, rated.scores) and asked == [[[]]]  # known: not computed again
+    (weights,) = weigh([question], [found], [rated], [plain], s, [p_lm])
+    weighted = vote(knn.store, found, s, rated, weights)
     assert not np.allclose(weighted, plain)
     p = knn.predict(question, "Maren Holtby", settings=s, top_k=3)
     np.testing.assert_allclose(p.p_knn, weighted, rtol=MODEL_RTOL)  # through predict: vectors maybe batched otherwise
-    p_knn, _ = knn.distributions(p.p_bert[: words.vocab], found, s, scored, question=question)
+    p_knn, _ = knn.distributions(p.p_bert[: words.vocab], found, s, rated, question=question)
     np.testing.assert_allclose(p_knn, weighted, rtol=MODEL_RTOL)
     np.testing.assert_allclose(
         knn.predict(question, "Maren Holtby", settings=s.replace(sentence_temperature=0)).p_knn, plain

@@ -6,16 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bertknn.query.combine import (
-    TokenScore,
-    Words,
-    calibrate,
-    confident_lam,
-    interpolate,
-    log_linear_scores,
-    ranked,
-)
+from bertknn.query.combine import calibrate, confident_lam, interpolate, log_linear_scores
 from bertknn.query.knn import knn_distribution
+from bertknn.query.prediction import TokenScore, ranked
+from bertknn.query.words import Words
 
 from ..tolerances import FLOAT64_RTOL
 

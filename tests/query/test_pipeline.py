@@ -108,7 +108,9 @@ def test_bad_questions_fail_before_any_work(built):
 def test_hyperparameters_are_checked(built):
     with pytest.raises(ValueError, match=r"k must be a whole number >= 1, .*lam must be a number in \[0, 1\]"):
         BertKNN(built.encoder, built.store, k=0, lam=2.0)
-    with pytest.raises(ValueError, match=r"temperature must be a number > 0, not nan; lam must be a number in \[0, 1\]"):
+    with pytest.raises(
+        ValueError, match=r"temperature must be a number > 0, not nan; lam must be a number in \[0, 1\]"
+    ):
         built.predict("Dante was born in [MASK] .", temperature=float("nan"), lam="0.5")
     with pytest.raises(ValueError, match=r"k must be a whole number >= 1, not 2.5"):
         built.predict("Dante was born in [MASK] .", k=2.5)

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from bertknn import BertKNN
 from bertknn.cli import app
 from bertknn.model.encoder import Encoder
-from bertknn.query.combine import Words
 from bertknn.query.settings import LAM, WORD_BONUS
+from bertknn.query.words import Words
 from bertknn.serving.service import create_app
 from bertknn.store.datastore import DatastoreError
 from bertknn.text import tokenize_sentences

@@ -9,7 +9,7 @@ stands for the group better than any one of them: the squared distance from a qu
 its squared distances to the group, less the group's spread). Only within a document: BERT-kNN
 searches the entries of the documents retrieval picks, so a merge across documents would move a context into a
 document that may not be picked. An entry standing for n contexts votes as n of them at its own distance
-(`BertKNN.vote`); `radius` is in the vote's units (squared L2, like its temperature), so a radius well under the
+(`knn.vote`); `radius` is in the vote's units (squared L2, like its temperature), so a radius well under the
 temperature changes little of what the merged contexts would have voted.
 
 The pruned store is a new directory; the source is read under its writer lock and left as it is. Like a build,

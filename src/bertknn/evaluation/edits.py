@@ -8,7 +8,7 @@ the questions of the edits made so far. Per checkpoint, settings row and mode (w
   locality prompt's top-1 answer is the one it had before any edit. Top-1 rates in %.
 - ROME's scores: P(new) > P(true) on the prompt (efficacy score) and the paraphrase (paraphrase score), P(true) >
   P(new) on the locality prompt (neighbourhood score), in %. A target's probability is its entry in the answer's
-  distribution over words (the vocabulary, then the words of several tokens the neighbours hold, `combine.Words`);
+  distribution over words (the vocabulary, then the words of several tokens the neighbours hold, `words.Words`);
   a target of several tokens that is not among them has probability 0, and two zeros compare as a failure.
 - seconds per edit (wall time of the adds / edits) and bytes per edit (growth of the datastore's folder / edits).
 Then the undo check: every edit document removed, every question asked again, and the answers whose top-k words

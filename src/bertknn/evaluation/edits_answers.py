@@ -6,7 +6,7 @@ Top-1 rates: efficacy (the prompt's top-1 word is the new target), generalisatio
 (the locality prompt's top-1 word is the one it was before any edit). ROME's scores (Meng et al. 2022): P(new) >
 P(true) on the prompt (efficacy score) and on the paraphrase (paraphrase score), P(true) > P(new) on the locality
 prompt (neighbourhood score). A target's probability is its entry in the answer's distribution over words (the
-vocabulary, then the words of several tokens the neighbours hold: `combine.Words`); a target of several tokens that
+vocabulary, then the words of several tokens the neighbours hold: `words.Words`); a target of several tokens that
 is not among them has probability 0, and two zeros compare as a failure. The LM alone ranks its vocabulary only, so
 there a target of several tokens has probability 0.
 """
@@ -20,8 +20,9 @@ import numpy as np
 
 from bertknn.evaluation.edits_data import Question
 from bertknn.evaluation.facts import is_uncased
-from bertknn.query.combine import Prediction, TokenScore, Words
+from bertknn.query.prediction import Prediction, TokenScore
 from bertknn.query.settings import Settings
+from bertknn.query.words import Words
 
 ASK_CHUNK = 256  # questions per `predict_batch` call: the pipeline's batch, so each chunk is one model batch
 SCORES = ("efficacy", "generalisation", "locality", "efficacy_score", "paraphrase_score", "neighbourhood_score")

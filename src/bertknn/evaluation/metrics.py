@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertknn.evaluation.facts import Fact
-from bertknn.query.combine import METHODS
+from bertknn.query.prediction import METHODS
 
 UNRANKED = 10**9  # the rank of a gold token with probability 0, or with no distribution: never a hit
 

@@ -5,7 +5,17 @@ that weighs documents; the neighbours are found by `index.exact` or FAISS.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+from bertknn.query.settings import NEWER, Settings
+from bertknn.store.datastore import DatastoreError
+
+if TYPE_CHECKING:
+    from bertknn.query.search import Neighbours
+    from bertknn.query.words import Words
+    from bertknn.store.datastore import Datastore
 
 
 def neighbour_weights(sq_dist: np.ndarray, temperature: float, log_weights: np.ndarray | None = None) -> np.ndarray:
@@ -87,3 +97,46 @@ def version_weights(
     for group in versions:
         later |= outranked(owners, sq_dist, group, temperature) if len(group) > 1 else {group[0]: 0}
     return -newer * np.array([later.get(int(d), 0) for d in owners], np.float64)
+
+
+def vote(
+    store: Datastore, found: Neighbours, s: Settings, words: Words, log_weights: np.ndarray | None = None
+) -> np.ndarray | None:
+    """p_kNN of one question over `words` (None without neighbours), as the settings say: the paper's vote or the
+    retrieval-aware one (`doc_temperature`), each neighbour also weighted by exp(`log_weights`) when given (its
+    sentence's, `sentences.weights`), by its document's version (`conflicts`) and, in a pruned store, by the
+    contexts it stands for. Damaged neighbours raise DatastoreError."""
+    if not len(found.entries):
+        return None
+    _check(store, found, words.vocab)
+    values = words.index(found.values)
+    counts = store.counts_of(found.entries)
+    if counts is not None:  # an entry standing for n merged contexts votes as n of them at its distance
+        log_weights = np.log(counts) if log_weights is None else log_weights + np.log(counts)
+    versions = found.versions or [[d] for d in found.documents]
+    if s.conflicts == "newest" and any(len(group) > 1 for group in versions):  # an article and its updates
+        owners = store.documents_of(found.entries)
+        newer = version_weights(owners, found.distances, versions, NEWER, s.temperature)
+        log_weights = newer if log_weights is None else log_weights + newer
+    if s.doc_temperature and found.scores is not None:
+        # the versions of one article vote as one document, with its best retrieval score
+        position = {doc: i for i, group in enumerate(versions) for doc in group}
+        extra = len(versions)  # a neighbour from a document IR did not retrieve (ir+faiss): score 0
+        groups = np.array([position.get(int(d), extra) for d in store.documents_of(found.entries)])
+        score = dict(zip(found.documents, found.scores))
+        best = [max(score[d] for d in group) for group in versions]
+        prior = document_prior(np.append(best, 0.0), s.doc_temperature)
+        return document_vote(values, found.distances, groups, prior, s.temperature, words.size, log_weights)
+    return knn_distribution(values, found.distances, s.temperature, words.size, log_weights)
+
+
+def _check(store: Datastore, found: Neighbours, vocab: int) -> None:
+    """A damaged key (NaN) or value (outside the vocabulary, in a store of words of one token) must never reach an
+    answer (a value outside the lexicon is found when its word is read)."""
+    values = found.values
+    bad = ~np.isfinite(found.distances) | (values < 0) | ((values >= vocab) & (not store.whole_words))
+    if bad.any():
+        raise DatastoreError(
+            f"{store.path} is damaged: entries {found.entries[bad][:5].tolist()} hold a non-finite key or a value "
+            f"outside the model's vocabulary; `bertknn verify {store.path}` locates the damage"
+        )

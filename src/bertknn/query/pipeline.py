@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,40 +18,15 @@ from bertknn.index.retrieval import TfidfIndex
 from bertknn.model.default_model import DEFAULT_MODEL
 from bertknn.model.encoder import Encoder, QuestionError
 from bertknn.model.runtime import Runtime
-from bertknn.model.sentences import (
-    DISTANCE_SHARE,
-    FLOOR,
-    LM_SHARE,
-    LM_WORDS,
-    SCORED_WORDS,
-    VOTE_WORDS,
-    SentenceMatch,
-    log_weights,
-)
-from bertknn.query.combine import (
-    Neighbour,
-    Prediction,
-    TokenScore,
-    Words,
-    calibrate,
-    confident_lam,
-    interpolate,
-    ranked,
-)
-from bertknn.query.knn import (
-    document_prior,
-    document_vote,
-    knn_distribution,
-    neighbour_weights,
-    outranked,
-    version_weights,
-)
+from bertknn.model.sentences import SCORED_WORDS, SentenceMatch
+from bertknn.query import sentences
+from bertknn.query.combine import calibrate, confident_lam, interpolate
+from bertknn.query.knn import vote
+from bertknn.query.prediction import Prediction, evidence, ranked, superseded
 from bertknn.query.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, RemoteShards, Search
-from bertknn.query.settings import (
-    NEWER,
-    Settings,
-)
-from bertknn.store.datastore import Datastore, DatastoreError, Provenance
+from bertknn.query.settings import Settings
+from bertknn.query.words import Words, lexicon, scored
+from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.shards import ShardedDatastore, open_store
 from bertknn.text import Document, unicode_error
 
@@ -72,26 +46,17 @@ class Query:
     mask: int
 
 
-def _by_lm(
-    chosen: np.ndarray, found: Neighbours, words: Words, vote: np.ndarray, p_lm: np.ndarray, prior: np.ndarray | None
-) -> np.ndarray:
-    """`chosen` (the neighbours whose evidence the sentence weights score) with those holding the LM's
-    `sentences.LM_WORDS` best of the vote's words added, and those holding a word the LM gives less than
-    `sentences.LM_SHARE` of the best one's probability taken out: the LM knows what kind of word is asked (a year does
-    not answer "born in [MASK]"), as QA systems check a candidate's answer type. A word of several tokens counts by
-    the LM's score `words` holds (`BertKNN.word_scores`; unscored, 0: taken out) times its `prior` (`Words.prior`:
-    the mixture's word bonus, for the same reason: the LM is a weak judge of words it cannot spell in one token).
-    The vote's `sentences.VOTE_WORDS` best words stay whatever the LM gives them: a word not scored counts as the least
-    similar, so taking out the vote's own choice would demote it on the LM's doubt alone; its sentence decides."""
-    lm, at = np.where(vote > 0, words.lm(p_lm), 0.0), words.index(found.values)
-    chosen = chosen | np.isin(at, Words.best(lm, LM_WORDS))
-    judged = lm[at] if prior is None else lm[at] * prior[at]
-    return chosen & ((judged >= LM_SHARE * lm.max()) | np.isin(at, Words.best(vote, VOTE_WORDS)))
+@dataclass(frozen=True)
+class Forwarded:
+    """What `BertKNN._forward` makes of one question: the LM's distribution over the vocabulary, the neighbours
+    found, the words answers are ranked over (scored by the LM where the mixture needs it) and the kNN's vote over
+    them (None without neighbours)."""
 
-
-def _source(e: Provenance) -> tuple:
-    """A neighbour's source fields (`combine.Neighbour`) from its entry's provenance."""
-    return e.doc_id, e.title, e.sentence, e.span, e.count, e.date
+    query: Query
+    p_bert: np.ndarray
+    found: Neighbours
+    words: Words
+    vote: np.ndarray | None
 
 
 class BertKNN:
@@ -302,23 +267,55 @@ class BertKNN:
         queries = texts if texts and isinstance(texts[0], Query) else self.preprocess(texts, subjects)
         out = []
         for start in range(0, len(queries), batch_size):
-            batch = queries[start : start + batch_size]
-            self._question_texts_ahead(search, batch, s)
-            probs, states = self.encoder.query_ids([(q.ids, q.mask) for q in batch])
+            forwarded = self._forward(queries[start : start + batch_size], search, s)
             with self.store.sqlite_errors():  # a damaged page met by a question: an error naming the file
-                found = search.batch_search([q.text for q in batch], [q.subject for q in batch], states, s)
-                words = [self.words(f) for f in found]
-                votes = [self.vote(f, s, w) for f, w in zip(found, words)]
-                if s.sentence_temperature:  # the LM's choice of words needs its scores of those of several tokens
-                    chosen = [w.candidates(v, SCORED_WORDS) for w, v in zip(words, votes)]
-                    words = self.word_scores(batch, words, chosen)
-                    weights = self.sentence_weights([q.text for q in batch], found, words, votes, s, probs)
-                    votes = [self.vote(f, s, w, lw) for f, w, lw in zip(found, words, weights)]
-            words = self.word_scores(batch, words, [w.candidates(v, s.lm_words) for w, v in zip(words, votes)])
-            with self.store.sqlite_errors():
-                parts = zip(batch, probs, found, words, votes)
-                out += [self.postprocess(*part, top_k, evidence, s) for part in parts]
+                out += [self.postprocess(f, top_k, evidence, s) for f in forwarded]
         return out
+
+    def _forward(self, batch: Sequence[Query], search: Search, s: Settings) -> list[Forwarded]:
+        """The questions' model pass, search and vote: the LM's distribution and the mask's state (one pass for the
+        batch), the neighbours, the words they hold, the vote over them, weighed by the neighbours' sentences
+        (`sentences.weights`, the words of several tokens among the vote's best scored by the LM first), and the LM's
+        scores of the words of several tokens the mixture needs (`lm_words`)."""
+        self._question_texts_ahead(search, batch, s)
+        questions = [(q.ids, q.mask) for q in batch]
+        probs, states = self.encoder.query_ids(questions)
+        with self.store.sqlite_errors():
+            found = search.batch_search([q.text for q in batch], [q.subject for q in batch], states, s)
+            words = [self.words(f) for f in found]
+            votes = [vote(self.store, f, s, w) for f, w in zip(found, words)]
+            if s.sentence_temperature:  # the LM's choice of words needs its scores of those of several tokens
+                best = [w.candidates(v, SCORED_WORDS) for w, v in zip(words, votes)]
+                words, texts = scored(self.encoder, questions, words, best), [q.text for q in batch]
+                weights = sentences.weights(self.store, self.sentence_match, texts, found, words, votes, s, probs)
+                votes = [vote(self.store, f, s, w, lw) for f, w, lw in zip(found, words, weights)]
+        words = scored(self.encoder, questions, words, [w.candidates(v, s.lm_words) for w, v in zip(words, votes)])
+        return [Forwarded(*row) for row in zip(batch, probs, found, words, votes)]
+
+    def postprocess(self, forwarded: Forwarded, top_k: int, n_evidence: int, s: Settings) -> Prediction:
+        """The answer to one question: the LM's distribution and the kNN's vote interpolated (`distributions`) and
+        ranked, with the evidence and, where newer documents outvoted older ones, what those said."""
+        f, tok = forwarded, self.encoder.tokenizer
+        p = self.distributions(f.p_bert, f.found, s, f.words, f.vote, f.query.text)[1]
+        knn_top = ranked(f.vote, tok, top_k, f.words)
+        older = n_evidence and s.conflicts == "newest"
+        return Prediction(
+            question=f.query.text,
+            subject=f.query.subject,
+            documents=self.store.titles(f.found.documents),
+            retrieval=s.retrieval,
+            bert=ranked(f.p_bert, tok, top_k),
+            knn=knn_top,
+            bert_knn=ranked(p, tok, top_k, f.words),
+            evidence=evidence(self.store, knn_top, f.found, n_evidence, s.temperature),
+            p_bert=f.words.lm(f.p_bert),
+            p_knn=f.vote,
+            p=p,
+            neighbours=f.found,
+            input_ids=f.query.ids,
+            mask_index=f.query.mask,
+            superseded=superseded(self.store, tok, f.found, f.words, s.temperature) if older else [],
+        )
 
     def _question_texts_ahead(self, search: Search, batch: Sequence[Query], s: Settings) -> None:
         """With sentence weights, where the search knows the questions' documents before their states
@@ -336,30 +333,10 @@ class BertKNN:
         match = self.sentence_match  # a question without documents has no neighbours to weigh
         match.embed_ahead([match.question_text(q.text, [titles[d] for d in c]) for q, c in zip(batch, docs) if c])
 
-    def word_scores(self, queries: Sequence[Query], words: Sequence[Words], chosen: Sequence[list[int]]) -> list[Words]:
-        """Each question's `words` scored by the LM at its words of several tokens `chosen` (indices into `values`)
-        and at none else (`Encoder.word_scores`; a score `words` already holds is reused, not computed again)."""
-        todo = [[j for j in c if not w.scores[j]] for w, c in zip(words, chosen)]
-        pieces = [[w.pieces[j] for j in t] for w, t in zip(words, todo)]
-        new = self.encoder.word_scores([(q.ids, q.mask) for q in queries], pieces)
-        out = []
-        for w, c, t, lm in zip(words, chosen, todo, new):
-            scores = w.scores.copy()
-            scores[t] = lm
-            out.append(w.scored(c, scores[c]))
-        return out
-
     def words(self, found: Neighbours) -> Words:
-        """The words a question's answers are ranked over: the vocabulary and the words of several tokens that
-        `found` holds (read from the datastore's lexicon), their LM scores not yet computed."""
-        vocab = self.encoder.vocab_size
-        values = np.unique(found.values[found.values >= vocab]).astype(np.int64)
-        if not len(values):
-            return Words(vocab)
-        rows = self.store.words(values.tolist())
-        pieces = tuple(tuple(int(t) for t in rows[v][0].split()) for v in values.tolist())
-        texts = tuple(rows[v][1] for v in values.tolist())
-        return Words(vocab, values, pieces, texts, np.zeros(len(values)))
+        """The words a question's answers are ranked over, `found`'s words of several tokens not yet scored
+        (`words.lexicon`)."""
+        return lexicon(self.store, self.encoder.vocab_size, found)
 
     def _options(
         self, top_k: int, evidence: int, retrieval: str | None, settings: Settings | None, hparams
@@ -434,124 +411,6 @@ class BertKNN:
         faiss = FaissSearch(self.store, self.faiss)
         return faiss if retrieval == "faiss" else MergedSearch(documents, faiss, self.store)
 
-    def postprocess(
-        self,
-        query: Query,
-        p_bert: np.ndarray,
-        found: Neighbours,
-        words: Words,
-        p_knn: np.ndarray | None,
-        top_k: int,
-        n_evidence: int,
-        s: Settings,
-    ) -> Prediction:
-        """The answer to one question: the LM's distribution and the kNN's vote (`p_knn`) over `words`,
-        interpolated and ranked, with evidence."""
-        p = self.distributions(p_bert, found, s, words, p_knn, query.text)[1]
-        tok = self.encoder.tokenizer
-        knn_top = ranked(p_knn, tok, top_k, words)
-        return Prediction(
-            question=query.text,
-            subject=query.subject,
-            documents=self.store.titles(found.documents),
-            retrieval=s.retrieval,
-            bert=ranked(p_bert, tok, top_k),
-            knn=knn_top,
-            bert_knn=ranked(p, tok, top_k, words),
-            evidence=self._evidence(knn_top, found, n_evidence, s.temperature),
-            p_bert=words.lm(p_bert),
-            p_knn=p_knn,
-            p=p,
-            neighbours=found,
-            input_ids=query.ids,
-            mask_index=query.mask,
-            superseded=self._superseded(found, s) if n_evidence else [],
-        )
-
-    def _superseded(self, found: Neighbours, s: Settings) -> list[Neighbour]:
-        """The nearest neighbour of each of the subject's documents that a newer one outvoted (`knn.outranked`),
-        where it holds another word than the newest document's nearest: what the older documents said instead."""
-        groups = [group for group in found.versions or [] if len(group) > 1]
-        if not groups or s.conflicts != "newest":
-            return []
-        owners = self.store.documents_of(found.entries)
-        nearest = {doc: int(np.flatnonzero(owners == doc)[0]) for doc in found.documents if (owners == doc).any()}
-        picks = []
-        for group in groups:
-            said = found.values[nearest[group[0]]] if group[0] in nearest else None  # the newest version's word
-            older = [doc for doc, n in outranked(owners, found.distances, group, s.temperature).items() if n]
-            picks += [nearest[doc] for doc in older if doc in nearest and found.values[nearest[doc]] != said]
-        if not picks:
-            return []
-        weights = neighbour_weights(found.distances, s.temperature)
-        rows = self.store.provenance(found.entries[picks].tolist())
-        words = self.words(found)
-        described = words.describe(words.index(found.values[picks]).tolist(), self.encoder.tokenizer)
-        names = [text for text, _, _ in described]
-        return [
-            Neighbour(name, float(found.distances[i]), float(weights[i]), *_source(e))
-            for name, i, e in zip(names, picks, rows)
-        ]
-
-    def vote(
-        self, found: Neighbours, s: Settings, words: Words, log_weights: np.ndarray | None = None
-    ) -> np.ndarray | None:
-        """p_kNN of one question over `words` (None without neighbours), as the settings say: the paper's vote or the
-        retrieval-aware one (`doc_temperature`), each neighbour also weighted by exp(`log_weights`) when given (its
-        sentence's, `sentence_weights`) and, in a pruned store, by the contexts it stands for. Damaged neighbours
-        raise DatastoreError."""
-        if not len(found.entries):
-            return None
-        self._check_neighbours(found, words.vocab)
-        values = words.index(found.values)
-        counts = self.store.counts_of(found.entries)
-        if counts is not None:  # an entry standing for n merged contexts votes as n of them at its distance
-            log_weights = np.log(counts) if log_weights is None else log_weights + np.log(counts)
-        versions = found.versions or [[d] for d in found.documents]
-        if s.conflicts == "newest" and any(len(group) > 1 for group in versions):  # an article and its updates
-            owners = self.store.documents_of(found.entries)
-            newer = version_weights(owners, found.distances, versions, NEWER, s.temperature)
-            log_weights = newer if log_weights is None else log_weights + newer
-        if s.doc_temperature and found.scores is not None:
-            # the versions of one article vote as one document, with its best retrieval score
-            position = {doc: i for i, group in enumerate(versions) for doc in group}
-            extra = len(versions)  # a neighbour from a document IR did not retrieve (ir+faiss): score 0
-            groups = np.array([position.get(int(d), extra) for d in self.store.documents_of(found.entries)])
-            score = dict(zip(found.documents, found.scores))
-            best = [max(score[d] for d in group) for group in versions]
-            prior = document_prior(np.append(best, 0.0), s.doc_temperature)
-            return document_vote(values, found.distances, groups, prior, s.temperature, words.size, log_weights)
-        return knn_distribution(values, found.distances, s.temperature, words.size, log_weights)
-
-    def sentence_weights(
-        self,
-        questions: Sequence[str],
-        found: Sequence[Neighbours],
-        words: Sequence[Words],
-        votes: Sequence[np.ndarray | None],
-        s: Settings,
-        lm: Sequence[np.ndarray] | None = None,
-    ) -> list[np.ndarray | None]:
-        """Each question's neighbours' sentence log weights (`sentences.log_weights`): the evidence of the neighbours
-        holding the vote's `sentences.SCORED_WORDS` best words, chosen again by the LM's distribution `lm` over the
-        vocabulary when given (`_by_lm`: the LM knows what kind of word the question asks for, a language, not a
-        city), scored against the question (`SentenceMatch.scores`), all questions' texts embedded together (None for
-        a question without neighbours)."""
-        chosen = [np.isin(w.index(f.values), Words.best(v, SCORED_WORDS)) for f, w, v in zip(found, words, votes)]
-        if lm is not None:
-            parts = zip(chosen, found, words, votes, lm, questions)
-            chosen = [c if v is None else _by_lm(c, f, w, v, p, w.prior(s.word_bonus, q)) for c, f, w, v, p, q in parts]
-        rows = self.store.provenance(np.concatenate([f.entries[c] for f, c in zip(found, chosen)]).tolist())
-        at = np.cumsum([0, *(int(c.sum()) for c in chosen)])
-        asked = [[(q, e.sentence, e.span, e.title) for e in rows[a:b]] for q, a, b in zip(questions, at[:-1], at[1:])]
-        out = []
-        for c, f, sim in zip(chosen, found, self.sentence_match.scores(asked)):
-            full = np.zeros(len(c))
-            full[c] = sim
-            distance = (f.distances, s.temperature, DISTANCE_SHARE)
-            out.append(log_weights(full, c, s.sentence_temperature, FLOOR, distance) if c.any() else None)
-        return out
-
     def distributions(
         self,
         p_bert: np.ndarray,
@@ -566,16 +425,17 @@ class BertKNN:
         vocabulary, as the settings say: a constant or an adaptive lambda (`lam_by`), the linear or the log-linear
         mixture (`mixture`; the latter with `word_bonus` for words of several tokens that `question` does not
         contain); a vote made here weighs the neighbours' sentences against `question` (`sentence_temperature`; its
-        words of several tokens as `words` is scored: `predict` scores the vote's first, `word_scores`). The result is
+        words of several tokens as `words` is scored: `predict` scores the vote's first, `words.scored`). The result is
         calibrated (`combine.calibrate`: `confidence_temperature`, `lm_floor`)."""
         if not len(found.entries):
             return None, p_bert.astype(np.float64)
         words = words or self.words(found)
         if p_knn is None:
-            p_knn = self.vote(found, s, words)
+            p_knn = vote(self.store, found, s, words)
             if s.sentence_temperature and question:
-                weights = self.sentence_weights([question], [found], [words], [p_knn], s, [p_bert])[0]
-                p_knn = self.vote(found, s, words, weights)
+                match = self.sentence_match
+                weights = sentences.weights(self.store, match, [question], [found], [words], [p_knn], s, [p_bert])[0]
+                p_knn = vote(self.store, found, s, words, weights)
         p_bert = words.lm(p_bert)
         lam = confident_lam(p_knn, s.lam, len(found.entries)) if s.lam_by == "entropy" else s.lam
         p_lm = p_bert.astype(np.float64)
@@ -585,17 +445,6 @@ class BertKNN:
             held, prior = words.unscored_dropped(p_knn), words.prior(s.word_bonus, question)
             p = interpolate(p_lm, held, lam, s.mixture, prior)
         return p_knn, calibrate(p, p_lm, s.confidence_temperature, s.lm_floor)
-
-    def _check_neighbours(self, found: Neighbours, vocab: int) -> None:
-        """A damaged key (NaN) or value (outside the vocabulary, in a store of words of one token) must never reach
-        an answer (a value outside the lexicon is found when its word is read)."""
-        values = found.values
-        bad = ~np.isfinite(found.distances) | (values < 0) | ((values >= vocab) & (not self.store.whole_words))
-        if bad.any():
-            raise DatastoreError(
-                f"{self.store.path} is damaged: entries {found.entries[bad][:5].tolist()} hold a non-finite key or a "
-                f"value outside the model's vocabulary; `bertknn verify {self.store.path}` locates the damage"
-            )
 
     def add_documents(
         self,
@@ -624,21 +473,3 @@ class BertKNN:
     def remove_document(self, doc_id: str, wait: float | None = None) -> None:
         """`Writer.remove_document`: hide one document from every retrieval path."""
         self.writer.remove_document(doc_id, wait)
-
-    def _evidence(
-        self, words: list[TokenScore], found: Neighbours, n_evidence: int, temperature: float
-    ) -> dict[str, list[Neighbour]]:
-        """For each kNN answer, its nearest `n_evidence` neighbours with their sentences."""
-        if not words:
-            return {}
-        dist, counts = found.distances, self.store.counts_of(found.entries)
-        weights = neighbour_weights(dist, temperature, None if counts is None else np.log(counts))
-        picks = [np.flatnonzero(found.values == w.id)[:n_evidence] for w in words]
-        rows = iter(self.store.provenance(found.entries[np.concatenate(picks)].tolist()))  # one query for all words
-        return {
-            word.token: [
-                Neighbour(word.token, float(dist[i]), float(weights[i]), *_source(e))
-                for i, e in zip(mine, islice(rows, len(mine)))
-            ]
-            for word, mine in zip(words, picks)
-        }

@@ -34,8 +34,8 @@ import bertknn
 from bertknn.build.writer import Writer
 from bertknn.demo import DEMO_CORPUS, demo_questions
 from bertknn.model.encoder import QuestionError
-from bertknn.query.combine import Prediction
 from bertknn.query.pipeline import BertKNN, Query
+from bertknn.query.prediction import Prediction
 from bertknn.query.search import ShardUnavailable
 from bertknn.query.settings import Settings
 from bertknn.serving.batching import MicroBatcher
