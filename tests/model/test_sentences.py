@@ -375,7 +375,7 @@ def test_predict_embeds_the_questions_text_beside_the_lms_pass_where_its_documen
 def test_the_lm_chooses_the_words_whose_evidence_is_scored_a_word_of_several_tokens_with_its_bonus():
     from types import SimpleNamespace
 
-    from bertknn.query.pipeline import _by_lm
+    from bertknn.query.sentences import _by_lm
 
     # a vocabulary of 5 tokens and two words of several tokens (lexicon numbers 7 and 9): "port elsmere", "holtby"
     words = Words(5, np.array([7, 9]), ((1, 2), (3, 4)), ("port elsmere", "holtby"), np.array([0.001, 0.001]))
