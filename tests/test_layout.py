@@ -54,7 +54,13 @@ def test_storage_imports_neither_the_model_nor_the_tokenizer():
         "bertknn.store.codec",
         "bertknn.store.evidence",
         "bertknn.store.integrity",
+        "bertknn.store.lock",
+        "bertknn.store.manifest",
+        "bertknn.store.records",
+        "bertknn.text",  # FORMER_SPLITTER: a name, no tokenizer
     }
+    assert _imports("store.lock") == {"bertknn.store.manifest"}
+    assert _imports("store.manifest") == _imports("store.records") == set()
     assert _imports("store.evidence") == {"bertknn.text"}  # the evidence texts: string functions, no tokenizer
     assert _imports("store.codec") == {"bertknn.store.atomic"}
     assert _imports("store.integrity") == {"bertknn.store.atomic"}

@@ -18,7 +18,8 @@ from bertknn.model.encoder import Encoder, cache_dir
 from bertknn.model.runtime import Runtime
 from bertknn.query.pipeline import BertKNN
 from bertknn.query.prediction import Prediction
-from bertknn.store.datastore import VERSION, Datastore
+from bertknn.store.datastore import Datastore
+from bertknn.store.manifest import VERSION
 
 DEMO_CORPUS = Path(str(files("bertknn") / "data" / "demo_corpus.jsonl"))
 DEMO_QUESTIONS = Path(str(files("bertknn") / "data" / "demo_questions.json"))

@@ -235,10 +235,11 @@ def _sentencex(passage: str) -> list[str]:
 
 SPLITTERS = {"pysbd": lambda passage: _segmenter().segment(passage), "sentencex": _sentencex}
 SPLITTER = "sentencex"  # new datastores' splitter: the fastest measured, and the closest to pysbd (bench/README.md)
+FORMER_SPLITTER = "pysbd"  # what datastores whose manifest names no splitter were split with, and the head's data
 SLOW_SPLITTERS = {"pysbd"}  # worth worker processes; sentencex splits faster than a document is sent to a worker
 
 
-def split_sentences(passage: str, splitter: str = "pysbd") -> list[str]:
+def split_sentences(passage: str, splitter: str = FORMER_SPLITTER) -> list[str]:
     """Split a passage into sentences with one of SPLITTERS (rule-based; both know "U.S." and "3.5"). A datastore
     records the splitter it was built with (older ones: pysbd) and keeps using it."""
     if splitter not in SPLITTERS:

@@ -38,7 +38,7 @@ def test_a_question_about_an_unknown_entity_is_the_lms_alone(built):
 
 def test_a_mention_of_the_name_is_found_whole_and_in_any_case():
     from bertknn.query.search import in_mentions
-    from bertknn.store.datastore import Provenance
+    from bertknn.store.records import Provenance
 
     sentence = "The original language of The Icelandic Dream was Tamil; the icelandic dream aired as Dreamer."
     spans = [(0, 3), (29, 38), (39, 44), (49, 54), (60, 69), (70, 75), (85, 92)]

@@ -16,7 +16,8 @@ from sklearn.utils import murmurhash3_32
 
 from bertknn.build.writer import Writer
 from bertknn.index.retrieval import TfidfIndex, compact, listing, question_query
-from bertknn.store.datastore import Datastore, DatastoreError, Part
+from bertknn.store.datastore import Datastore, DatastoreError
+from bertknn.store.records import Part
 
 DOCS = [
     "Dante Alighieri was born in Florence. Florence is in Tuscany.",

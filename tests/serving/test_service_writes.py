@@ -73,7 +73,7 @@ def test_an_add_does_not_stall_questions(writable, monkeypatch):
 
 
 def test_a_write_while_another_process_writes_gets_503(writable, built, monkeypatch):
-    monkeypatch.setattr(svc, "WRITE_WAIT_S", 0.2)
+    monkeypatch.setattr(svc, "SERVICE_WAIT_S", 0.2)
     holder = Datastore(built.store.path)
     with holder.writing():
         response = writable.post("/documents", json=FRESH)
@@ -149,7 +149,7 @@ def test_error_details_name_no_server_path(writable, built, monkeypatch):
     assert "no document with id 'no-such-id' in store" in missing.json()["detail"]
     conflict = writable.post("/documents", json={**FRESH, "id": "d1"})
     assert conflict.status_code == 409 and "are in store with other text" in conflict.json()["detail"]
-    monkeypatch.setattr(svc, "WRITE_WAIT_S", 0.2)
+    monkeypatch.setattr(svc, "SERVICE_WAIT_S", 0.2)
     with Datastore(built.store.path).writing():
         busy = writable.delete("/documents/d1")
     assert busy.status_code == 503 and busy.json()["detail"].startswith("store is being written by")
@@ -171,7 +171,7 @@ def test_a_relative_datastore_path_is_shown_by_its_name(built, monkeypatch, up):
 
 
 def test_a_full_disk_answers_507_naming_the_file_and_a_retry_adds(writable, built, monkeypatch):
-    monkeypatch.setattr(svc, "WRITE_WAIT_S", 1.0)
+    monkeypatch.setattr(svc, "SERVICE_WAIT_S", 1.0)
     full_after(monkeypatch, 100, lambda path: path.name.endswith(".tmp"))  # no file written whole fits
     full = writable.post("/documents", json=FRESH)
     detail = full.json()["detail"]

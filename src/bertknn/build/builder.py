@@ -25,10 +25,13 @@ from bertknn.build.corpus import Corpus, open_corpus, record_located
 from bertknn.index import retrieval
 from bertknn.model.encoder import Encoder
 from bertknn.model.sentences import SENTENCE_MODEL
-from bertknn.store.datastore import FORMAT, VERSION, Datastore, DatastoreError, Record
+from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.datastore import copy_registration as copy_store
 from bertknn.store.datastore import create as create_store
 from bertknn.store.evidence import FIELD
+from bertknn.store.lock import LAZY_WAIT_S
+from bertknn.store.manifest import FORMAT, VERSION
+from bertknn.store.records import Record
 from bertknn.text import (
     SLOW_SPLITTERS,
     SPLITTER,
@@ -47,7 +50,6 @@ KEY_WINDOW = 128  # tokens a key's context may have; a longer sentence is read i
 REGISTER_DOCS = 500  # documents registered per transaction by a build
 CHUNK_ENTRIES = 4096  # about this many target words are embedded and committed together
 CHARS_PER_WORD = 6  # a chunk's size is estimated from its characters: about one target word per 6 of them
-LAZY_WAIT = 600.0  # seconds a lazy store's reader waits for another writer before it embeds on demand
 LOG_EVERY_S = 10.0  # a progress line of embedding that no caller shows at most this often
 
 log = logging.getLogger(__name__)
@@ -209,7 +211,7 @@ def embed(
     if not todo:
         return 0
     check_key_dtype(store, encoder)
-    with store.writing(wait=LAZY_WAIT):
+    with store.writing(wait=LAZY_WAIT_S):
         todo = store.pending(todo)  # what another writer did meanwhile is not redone
         chunks: list[list[int]] = [[]]
         words = 0

@@ -26,7 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
-from bertknn.store.datastore import Record, file_sha256
+from bertknn.store.datastore import file_sha256
+from bertknn.store.records import Record
 from bertknn.text import CorpusError, Document, normalize_title, parse_document, read_jsonl, split_sentences
 
 if TYPE_CHECKING:

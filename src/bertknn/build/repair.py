@@ -24,21 +24,11 @@ from typing import Any
 
 import faiss
 
-from bertknn.index import faiss_index, retrieval
+from bertknn.index import NPROBE, faiss_index, retrieval
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.index.retrieval import SEGMENT_DOCS
-from bertknn.store.datastore import (
-    CODEC,
-    CODES,
-    COUNTS,
-    KEYS,
-    SQLITE,
-    VALUES,
-    Datastore,
-    DatastoreError,
-    Part,
-    is_index_file,
-)
+from bertknn.store.datastore import CODEC, CODES, COUNTS, KEYS, SQLITE, VALUES, Datastore, DatastoreError, is_index_file
+from bertknn.store.records import Part
 from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, is_sharded, shard_paths
 from bertknn.store.verify import verify
 
@@ -302,7 +292,7 @@ def rebuild_commands(path: str | Path) -> str:
         trains = isinstance(settings.get("train_size"), int) and _trains(settings["factory"], made.get("dim"))
         index += ["--train-size", str(settings["train_size"])] if trains else []
         nprobe = settings.get("nprobe")
-        index += ["--nprobe", str(nprobe)] if isinstance(nprobe, int) and nprobe != faiss_index.NPROBE else []
+        index += ["--nprobe", str(nprobe)] if isinstance(nprobe, int) and nprobe != NPROBE else []
         commands.append(shlex.join(index))
     text = "`" + "`, then `".join(commands) + "`"
     if not made.get("model") and made.get("model_hash"):

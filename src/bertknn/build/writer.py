@@ -19,7 +19,7 @@ from bertknn.build import builder, workers
 from bertknn.build.corpus import Corpus, digest, record
 from bertknn.build.repair import Repair
 from bertknn.build.repair import repair as repair_datastore
-from bertknn.index import faiss_index, retrieval
+from bertknn.index import NPROBE, faiss_index, retrieval
 from bertknn.index.faiss_index import AUTO, FaissIndex, ShardedFaiss
 from bertknn.index.merging import merge_plan
 from bertknn.index.retrieval import SEGMENT_DOCS, TfidfIndex, compact, feature_array
@@ -27,7 +27,9 @@ from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime
 from bertknn.store import atomic
 from bertknn.store.codec import FLOAT16, KeyCodec
-from bertknn.store.datastore import CODEC, CODES, KEYS, DatastoreError, Part
+from bertknn.store.datastore import CODEC, CODES, KEYS, DatastoreError
+from bertknn.store.lock import LAZY_WAIT_S
+from bertknn.store.records import Part
 from bertknn.store.shards import ShardedDatastore, Store, open_store
 from bertknn.text import CorpusError, Document, parse_document
 
@@ -95,7 +97,7 @@ class Writer:
         """
         store = self.store
         if self._unindexed(store.parts(retrieval.KIND)):
-            with store.writing(wait=builder.LAZY_WAIT):
+            with store.writing(wait=LAZY_WAIT_S):
                 self._extend_index(segment_docs, n_workers, commit=True)
         self.index = TfidfIndex.load(store)
         return self.index
@@ -156,7 +158,7 @@ class Writer:
         self,
         factory: str = AUTO,
         train_size: int | None = None,
-        nprobe: int = 16,
+        nprobe: int = NPROBE,
         progress: Callable[[int, int], None] | None = None,
         **options: object,
     ) -> FaissIndex | ShardedFaiss:

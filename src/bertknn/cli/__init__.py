@@ -23,6 +23,7 @@ from bertknn.cli import settings
 from bertknn.cli.settings import QuerySettings
 from bertknn.console import console, phase_progress, show_log, shown
 from bertknn.model.runtime import Runtime
+from bertknn.store.lock import lock_holder, lock_wait
 
 HELP = (
     "BERT-kNN: a masked language model that answers cloze questions from a text collection it searches.\n\n"
@@ -129,14 +130,11 @@ def command(
 WaitOption = Annotated[
     float, typer.Option(min=0, help="seconds to wait for another process writing to the datastore (one at a time)")
 ]
-WAIT_S = 60.0
 
 
 @contextlib.contextmanager
 def _writer_wait(datastore: Path, wait: float) -> Iterator[None]:
     """Let this command's writes wait up to `wait` seconds for another writer, and say so when one is at work."""
-    from bertknn.store.datastore import lock_holder, lock_wait
-
     holder = lock_holder(datastore) if datastore.is_dir() else None
     if holder and wait:
         console.print(

@@ -12,7 +12,6 @@ import typer
 from rich.markup import escape
 
 from bertknn.cli import (
-    WAIT_S,
     BackendOption,
     DatastoreArg,
     DeviceOption,
@@ -27,8 +26,10 @@ from bertknn.cli import (
     command,
 )
 from bertknn.console import console, phase_progress, render, shown
+from bertknn.index import NPROBE
 from bertknn.model.default_model import DEFAULT_MODEL
 from bertknn.model.runtime import CLI_BACKEND
+from bertknn.store.lock import CLI_WAIT_S
 
 if TYPE_CHECKING:
     from bertknn.build.corpus import Corpus
@@ -106,7 +107,7 @@ def build(
     address: AddressOption = None,
     shard_docs: Annotated[int, typer.Option(min=1, help="ray: documents per shard")] = 50_000,
     key_codec: KeyCodecOption = "float16",
-    wait: WaitOption = WAIT_S,
+    wait: WaitOption = CLI_WAIT_S,
 ) -> None:
     """Embed every content word of a corpus (whole words, of any number of wordpieces) into a datastore and index its
     documents. Rerun to resume."""
@@ -213,11 +214,11 @@ def index(
     train_size: Annotated[
         int | None, typer.Option(min=1, help="random keys to train on [default: 50 per IVF list, at least 100k]")
     ] = None,
-    nprobe: Annotated[int, typer.Option(min=1, help="IVF lists searched per query")] = 16,
+    nprobe: Annotated[int, typer.Option(min=1, help="IVF lists searched per query")] = NPROBE,
     engine: Annotated[str, typer.Option(help="sharded datastores: local (one shard after the other) or ray")] = "local",
     address: Annotated[str | None, typer.Option(help="ray: the cluster's address [default: a local one]")] = None,
     threads: ThreadsOption = 0,
-    wait: WaitOption = WAIT_S,
+    wait: WaitOption = CLI_WAIT_S,
 ) -> None:
     """Index every key of a datastore with FAISS (for `--retrieval faiss`). Rerun to resume."""
     import faiss
@@ -293,7 +294,7 @@ def convert_keys(
         ),
     ],
     train_size: Annotated[int, typer.Option(min=1, help="keys the codec is trained on, drawn at random")] = 50_000,
-    wait: WaitOption = WAIT_S,
+    wait: WaitOption = CLI_WAIT_S,
 ) -> None:
     """Store a datastore's float16 keys compressed by a codec (resumable): questions read the codes from then on."""
     from bertknn.build.writer import Writer
@@ -326,7 +327,7 @@ def prune(
             "one (the vote's units, like --temperature); bench/README.md measures radii",
         ),
     ],
-    wait: WaitOption = WAIT_S,
+    wait: WaitOption = CLI_WAIT_S,
 ) -> None:
     """Copy a datastore with each document's near-duplicate entries merged into one that counts for all (resumable)."""
     from bertknn.build.prune import prune as prune_store
@@ -354,7 +355,7 @@ def add(
     device: DeviceOption = "auto",
     dtype: DtypeOption = "float32",
     threads: ThreadsOption = 0,
-    wait: WaitOption = WAIT_S,
+    wait: WaitOption = CLI_WAIT_S,
     replace: Annotated[
         bool,
         typer.Option(
@@ -396,7 +397,7 @@ def add(
 def remove(
     datastore: DatastoreArg,
     doc: Annotated[list[str], typer.Option("--doc", help="id of a document to hide (repeatable)")],
-    wait: WaitOption = WAIT_S,
+    wait: WaitOption = CLI_WAIT_S,
 ) -> None:
     """Remove documents: hidden from IR, kNN and FAISS search at once, all or none (their stored rows are kept)."""
     from bertknn.build.writer import Writer
@@ -450,7 +451,7 @@ def verify(
     interrupted="what was rebuilt is committed; rerun the same command to finish {datastore}",
     example="bertknn repair my_store",
 )
-def repair(datastore: DatastoreArg, wait: WaitOption = WAIT_S) -> None:
+def repair(datastore: DatastoreArg, wait: WaitOption = CLI_WAIT_S) -> None:
     """Rebuild a datastore's damaged index files (TF-IDF segments, FAISS index) from the documents and keys it keeps,
     after the checks of `bertknn verify`, under the writer lock. Damage to what it keeps (keys, values, documents,
     store.sqlite, the manifest) is refused, exit status 2, with nothing written: the error says how to rebuild."""

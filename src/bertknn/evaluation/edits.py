@@ -41,7 +41,8 @@ from bertknn.evaluation.edits_answers import ASK_CHUNK, SCORES, Answer, Reading,
 from bertknn.evaluation.edits_data import KINDS, EditRecord, EditsError, Question, edit_document, questions_of
 from bertknn.evaluation.edits_easyedit import easyedit_metrics, easyedit_requests, request_document, request_questions
 from bertknn.query.settings import PAPER, Settings
-from bertknn.store.datastore import DatastoreError, lock_holder
+from bertknn.store.datastore import DatastoreError
+from bertknn.store.lock import lock_holder
 from bertknn.store.shards import is_sharded, open_store, shard_paths
 
 LOG = logging.getLogger("bertknn.evaluation.edits")

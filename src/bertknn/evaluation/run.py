@@ -135,7 +135,8 @@ def lama_reader(
     from bertknn.build.corpus import open_corpus
     from bertknn.model.encoder import cache_dir
     from bertknn.query.pipeline import BertKNN
-    from bertknn.store.datastore import VERSION, Datastore
+    from bertknn.store.datastore import Datastore
+    from bertknn.store.manifest import VERSION
 
     stem = f"lazy-{Path(corpus).stem}-{hashlib.sha256(str(Path(corpus).resolve()).encode()).hexdigest()[:10]}"
     if directory is None:

@@ -23,18 +23,18 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from bertknn.index import parts
+from bertknn.index import NPROBE, parts
 from bertknn.index.exact import nearest
 from bertknn.index.merging import merge_plan
 from bertknn.index.parts import open_listed
 from bertknn.store import atomic
-from bertknn.store.datastore import Datastore, DatastoreError, Part, file_stat
+from bertknn.store.datastore import Datastore, DatastoreError, file_stat
 from bertknn.store.integrity import Checksums
+from bertknn.store.records import Part
 from bertknn.store.shards import ShardedDatastore
 
 INDEX_FILE, SETTINGS_FILE, TRAINED_FILE = "faiss.index", "faiss.json", "faiss_trained.index"
 SETTINGS_COPY = "faiss_settings"  # the key of the copy of faiss.json that SQLite keeps (`bertknn repair` reads it)
-NPROBE = 16  # IVF lists searched per query unless `bertknn index --nprobe` says otherwise
 DELTA_PREFIX = "faiss_add_"
 KIND = "faiss"  # the FAISS index's parts in the datastore's commit point
 AUTO = "auto"
@@ -605,7 +605,7 @@ class ShardedFaiss:
         store: ShardedDatastore,
         factory: str = AUTO,
         train_size: int | None = None,
-        nprobe: int = 16,
+        nprobe: int = NPROBE,
         chunk: int = 65_536,
         seed: int = 0,
         progress: Callable[[int, int], None] | None = None,

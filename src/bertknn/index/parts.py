@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from bertknn.store.datastore import Datastore, DatastoreError, Part
+from bertknn.store.datastore import Datastore, DatastoreError
+from bertknn.store.records import Part
 
 T = TypeVar("T")
 RETRIES = 10  # times a reader takes a newer list when a merge retired what it was opening

@@ -29,7 +29,8 @@ from bertknn.index import parts
 from bertknn.index.merging import FACTOR, merge_plan
 from bertknn.index.parts import open_listed
 from bertknn.store import atomic
-from bertknn.store.datastore import Datastore, DatastoreError, Part, versions
+from bertknn.store.datastore import Datastore, DatastoreError
+from bertknn.store.records import Part, versions
 from bertknn.text import MASK, normalize_title, stopwords
 
 NUM_BUCKETS = 2**24

@@ -15,7 +15,8 @@ from bertknn.query.search import Neighbours
 from bertknn.query.words import Words
 
 if TYPE_CHECKING:
-    from bertknn.store.datastore import Datastore, Provenance
+    from bertknn.store.datastore import Datastore
+    from bertknn.store.records import Provenance
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from bertknn.index.exact import candidates, nearest
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.index.retrieval import Selected, TfidfIndex, select_documents
 from bertknn.query.settings import Settings
-from bertknn.store.datastore import Datastore, Provenance
+from bertknn.store.datastore import Datastore
+from bertknn.store.records import Provenance
 
 
 @dataclass(frozen=True)

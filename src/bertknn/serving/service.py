@@ -64,13 +64,13 @@ from bertknn.serving.schemas import (
 )
 from bertknn.serving.security import LOOPBACK_NAMES, BodyLimit, host_patterns, write_checks
 from bertknn.store.datastore import Datastore, file_sha256
+from bertknn.store.lock import SERVICE_WAIT_S
 from bertknn.store.shards import is_sharded, open_store
 from bertknn.text import Document
 
 WEB_DIR = Path(str(files("bertknn") / "web"))
 SWAGGER_DIR = Path(swagger_ui_bundle.swagger_ui_path)
 DOCS_ASSETS = "/docs-assets"
-WRITE_WAIT_S = 20.0  # how long a write waits for another writer (another process, or this service) before 503
 GENERIC_EXAMPLES = [
     {"question": "Paris is the capital of [MASK] .", "subject": "Paris"},
     {"question": "Dante was born in [MASK] .", "subject": "Dante Alighieri"},
@@ -220,16 +220,16 @@ class _Writes:
         another writer holds the datastore too long, 507 for a full disk, 409 for its id there with other text."""
         writer = self.writer()
         store = writer.store
-        with write_errors(store, status.HTTP_409_CONFLICT), store.writing(WRITE_WAIT_S):
+        with write_errors(store, status.HTTP_409_CONFLICT), store.writing(SERVICE_WAIT_S):
             # under the writer lock: nobody adds or removes it between the look and the add
             there = store.states([document.id]).get(document.id) == "live"  # other text: a conflict in the add
-            return writer.add_documents([document], skip_existing=there, wait=WRITE_WAIT_S), there
+            return writer.add_documents([document], skip_existing=there, wait=SERVICE_WAIT_S), there
 
     def remove(self, doc_id: str) -> None:
         """Remove a document: 503 and 507 as for `add`, 404 for an id not there."""
         writer = self.writer()
         with write_errors(writer.store, status.HTTP_404_NOT_FOUND):
-            writer.remove_document(doc_id, wait=WRITE_WAIT_S)
+            writer.remove_document(doc_id, wait=SERVICE_WAIT_S)
 
     def counts(self) -> dict:
         """The datastore's live documents and contexts, as the reader sees them once it took in the writes."""

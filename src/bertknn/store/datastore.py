@@ -35,19 +35,15 @@ optional FAISS files is set aside in `faiss_damage`, so IR questions still work)
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import fcntl
 import hashlib
 import json
-import os
 import shutil
 import sqlite3
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -57,10 +53,11 @@ from bertknn.store import evidence as evidence_table
 from bertknn.store.atomic import write_json
 from bertknn.store.codec import FLOAT16, Decoded, KeyCodec
 from bertknn.store.integrity import ChecksumError, Checksums, Damage, seal
+from bertknn.store.lock import LOCK_FILE, LOCK_WAIT, BusyError, acquire_lock
+from bertknn.store.manifest import IDENTITY, DatastoreError, read_manifest
+from bertknn.store.records import Part, Provenance, Record, newest_first
+from bertknn.text import FORMER_SPLITTER
 
-FORMAT = "bertknn-datastore"
-VERSION = 2  # new datastores' format: whole words (1: words of exactly one token)
-VERSIONS = (1, 2)  # the formats this code opens
 WORDS = """CREATE TABLE IF NOT EXISTS words (value INTEGER PRIMARY KEY, pieces TEXT NOT NULL UNIQUE, word TEXT NOT NULL)
 """  # made by the first writer that stores a word of several tokens (a read-only format 1 store has none)
 SCHEMA = """
@@ -84,90 +81,13 @@ CREATE TABLE IF NOT EXISTS parts (  -- the commit point: the live parts of each 
 REMOVED_PREFIX = "\x1f"  # a control character, which document ids may not hold (text.parse_document)
 REPLACING_PREFIX = "\x1e"  # the id of a staged document that replaces the live one with its id when published
 SQL_PARAMS = 900  # SQLite caps the number of parameters of one statement (999 in old builds)
-LOCK_FILE, SQLITE = "write.lock", "store.sqlite"
+SQLITE = "store.sqlite"
 RECHECK_S = 0.2  # pause before damage found on opening is looked at again
 SAMPLE_BLOCKS = 16  # checksum blocks checked at random when a store is opened (besides each file's last block)
-IDENTITY = ("model_hash", "layer", "dim", "pack", "int8")  # manifest fields SQLite keeps a copy of
-REQUIRED = {"model": str, "model_hash": str, "layer": int, "dim": int, "status": str}
-OPTIONAL = {
-    "pack": int,
-    "int8": bool,
-    "corpus": (dict, type(None)),
-    "tuned": dict,
-    "entries": int,
-    "embedded": int,
-    "words_from": int,
-    "names": bool,
-    "key_codec": str,
-    "key_codec_pending": str,
-    "pruned": dict,
-    "evidence": str,
-}
 KEYS, CODES, CODEC = "keys.f16", "keys.codes", "keys.codec"  # float16 keys; or their codes and the codec (codec.py)
 VALUES, COUNTS = "values.i32", "counts.i32"  # each entry's word; and, in a pruned store, the contexts it stands for
 APPEND_ONLY = (KEYS, CODES, VALUES, COUNTS)  # files that only grow; bytes past the committed entries are not data
 NOT_DATA = {"manifest.json", "checksums.json", LOCK_FILE}  # files of a datastore that checksums do not cover
-
-
-@dataclass(frozen=True)
-class Part:
-    """A live part of an index (a TF-IDF segment, a FAISS file) as the datastore's commit point lists it: its name
-    (relative to the datastore) and the items it covers, first..stop (documents or entries)."""
-
-    name: str
-    first: int
-    stop: int
-
-
-class DatastoreError(ValueError):
-    """A datastore that is missing, corrupt, incomplete, or made with another model or layer."""
-
-
-class BusyError(DatastoreError):
-    """Another process holds the datastore's writer lock (and did not let go within the time given)."""
-
-
-@dataclass(frozen=True)
-class Record:
-    """A document as the store keeps it: id, title (and its normalised form for the title shortcut), sentences, and
-    a digest of its text that tells a second add of the same document from one with other text."""
-
-    id: str
-    title: str
-    norm_title: str
-    sentences: tuple[str, ...]
-    digest: str
-    date: str | None = None  # the document's date (`text.iso_date`), when its corpus gives one
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """Where a stored entry comes from: its document, its sentence and the target's character span there."""
-
-    entry: int
-    doc_id: str
-    title: str
-    sentence: str
-    span: tuple[int, int]
-    count: int = 1  # the contexts this entry stands for: more than 1 where pruning merged near-duplicates into it
-    date: str | None = None  # its document's own date (None where its corpus gave none)
-
-
-def versions(docs: list[int], dated_titles: list[tuple[str, str | None]]) -> list[list[int]]:
-    """`docs` grouped by normalised title (the versions of one article: an article and its updates), each group
-    newest first (`newest_first`), the groups in the order of their first document in `docs`."""
-    groups: dict[str, list[tuple[int, str | None]]] = {}
-    for doc, (title, date) in zip(docs, dated_titles):
-        groups.setdefault(title, []).append((doc, date))
-    return [[doc for doc, _ in newest_first(group)] for group in groups.values()]
-
-
-def newest_first(dated: list[tuple[int, str | None]]) -> list[tuple[int, str | None]]:
-    """(document, date) pairs newest first: by the date (a document's own, else the newest date registered before it:
-    ISO 8601 strings compare as times), then the later registered; those without either (a corpus without dates) by
-    the order they were registered, after the dated ones. Only dates and the order of registration count, never the
-    clock, so that a rerun writes the store an uninterrupted run wrote."""
-    return sorted(dated, key=lambda d: (d[1] is not None, d[1] or "", d[0]), reverse=True)
 
 
 def file_sha256(path: Path) -> str:
@@ -212,84 +132,6 @@ def data_files(path: Path) -> list[str]:
     )
 
 
-def _read_manifest(path: Path) -> dict:
-    """The manifest, checked: format, version and the fields every command needs, with their types."""
-    file = path / "manifest.json"
-    if not file.is_file():
-        raise DatastoreError(f"{path} is not a datastore (no manifest.json); create one with `bertknn build`")
-    try:
-        manifest = json.loads(file.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise DatastoreError(f"{file} is damaged ({err}); restore it from a copy or rebuild the datastore") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") not in VERSIONS:
-        versions = " or ".join(map(str, VERSIONS))
-        raise DatastoreError(f"{file} is not a {FORMAT} manifest of version {versions}")
-    for field, kind in REQUIRED.items():
-        if not isinstance(manifest.get(field), kind) or isinstance(manifest.get(field), bool):
-            raise DatastoreError(
-                f"{file} is damaged: field {field!r} is missing or not a {kind.__name__}; restore it or rebuild"
-            )
-    for field, kind in OPTIONAL.items():
-        value = manifest.get(field)
-        if field in manifest and (not isinstance(value, kind) or (isinstance(value, bool) and kind is int)):
-            raise DatastoreError(f"{file} is damaged: field {field!r} has the wrong type; restore it or rebuild")
-    if manifest["dim"] < 1 or manifest["layer"] < 0:
-        raise DatastoreError(f"{file} is damaged: dim {manifest['dim']} / layer {manifest['layer']} are impossible")
-    return manifest
-
-
-LOCK_WAIT: contextvars.ContextVar[float] = contextvars.ContextVar("lock_wait", default=0.0)
-
-
-@contextlib.contextmanager
-def lock_wait(seconds: float) -> Iterator[None]:
-    """Within this block, writers wait up to `seconds` for another writer to finish (default: they fail at once)."""
-    token = LOCK_WAIT.set(seconds)
-    try:
-        yield
-    finally:
-        LOCK_WAIT.reset(token)
-
-
-def lock_holder(path: str | Path) -> str | None:
-    """Who holds a datastore's writer lock now ("pid N (command)"), or None when nobody does."""
-    file = Path(path) / LOCK_FILE
-    if not file.is_file():
-        return None
-    with file.open("a+", encoding="utf-8") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            return handle.read().strip() or "another process"
-        fcntl.flock(handle, fcntl.LOCK_UN)
-    return None
-
-
-def acquire_lock(path: Path, wait: float):
-    """The datastore's writer lock (an open, flocked file), waiting up to `wait` seconds for the holder."""
-    handle = (path / LOCK_FILE).open("a+", encoding="utf-8")
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                handle.seek(0)
-                holder = handle.read().strip() or "another process"
-                handle.close()
-                raise BusyError(
-                    f"{path} is being written by {holder}; one writer at a time: rerun when it has finished"
-                ) from None
-            time.sleep(0.05)
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} ({' '.join(os.path.basename(a) for a in sys.argv[:2])})")
-    handle.flush()
-    return handle
-
-
 INDEX_PREFIXES = ("faiss", "tfidf")  # the indexes' files (index/): made from the documents and keys kept here
 
 
@@ -319,7 +161,7 @@ class Datastore:
 
     def __init__(self, path: str | Path, check: bool = True) -> None:
         self.path = Path(path)
-        self.manifest = _read_manifest(self.path)
+        self.manifest = read_manifest(self.path)
         self.dim = int(self.manifest["dim"])
         self._lock = None  # the open, flocked write.lock while this object holds the writer lock
         self._threads = threading.RLock()  # one writing thread per object; the flock is taken once per object
@@ -482,7 +324,7 @@ class Datastore:
         if version == self.version:
             return
         self.version = version
-        self.manifest = _read_manifest(self.path)
+        self.manifest = read_manifest(self.path)
         self._map()
         if self.faiss_damage:  # a rebuilt index is no longer damaged
             self.faiss_damage = self.check(only=self.faiss_damage)
@@ -614,8 +456,8 @@ class Datastore:
 
     @property
     def splitter(self) -> str:
-        """The sentence splitter its documents were split with ("pysbd" for stores that do not say)."""
-        return str(self.manifest.get("splitter", "pysbd"))
+        """The sentence splitter its documents were split with (`text.FORMER_SPLITTER` for stores that do not say)."""
+        return str(self.manifest.get("splitter", FORMER_SPLITTER))
 
     @property
     def key_dtype(self) -> str:

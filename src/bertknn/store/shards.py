@@ -23,7 +23,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from bertknn.store.atomic import write_json
-from bertknn.store.datastore import Datastore, DatastoreError, Provenance, newest_first, sqlite_errors
+from bertknn.store.datastore import Datastore, DatastoreError, sqlite_errors
+from bertknn.store.records import Provenance, newest_first
 
 SHARDS_FILE = "shards.json"
 
