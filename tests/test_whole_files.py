@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from bertknn import cli
 from bertknn.cli import app
-from bertknn.index.faiss_index import FaissIndex, _save
+from bertknn.index.faiss_files import save
+from bertknn.index.faiss_index import FaissIndex
 from bertknn.store import atomic
 from bertknn.store.datastore import Datastore
 from bertknn.store.integrity import Checksums
@@ -90,7 +91,7 @@ def test_a_full_disk_while_writing_a_faiss_file_keeps_the_good_index_and_says_so
     index = FaissIndex.load(store).index
     _full_after(monkeypatch, ".index", 100)
     with pytest.raises(atomic.DiskFullError) as caught:
-        _save(index, store)  # FAISS's own writer returned here, and renamed an empty file over the good one
+        save(index, store)  # FAISS's own writer returned here, and renamed an empty file over the good one
     assert f"no space left for {indexed / 'faiss.index'}: the write needs {len(good):,} bytes" in str(caught.value)
     monkeypatch.undo()
     assert (indexed / "faiss.index").read_bytes() == good and not list(indexed.glob("*.tmp"))

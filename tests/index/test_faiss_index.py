@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from bertknn import BertKNN, DatastoreError
-from bertknn.index.faiss_index import INDEX_FILE, FaissIndex, auto_factory, auto_train_size
+from bertknn.index.faiss_files import INDEX_FILE, auto_factory, auto_train_size
+from bertknn.index.faiss_index import FaissIndex
 from bertknn.query.knn import knn_distribution
 from bertknn.store.datastore import Datastore
 

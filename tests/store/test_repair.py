@@ -16,7 +16,7 @@ from bertknn import BertKNN, DatastoreError
 from bertknn.build.repair import Unrepairable, rebuild_commands, repair
 from bertknn.build.writer import Writer
 from bertknn.cli import app
-from bertknn.index import faiss_index, retrieval
+from bertknn.index import faiss_files, retrieval
 from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
 from bertknn.store import verify as checks
 from bertknn.store.datastore import Datastore
@@ -93,7 +93,7 @@ def test_a_damaged_faiss_index_is_built_again_with_its_settings_and_its_trained_
 
 def test_without_settings_or_their_copy_the_index_is_built_with_the_defaults_and_says_so(indexed):
     with sqlite3.connect(indexed / "store.sqlite") as db:  # an index built before SQLite kept a copy of its settings
-        db.execute("DELETE FROM meta WHERE key = ?", (faiss_index.SETTINGS_COPY,))
+        db.execute("DELETE FROM meta WHERE key = ?", (faiss_files.SETTINGS_COPY,))
     Datastore(indexed, check=False).seal()  # the edit above is not damage: store.sqlite's checksums record it
     (indexed / "faiss.json").unlink()
     (line,) = Writer(Datastore(indexed, check=False)).repair().rebuilt

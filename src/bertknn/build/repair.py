@@ -24,7 +24,7 @@ from typing import Any
 
 import faiss
 
-from bertknn.index import NPROBE, faiss_index, retrieval
+from bertknn.index import NPROBE, faiss_files, faiss_index, retrieval
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.index.retrieval import SEGMENT_DOCS
 from bertknn.store.datastore import CODEC, CODES, COUNTS, KEYS, SQLITE, VALUES, Datastore, DatastoreError, is_index_file
@@ -130,7 +130,7 @@ def _find(store: Datastore, report: Progress) -> _Found:
     checked = verify(
         store.path,
         progress=lambda done, total: report("verifying", done, total),
-        readers=(_keep(retrieval.problems, ir), _keep(faiss_index.problems, knn)),
+        readers=(_keep(retrieval.problems, ir), _keep(faiss_files.problems, knn)),
     )
     damage = [d for d in checked.damage if is_index_file(d.file)]
     mendable = {str(d) for d in damage} | set(ir) | set(knn)
@@ -144,8 +144,8 @@ def _find(store: Datastore, report: Progress) -> _Found:
         found.primary += ir
     in_segments = {name for part in segments for name in retrieval.part_files(part.name)}
     found.faiss_files = {f for f in files if f.startswith("faiss")}
-    parts = store.parts(faiss_index.KIND)
-    in_faiss = {faiss_index.SETTINGS_FILE, faiss_index.TRAINED_FILE, *(p.name for p in parts or [])}
+    parts = store.parts(faiss_files.KIND)
+    in_faiss = {faiss_files.SETTINGS_FILE, faiss_files.TRAINED_FILE, *(p.name for p in parts or [])}
     found.faiss = bool(knn) or any(parts is None or f in in_faiss for f in found.faiss_files)
     tfidf_stray = [f for f in files if f.startswith("tfidf") and f not in in_segments]
     found.stray = sorted(tfidf_stray + [f for f in found.faiss_files if parts is not None and f not in in_faiss])
@@ -160,16 +160,16 @@ def _mend(shards: list[tuple[Datastore, _Found]], top: Path, report: Progress, d
     todo = [(store, found) for store, found in shards if found.segments or found.faiss or found.stray]
     for store, found in todo:
         if store.parts(retrieval.KIND) is None:  # a store made before parts were listed: listed first, as writers do
-            store.commit_parts(tfidf=retrieval.listed(store), faiss=faiss_index.listing(store))
+            store.commit_parts(tfidf=retrieval.listed(store), faiss=faiss_files.listing(store))
         lines += _where(store, top, _mend_segments(store, found.segments, docs))
     for store, found in todo:
         lines += _where(store, top, _mend_faiss(store, found, shards, top, report) if found.faiss else [])
     for store, found in todo:
-        gone = set(retrieval.retire(store)) | set(faiss_index.retire(store))  # stray parts: no list names them
+        gone = set(retrieval.retire(store)) | set(faiss_files.retire(store))  # stray parts: no list names them
         for file in found.stray:
             where = "deleted" if file.split("/")[0] in gone or not (store.path / file).exists() else "left"
             lines += _where(store, top, [f"{file}: damaged, and no index lists it (an interrupted writer's): {where}"])
-        left = retrieval.problems(store.path) + faiss_index.problems(store.path)
+        left = retrieval.problems(store.path) + faiss_files.problems(store.path)
         if left:
             raise DatastoreError(f"{store.path}: its index is still damaged after the repair: {left[0]}")
     return lines
@@ -204,14 +204,14 @@ def _mend_faiss(
 ) -> list[str]:
     """The FAISS index built again over every key with its settings (or, where only faiss.json is lost and SQLite
     keeps a copy of it, faiss.json written again)."""
-    settings, source = faiss_index.rebuild_settings(store, faiss_index.SETTINGS_FILE in found.faiss_files)
+    settings, source = faiss_files.rebuild_settings(store, faiss_files.SETTINGS_FILE in found.faiss_files)
     damaged = ", ".join(sorted(found.faiss_files)) or "unreadable"
-    if found.faiss_files == {faiss_index.SETTINGS_FILE} and source == faiss_index.FROM_COPY:
-        faiss_index.write_settings(store, settings)
-        if not faiss_index.problems(store.path):
+    if found.faiss_files == {faiss_files.SETTINGS_FILE} and source == faiss_files.FROM_COPY:
+        faiss_files.write_settings(store, settings)
+        if not faiss_files.problems(store.path):
             return [f"FAISS settings (faiss.json): written again from the copy in {SQLITE}"]
     trained, kept = None, False
-    if source != faiss_index.FROM_DEFAULTS:  # the default settings may not be those the trained index was made with
+    if source != faiss_files.FROM_DEFAULTS:  # the default settings may not be those the trained index was made with
         trained, kept = _trained(store, found, shards)
         if trained is None and len(shards) > 1:  # one quantizer for all shards, trained as their build trained it
             with ShardedDatastore(top) as whole:
@@ -221,7 +221,7 @@ def _mend_faiss(
     built = FaissIndex.rebuild(
         store, settings, trained, kept, progress=lambda done, total: report("indexing", done, total)
     )
-    origin = {faiss_index.FROM_FILE: "faiss.json", faiss_index.FROM_COPY: f"the copy of faiss.json in {SQLITE}"}
+    origin = {faiss_files.FROM_FILE: "faiss.json", faiss_files.FROM_COPY: f"the copy of faiss.json in {SQLITE}"}
     said = origin.get(source, "the defaults of `bertknn index` (faiss.json is lost and has no copy)")
     return [
         f"FAISS index ({damaged}): built again over {built.ntotal:,} keys, {settings['factory']} with nprobe "
@@ -235,8 +235,8 @@ def _trained(
     """A sound trained index to fill again: this store's faiss_trained.index (then True: it is kept as it is), else
     another shard's (all shards share one), else None."""
     for other, its in [(store, found), *((s, f) for s, f in shards if s is not store)]:
-        if faiss_index.TRAINED_FILE not in its.faiss_files:
-            trained = faiss_index.sound_trained(other)
+        if faiss_files.TRAINED_FILE not in its.faiss_files:
+            trained = faiss_files.sound_trained(other)
             if trained is not None:
                 return trained, other is store
     return None, False
@@ -322,14 +322,14 @@ def _recorded(path: Path) -> dict:
     with contextlib.suppress(DatastoreError, IndexError):
         first = shard_paths(path)[0] if "shards" in made else path
     with contextlib.suppress(OSError, ValueError):
-        made["faiss"] = json.loads((first / faiss_index.SETTINGS_FILE).read_text(encoding="utf-8"))
+        made["faiss"] = json.loads((first / faiss_files.SETTINGS_FILE).read_text(encoding="utf-8"))
     with contextlib.suppress(sqlite3.Error, OSError, ValueError, TypeError, AttributeError):
         db = sqlite3.connect(f"{(first / SQLITE).resolve().as_uri()}?mode=ro", uri=True)
         try:
             meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
             made = {**json.loads(meta.get("identity", "{}")), **made}
-            if faiss_index.SETTINGS_COPY in meta and not isinstance(made.get("faiss"), dict):
-                made["faiss"] = json.loads(meta[faiss_index.SETTINGS_COPY])
+            if faiss_files.SETTINGS_COPY in meta and not isinstance(made.get("faiss"), dict):
+                made["faiss"] = json.loads(meta[faiss_files.SETTINGS_COPY])
             documents = int((made.get("corpus") or {}).get("documents") or 0)
             if documents and "shards" not in made:
                 query = "SELECT count(*) FROM documents WHERE idx >= ? OR state != 'live'"

@@ -19,8 +19,9 @@ from bertknn.build import builder, workers
 from bertknn.build.corpus import Corpus, digest, record
 from bertknn.build.repair import Repair
 from bertknn.build.repair import repair as repair_datastore
-from bertknn.index import NPROBE, faiss_index, retrieval
-from bertknn.index.faiss_index import AUTO, FaissIndex, ShardedFaiss
+from bertknn.index import NPROBE, faiss_files, retrieval
+from bertknn.index.faiss_files import AUTO
+from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
 from bertknn.index.merging import merge_plan
 from bertknn.index.retrieval import SEGMENT_DOCS, TfidfIndex, compact, feature_array
 from bertknn.model.encoder import Encoder
@@ -145,13 +146,13 @@ class Writer:
         gets its listing committed first (the FAISS index's too), and what no list names is retired."""
         store = self.store
         if store.parts(retrieval.KIND) is None:
-            store.commit_parts(tfidf=retrieval.listing(store.path), faiss=faiss_index.listing(store))
+            store.commit_parts(tfidf=retrieval.listing(store.path), faiss=faiss_files.listing(store))
         listed = store.parts(retrieval.KIND)
         kept = next((i for i, part in enumerate(listed) if not retrieval.is_written(store.path, part)), len(listed))
         if kept < len(listed):  # segments deleted by hand: indexed again from the first one missing
             store.commit_parts(tfidf=listed[:kept])
         retrieval.retire(store)
-        faiss_index.retire(store)
+        faiss_files.retire(store)
         return listed[:kept]
 
     def index_keys(
@@ -290,7 +291,7 @@ class Writer:
             ranges = store.document_ranges(store.adding())  # also those an interrupted add embedded
             store.publish(**listed)  # the documents and the index parts that hold them, in one transaction
             retrieval.retire(store)
-            faiss_index.retire(store)
+            faiss_files.retire(store)
             builder.finish(store)
             self.index = TfidfIndex.open(store.path, listed["tfidf"])
             self._faiss_state = FaissIndex.disk_state(store)

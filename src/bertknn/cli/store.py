@@ -419,7 +419,7 @@ def verify(
     ] = False,
 ) -> None:
     """Check a datastore: every checksum block of every file, SQLite's integrity, keys. Exit status 1 on damage."""
-    from bertknn.index import faiss_index, retrieval
+    from bertknn.index import faiss_files, retrieval
     from bertknn.store import verify as checks
     from bertknn.store.shards import ShardedDatastore, is_sharded
 
@@ -433,7 +433,7 @@ def verify(
             one = checks.verify(
                 path,
                 progress=lambda done, total: report("verifying", done, total),
-                readers=(retrieval.problems, faiss_index.problems),
+                readers=(retrieval.problems, faiss_files.problems),
             )
             found.problems += one.problems
             found.notes += one.notes

@@ -14,149 +14,40 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 import faiss
 import numpy as np
 
-from bertknn.index import NPROBE, parts
+from bertknn.index import NPROBE
 from bertknn.index.exact import nearest
+from bertknn.index.faiss_files import (
+    AUTO,
+    INDEX_FILE,
+    KIND,
+    SETTINGS_COPY,
+    SETTINGS_FILE,
+    TRAINED_FILE,
+    auto_factory,
+    auto_train_size,
+    delta_name,
+    listing,
+    read_part,
+    read_settings,
+    repair_hint,
+    retire,
+    save,
+    write_settings,
+    writer_settings,
+)
 from bertknn.index.merging import merge_plan
 from bertknn.index.parts import open_listed
 from bertknn.store import atomic
 from bertknn.store.datastore import Datastore, DatastoreError, file_stat
-from bertknn.store.integrity import Checksums
 from bertknn.store.records import Part
 from bertknn.store.shards import ShardedDatastore
-
-INDEX_FILE, SETTINGS_FILE, TRAINED_FILE = "faiss.index", "faiss.json", "faiss_trained.index"
-SETTINGS_COPY = "faiss_settings"  # the key of the copy of faiss.json that SQLite keeps (`bertknn repair` reads it)
-DELTA_PREFIX = "faiss_add_"
-KIND = "faiss"  # the FAISS index's parts in the datastore's commit point
-AUTO = "auto"
-FLAT_BELOW = 20_000  # keys; exact search over fewer is already fast
-READ_CHECK = 64 << 20  # bytes: `verify` reads a FAISS file this small whole
-
-
-def auto_factory(size: int, dim: int) -> str:
-    """The factory "auto" stands for: Flat (exact) below 20k keys, else IVF with about 4 sqrt(n) lists and PQ codes of
-    dim/12 bytes. At 1M 768-wide keys this is IVF4096,PQ64; its recall and latency against other factories (IVF1024
-    lists scan more codes) are measured by bench/faiss_scale.py (bench/README.md)."""
-    if size < FLAT_BELOW:
-        return "Flat"
-    nlist = 2 ** round(math.log2(4 * math.sqrt(size)))
-    bytes_per_code = max(d for d in range(1, max(1, dim // 12) + 1) if dim % d == 0)
-    return f"IVF{nlist},PQ{bytes_per_code}"
-
-
-def auto_train_size(index: faiss.Index, size: int) -> int:
-    """Keys to train on when none is given: 50 per IVF list (FAISS warns below 39), at least 100k, at most all."""
-    with contextlib.suppress(RuntimeError):  # not an IVF index
-        return min(size, max(100_000, 50 * faiss.extract_index_ivf(index).nlist))
-    return min(size, 100_000)
-
-
-def _settings(path: Path) -> dict | None:
-    file = path / SETTINGS_FILE
-    if not file.is_file():
-        return None
-    try:
-        settings = json.loads(file.read_bytes().decode("utf-8"))
-        if not isinstance(settings, dict) or not isinstance(settings.get("nprobe"), int):
-            raise ValueError("no nprobe")
-    except ValueError as err:  # JSON and UTF-8 errors included
-        raise DatastoreError(f"{file} is damaged ({err}); {_repair(path)}") from None
-    return settings
-
-
-def _repair(path: Path) -> str:
-    """What to do about a damaged FAISS file of the datastore at `path`."""
-    return f"`bertknn repair {path}` rebuilds the FAISS index"
-
-
-def problems(path: Path) -> list[str]:
-    """What would keep a reader from opening the FAISS index of a datastore directory (`bertknn verify`): damaged
-    settings, a listed part missing, or a FAISS file that FAISS cannot read (read whole up to `READ_CHECK` bytes; a
-    larger one is only checked for being empty: its checksums cover the rest)."""
-    try:
-        settings = _settings(path)
-    except DatastoreError as err:
-        return [str(err)]
-    if settings is None:
-        return []
-    try:
-        with Datastore(path, check=False) as store:
-            listed = store.parts(KIND)
-    except DatastoreError:  # SQLite itself is damaged: `verify` names it
-        return []
-    if listed == []:  # settings but no part committed yet: an index being built (or interrupted), not damage
-        return []
-    names = [INDEX_FILE, *(name for _, _, name in _deltas(path))] if listed is None else [p.name for p in listed]
-    missing = [name for name in names if not (path / name).is_file()]
-    if missing:
-        return [f"{path / missing[0]} is missing (its settings, {SETTINGS_FILE}, are there): {_repair(path)}"]
-    found = []
-    for file in [*(path / name for name in names), path / TRAINED_FILE]:
-        size = file.stat().st_size if file.is_file() else None
-        if size == 0:
-            found.append(f"{file} is empty: {_repair(path)}")
-        elif size is not None and size <= READ_CHECK:
-            try:
-                faiss.read_index(str(file))
-            except RuntimeError as err:
-                found.append(f"{file} is damaged ({str(err).splitlines()[-1]}): {_repair(path)}")
-    return found
-
-
-def _writer_settings(store: Datastore) -> dict | None:
-    """faiss.json as its writer reads it: one left unreadable by an interrupted writer (it dropped the file's
-    checksums before writing it in place, as bertknn did before writing it whole) counts as none, so a rerun of
-    `bertknn index` builds the index again; a checksummed one that is damaged stays an error."""
-    try:
-        return _settings(store.path)
-    except DatastoreError:
-        if SETTINGS_FILE in Checksums(store.path).files:
-            raise
-        return None
-
-
-def _read(store: Datastore, name: str = INDEX_FILE) -> faiss.Index:
-    """One FAISS file of a datastore; DatastoreError naming the file when it is damaged."""
-    rebuild = _repair(store.path)
-    if store.faiss_damage:
-        raise DatastoreError(
-            f"{store.path / store.faiss_damage[0].file} is damaged ({store.faiss_damage[0].problem}); {rebuild}"
-        )
-    try:
-        index = faiss.read_index(str(store.path / name))
-    except RuntimeError as err:
-        if not (store.path / name).is_file():
-            raise FileNotFoundError(store.path / name) from None
-        raise DatastoreError(f"{store.path / name} is damaged ({str(err).splitlines()[-1]}); {rebuild}") from None
-    if index.d != store.dim:
-        raise DatastoreError(
-            f"{store.path / name} does not fit the datastore (keys of width {index.d}, the store's are {store.dim}); "
-            f"{rebuild}"
-        )
-    return index
-
-
-def _deltas(path: Path) -> list[tuple[int, int, str]]:
-    """The added parts on disk as (first entry, end, file name), in entry order, larger ranges first."""
-    found = []
-    for file in path.glob(f"{DELTA_PREFIX}*.index"):
-        first, _, end = file.stem[len(DELTA_PREFIX) :].partition("_")
-        if first.isdigit() and end.isdigit():
-            found.append((int(first), int(end), file.name))
-    return sorted(found, key=lambda d: (d[0], -d[1]))
-
-
-def _delta_name(first: int, end: int) -> str:
-    return f"{DELTA_PREFIX}{first:012d}_{end:012d}.index"
 
 
 @dataclass
@@ -173,60 +64,21 @@ class Loaded:
         return self.first + int(self.index.ntotal)
 
 
-def _save(index: faiss.Index, store: Datastore, name: str = INDEX_FILE) -> None:
-    """Write the index whole (`atomic.write_file`: FAISS's own file writer does not report a full disk)."""
-    atomic.write_file(
-        store.path / name,
-        lambda handle: faiss.write_index(index, faiss.PyCallbackIOWriter(handle.write)),
-        before_rename=lambda: store.rewriting(name),
-    )
-
-
-def _delete(store: Datastore, name: str) -> None:
-    """Delete a FAISS file of the store, its checksums dropped first (so its absence is not taken for damage)."""
-    store.rewriting(name)
-    (store.path / name).unlink(missing_ok=True)
-
-
-def listing(store: Datastore) -> list[Part]:
-    """The parts of a datastore made before its parts were committed, from its directory: faiss.index and the added
-    parts that follow it (faiss.index is read for its size only when added parts follow it; a damaged one is listed
-    as it is, for its readers to report). A writer commits this list once (`build.writer`)."""
-    if not (store.path / INDEX_FILE).is_file():
-        return []
-    listed = [Part(INDEX_FILE, 0, -1)]
-    for first, stop, name in _deltas(store.path):
-        if listed[-1].stop < 0:
-            try:
-                listed[0] = Part(INDEX_FILE, 0, int(_read(store).ntotal))
-            except DatastoreError:
-                return listed
-        if first == listed[-1].stop:  # else replaced by a merge that was not cleaned up
-            listed.append(Part(name, first, stop))
-    return listed
-
-
-def retire(store: Datastore) -> list[str]:
-    """Delete the FAISS parts that the committed list does not name (`parts.retire`)."""
-    on_disk = [INDEX_FILE] if (store.path / INDEX_FILE).is_file() else []
-    return parts.retire(store, KIND, on_disk + [name for _, _, name in _deltas(store.path)], partial(_delete, store))
-
-
-def _merge(parts: list[Loaded], trained: faiss.Index, store: Datastore) -> faiss.Index:
+def _merged(loaded: list[Loaded], trained: faiss.Index, store: Datastore) -> faiss.Index:
     """One index of adjacent parts: the first takes the others' codes (`merge_from`; an IVF index shifts their
     ids by its size); indexes without `merge_from` (HNSW) are filled again from the stored keys."""
-    merged = parts[0].index
+    merged = loaded[0].index
     try:
         ivf = faiss.extract_index_ivf(merged) is not None
     except RuntimeError:
         ivf = False
     try:
-        for part in parts[1:]:
+        for part in loaded[1:]:
             merged.merge_from(part.index, int(merged.ntotal) if ivf else 0)
         return merged
     except RuntimeError:
         merged = faiss.clone_index(trained)
-        merged.add(np.asarray(store.keys[parts[0].first : parts[-1].end], np.float32))
+        merged.add(np.asarray(store.keys[loaded[0].first : loaded[-1].end], np.float32))
         return merged
 
 
@@ -254,58 +106,6 @@ def train(store, factory: str, train_size: int | None, seed: int) -> tuple[faiss
                 "use a larger --train-size or fewer IVF lists"
             ) from None
     return index, train_size
-
-
-def _complete_settings(settings: object) -> dict | None:
-    """Settings as `bertknn index` writes them (factory, train_size, nprobe, seed), or None when they are not."""
-    if not isinstance(settings, dict):
-        return None
-    factory, train_size = settings.get("factory"), settings.get("train_size")
-    nprobe, seed = settings.get("nprobe"), settings.get("seed", 0)
-    ints = [value for value in (nprobe, seed, train_size) if value is not None]
-    if not isinstance(factory, str) or nprobe is None or not all(type(value) is int for value in ints):
-        return None
-    return {"factory": factory, "train_size": train_size, "nprobe": nprobe, "seed": seed}
-
-
-FROM_FILE, FROM_COPY, FROM_DEFAULTS = SETTINGS_FILE, "store.sqlite", "defaults"  # where `rebuild_settings` found them
-
-
-def rebuild_settings(store: Datastore, damaged: bool) -> tuple[dict, str]:
-    """The settings to build a damaged FAISS index again with (`bertknn repair`), and where they come from: faiss.json
-    (FROM_FILE) unless it is `damaged` or unreadable, else the copy SQLite keeps of it (FROM_COPY), else the defaults
-    of `bertknn index` (FROM_DEFAULTS)."""
-    if not damaged:
-        with contextlib.suppress(DatastoreError):
-            settings = _complete_settings(_settings(store.path))
-            if settings is not None:
-                return settings, FROM_FILE
-    with contextlib.suppress(ValueError):  # JSON errors included
-        settings = _complete_settings(json.loads(store.read_meta(SETTINGS_COPY) or "null"))
-        if settings is not None:
-            return settings, FROM_COPY
-    defaults = {"factory": auto_factory(store.size, store.dim), "train_size": None, "nprobe": NPROBE, "seed": 0}
-    return defaults, FROM_DEFAULTS
-
-
-def sound_trained(store: Datastore) -> faiss.Index | None:
-    """The trained, empty index in faiss_trained.index, or None when it is missing, unreadable or does not fit the
-    store (the caller also leaves it out when its checksums found it damaged)."""
-    file = store.path / TRAINED_FILE
-    if not file.is_file():
-        return None
-    try:
-        index = faiss.read_index(str(file))
-    except RuntimeError:
-        return None
-    return index if index.d == store.dim and index.is_trained and index.ntotal == 0 else None
-
-
-def write_settings(store: Datastore, settings: dict) -> None:
-    """Write faiss.json whole, and the copy SQLite keeps of it (for the writer: its checksums are dropped first)."""
-    store.rewriting(SETTINGS_FILE)
-    atomic.write_json(store.path / SETTINGS_FILE, settings)
-    store.write_meta(SETTINGS_COPY, json.dumps(settings))
 
 
 class FaissIndex:
@@ -345,7 +145,7 @@ class FaissIndex:
     @classmethod
     def load(cls, store: Datastore) -> FaissIndex | None:
         """The datastore's FAISS index as its commit point lists it, or None when it has none."""
-        settings = _settings(store.path)
+        settings = read_settings(store.path)
         if settings is None:
             return None
         return open_listed(store, KIND, partial(cls.open, store, settings), partial(cls._load_listing, store, settings))
@@ -356,7 +156,7 @@ class FaissIndex:
         if not (store.path / INDEX_FILE).is_file():
             raise DatastoreError(
                 f"{store.path / INDEX_FILE} is missing (its settings, {SETTINGS_FILE}, are there): "
-                f"{_repair(store.path)}"
+                f"{repair_hint(store.path)}"
             )
         return cls.open(store, settings, listing(store))
 
@@ -372,11 +172,11 @@ class FaissIndex:
         if missing:
             raise DatastoreError(
                 f"{store.path / missing[0]} is missing (its settings, {SETTINGS_FILE}, are there): "
-                f"{_repair(store.path)}"
+                f"{repair_hint(store.path)}"
             )
         loaded, pos = [], 0
         for part in listed:
-            index = _read(store, part.name)
+            index = read_part(store, part.name)
             if part.first != pos or (part.stop >= 0 and part.first + int(index.ntotal) != part.stop):
                 raise DatastoreError(
                     f"{store.path / part.name} holds {int(index.ntotal)} keys, not entries {part.first}..{part.stop}"
@@ -386,10 +186,10 @@ class FaissIndex:
         if pos > store.size:
             raise DatastoreError(
                 f"the FAISS index of {store.path} holds {pos:,} keys, the store has {store.size:,}: "
-                f"{_repair(store.path)}"
+                f"{repair_hint(store.path)}"
             )
         if (store.path / TRAINED_FILE).is_file():
-            trained = _read(store, TRAINED_FILE)
+            trained = read_part(store, TRAINED_FILE)
         else:  # made before the trained index was kept apart
             trained = faiss.clone_index(loaded[0].index)
             trained.reset()
@@ -425,7 +225,7 @@ class FaissIndex:
 
     @classmethod
     def _build(cls, store, factory, train_size, nprobe, chunk, seed, progress, trained) -> FaissIndex:
-        known = _writer_settings(store)
+        known = writer_settings(store)
         resuming = known is not None and bool(store.parts(KIND))
         if factory == AUTO:
             factory = known["factory"] if resuming else auto_factory(store.size, store.dim)
@@ -447,7 +247,7 @@ class FaissIndex:
                 index, settings["train_size"] = train(store, factory, train_size, seed)
             store.commit_parts(faiss=[])  # what an index deleted by hand left is no part of the new one
             retire(store)
-            _save(index, store, TRAINED_FILE)
+            save(index, store, TRAINED_FILE)
             built = cls([], faiss.clone_index(index), store, settings)
         if settings != known:
             store.rewriting(SETTINGS_FILE)
@@ -483,7 +283,7 @@ class FaissIndex:
                     store, settings["factory"], settings["train_size"], settings["seed"]
                 )
             if not kept:
-                _save(trained, store, TRAINED_FILE)
+                save(trained, store, TRAINED_FILE)
             write_settings(store, settings)
             built = cls([], faiss.clone_index(trained), store, settings)
             built.update(chunk, progress, commit=False)
@@ -507,8 +307,8 @@ class FaissIndex:
             part = faiss.clone_index(self.trained)
             part.add(np.asarray(self.store.keys[done:stop], np.float32))
             _set_nprobe(part, int(self.settings["nprobe"]))
-            self.parts.append(Loaded(done, part, _delta_name(done, stop)))
-            _save(part, self.store, self.parts[-1].name)
+            self.parts.append(Loaded(done, part, delta_name(done, stop)))
+            save(part, self.store, self.parts[-1].name)
             self._compact()
             if commit:
                 self.commit()
@@ -529,7 +329,7 @@ class FaissIndex:
     def _name_base(self) -> None:
         """A finished build's one part written as faiss.index, when that name is free."""
         if len(self.parts) == 1 and INDEX_FILE not in self._taken():
-            _save(self.parts[0].index, self.store, INDEX_FILE)
+            save(self.parts[0].index, self.store, INDEX_FILE)
             self.parts[0].name = INDEX_FILE
 
     def _compact(self, everything: bool = False) -> None:
@@ -542,10 +342,10 @@ class FaissIndex:
             picked = self.parts[run[0] : run[1]]
             first, end = picked[0].first, picked[-1].end
             whole = everything and first == 0 and INDEX_FILE not in self._taken()  # a finished build: faiss.index
-            name = INDEX_FILE if whole else _delta_name(first, end)
-            merged = Loaded(first, _merge(picked, self.trained, self.store), name)
+            name = INDEX_FILE if whole else delta_name(first, end)
+            merged = Loaded(first, _merged(picked, self.trained, self.store), name)
             _set_nprobe(merged.index, int(self.settings["nprobe"]))
-            _save(merged.index, self.store, merged.name)
+            save(merged.index, self.store, merged.name)
             self.parts[run[0] : run[1]] = [merged]
 
     def search(

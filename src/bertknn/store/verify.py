@@ -45,7 +45,7 @@ def verify(
 ) -> Report:
     """Every check of a datastore that needs no model: manifest, SQLite's own integrity check, every checksum
     block of every file, finite keys and entry ranges, and what each of `readers` (the indexes' own checks:
-    `retrieval.problems`, `faiss_index.problems`) finds. `progress(done, total)` follows the checksum blocks."""
+    `retrieval.problems`, `faiss_files.problems`) finds. `progress(done, total)` follows the checksum blocks."""
     path = Path(path)
     try:
         store = Datastore(path, check=False)
