@@ -10,7 +10,7 @@ of non-stopwords, word types hashed by a fixed random table and bigrams by an in
 apart, on the evidence corpus, and added in the extrapolation.
 
 The index is built as `Writer.index_documents` builds it: `TfidfIndex.from_features` per segment of 5,000 documents,
-saved, then `retrieval.compact` after each segment. At each checkpoint, queries run against the index as loaded from
+saved, then `tfidf_files.compact` after each segment. At each checkpoint, queries run against the index as loaded from
 disk (memory-mapped, warm): "subject" queries (2 consecutive non-stopwords of a random document, as a LAMA subject
 names its article) and "question" queries (6 non-stopwords of a random document). Printed: documents, postings, build
 seconds, merges, segments, bytes on disk, peak RSS (and peak anonymous RSS: what is not page cache of the mapped index),
@@ -33,7 +33,8 @@ import numpy as np
 from evidence import SMOKE
 
 from bertknn.index.merging import FACTOR
-from bertknn.index.retrieval import BASE, FILES, NDOCS, NUM_BUCKETS, TfidfIndex, compact, ngram_hashes, on_disk
+from bertknn.index.retrieval import TfidfIndex, ngram_hashes
+from bertknn.index.tfidf_files import BASE, FILES, NDOCS, NUM_BUCKETS, compact, on_disk
 from bertknn.text import iter_corpus
 
 VOCAB, STOP, SEGMENT = 2_000_000, 150, 5000

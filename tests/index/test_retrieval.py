@@ -15,7 +15,8 @@ from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 from sklearn.utils import murmurhash3_32
 
 from bertknn.build.writer import Writer
-from bertknn.index.retrieval import TfidfIndex, compact, listing, question_query
+from bertknn.index.retrieval import TfidfIndex, question_query
+from bertknn.index.tfidf_files import compact, listing
 from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.records import Part
 
@@ -230,13 +231,13 @@ def test_compact_merges_segments_into_one_that_scores_the_same(tmp_path, chunk):
 
 
 def test_a_merge_interrupted_before_deleting_what_it_replaced_loads_the_merged_segment(tmp_path):
-    from bertknn.index.retrieval import _write_merged
+    from bertknn.index.tfidf_files import write_merged
 
     texts = random_docs(12, seed=2)
     TfidfIndex.build(texts[:5]).save(tmp_path)
     TfidfIndex.build(texts[5:], 5).save(tmp_path, 5)
     parts = _load(tmp_path)
-    _write_merged(parts.segments, tmp_path / "tfidf_add_000000000_000000012", 12, 1 << 22)  # renamed, not deleted
+    write_merged(parts.segments, tmp_path / "tfidf_add_000000000_000000012", 12, 1 << 22)  # renamed, not deleted
     (tmp_path / "tfidf_add_000000000_000000012.tmp").mkdir()  # and a merge that died before its rename
     loaded = _load(tmp_path)
     assert len(loaded.segments) == 1 and loaded.n_docs == 12 and loaded.sizes == [12]
@@ -244,15 +245,15 @@ def test_a_merge_interrupted_before_deleting_what_it_replaced_loads_the_merged_s
 
 
 def test_a_reader_opening_the_index_while_a_merge_commits_reads_one_consistent_list(built, monkeypatch):
-    from bertknn.index import retrieval
+    from bertknn.index import retrieval, tfidf_files
 
     store = built.store
     with store.writing():
         store.commit_parts(tfidf=[])
-        retrieval.retire(store)
+        tfidf_files.retire(store)
     Writer(store).index_documents(segment_docs=2)  # committed one segment at a time: 2, 2 and 1 documents
     assert [(p.first, p.stop) for p in store.parts("tfidf")] == [(0, 2), (2, 4), (4, 5)]
-    real, opened = retrieval._load_segment, []
+    real, opened = tfidf_files.load_segment, []
 
     def racing(path):  # another process merges the three segments, commits and retires them as this one opens
         if not opened:
@@ -260,7 +261,7 @@ def test_a_reader_opening_the_index_while_a_merge_commits_reads_one_consistent_l
             with Datastore(store.path) as writer, writer.writing():
                 merged = compact(writer.path, writer.parts("tfidf"), lambda n: writer.rewriting(*n), factor=3)
                 writer.commit_parts(tfidf=merged)
-                assert retrieval.retire(writer) == [".", "tfidf_add_000000002", "tfidf_add_000000004"]
+                assert tfidf_files.retire(writer) == [".", "tfidf_add_000000002", "tfidf_add_000000004"]
             monkeypatch.setattr(retrieval, "_load_segment", racing)
         opened.append(path.name)
         return real(path)

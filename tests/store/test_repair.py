@@ -16,7 +16,7 @@ from bertknn import BertKNN, DatastoreError
 from bertknn.build.repair import Unrepairable, rebuild_commands, repair
 from bertknn.build.writer import Writer
 from bertknn.cli import app
-from bertknn.index import faiss_files, retrieval
+from bertknn.index import faiss_files, retrieval, tfidf_files
 from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
 from bertknn.store import verify as checks
 from bertknn.store.datastore import Datastore
@@ -104,9 +104,10 @@ def test_without_settings_or_their_copy_the_index_is_built_with_the_defaults_and
 
 def test_the_base_segment_is_indexed_again_into_a_folder_and_scores_as_before(indexed, built):
     store = Datastore(indexed)
-    listed = store.parts(retrieval.KIND)
+    listed = store.parts(tfidf_files.KIND)
     before = {
-        part.first: [np.load(retrieval._path(indexed, part.name) / f) for f in retrieval.FILES] for part in listed
+        part.first: [np.load(tfidf_files.segment_path(indexed, part.name) / f) for f in tfidf_files.FILES]
+        for part in listed
     }
     ranked = retrieval.TfidfIndex.load(store).ranked("cello Vienna born Tallinn boats", 5)
     (indexed / "tfidf_ndocs.txt").write_text("x")
@@ -118,8 +119,8 @@ def test_the_base_segment_is_indexed_again_into_a_folder_and_scores_as_before(in
     assert "TF-IDF segment tfidf_*.npy and tfidf_ndocs.txt (documents 0..5): indexed again" in output, output
     assert not (indexed / "tfidf_ndocs.txt").exists()  # the base now lives in a folder of its own
     store = Datastore(indexed)
-    for part in store.parts(retrieval.KIND):
-        arrays = [np.load(retrieval._path(indexed, part.name) / f) for f in retrieval.FILES]
+    for part in store.parts(tfidf_files.KIND):
+        arrays = [np.load(tfidf_files.segment_path(indexed, part.name) / f) for f in tfidf_files.FILES]
         for got, want in zip(arrays, before[part.first]):
             np.testing.assert_array_equal(got, want)  # integers and float32 log1p of counts: the same bytes
     got = retrieval.TfidfIndex.load(store).ranked("cello Vienna born Tallinn boats", 5)
@@ -198,15 +199,16 @@ def test_a_sharded_datastore_is_repaired_shard_by_shard_with_its_one_quantizer(t
 
 def test_a_segment_indexed_again_in_pieces_equals_the_one_its_writers_made(indexed):
     store = Datastore(indexed)
-    listed = store.parts(retrieval.KIND)
+    listed = store.parts(tfidf_files.KIND)
     before = {
-        part.first: [np.load(retrieval._path(indexed, part.name) / f) for f in retrieval.FILES] for part in listed
+        part.first: [np.load(tfidf_files.segment_path(indexed, part.name) / f) for f in tfidf_files.FILES]
+        for part in listed
     }
     _flip(indexed / "tfidf_hashes.npy", 100)
     done = repair(indexed, segment_docs=2)  # documents 0..5 hashed 2 at a time, then merged as `compact` merges
     assert len(done.rebuilt) == 1 and "(documents 0..5)" in done.rebuilt[0]
     assert not list(indexed.glob("*.tmp"))  # the pieces are gone
-    for part in Datastore(indexed).parts(retrieval.KIND):
-        for name, want in zip(retrieval.FILES, before[part.first]):
-            np.testing.assert_array_equal(np.load(retrieval._path(indexed, part.name) / name), want)
+    for part in Datastore(indexed).parts(tfidf_files.KIND):
+        for name, want in zip(tfidf_files.FILES, before[part.first]):
+            np.testing.assert_array_equal(np.load(tfidf_files.segment_path(indexed, part.name) / name), want)
     assert checks.verify(indexed).problems == []

@@ -22,7 +22,7 @@ import numpy as np
 
 from bertknn.build import evidence, workers
 from bertknn.build.corpus import Corpus, open_corpus, record_located
-from bertknn.index import retrieval
+from bertknn.index import tfidf_files
 from bertknn.model.encoder import Encoder
 from bertknn.model.sentences import SENTENCE_MODEL
 from bertknn.store.datastore import Datastore, DatastoreError
@@ -183,9 +183,9 @@ def copy_registration(
     """A new, empty datastore for `encoder` at `path` with the documents, sentences and IR index of `source`."""
     with Datastore(source) as known:  # its sentences are copied: so is the splitter that made them
         made = manifest(encoder, known.manifest.get("corpus"), pack, int8_keys, known.splitter)
-        listed = known.parts(retrieval.KIND)
-        listed = retrieval.listing(known.path) if listed is None else listed
-    return copy_store(source, path, made, {retrieval.KIND: listed}, retrieval.top_names(listed))
+        listed = known.parts(tfidf_files.KIND)
+        listed = tfidf_files.listing(known.path) if listed is None else listed
+    return copy_store(source, path, made, {tfidf_files.KIND: listed}, tfidf_files.top_names(listed))
 
 
 def embed(

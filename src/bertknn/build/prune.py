@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bertknn.build.builder import finish, require_built
-from bertknn.index import retrieval
+from bertknn.index import tfidf_files
 from bertknn.store.atomic import write_json
 from bertknn.store.datastore import CODEC, Datastore, DatastoreError, copy_registration
 from bertknn.store.evidence import Evidence
@@ -126,10 +126,10 @@ def _target(src: Datastore, out: Path, radius: float) -> Datastore:
         return dst
     made = {k: v for k, v in src.manifest.items() if k not in DROPPED}
     made.update(status="building", pruned={"radius": radius, "from_entries": src.size})
-    listed = src.parts(retrieval.KIND)
-    listed = retrieval.listing(src.path) if listed is None else listed
-    files = retrieval.top_names(listed) + ([CODEC] if src.codec is not None else [])
-    return copy_registration(src.path, out, made, {retrieval.KIND: listed}, files, words=True)
+    listed = src.parts(tfidf_files.KIND)
+    listed = tfidf_files.listing(src.path) if listed is None else listed
+    files = tfidf_files.top_names(listed) + ([CODEC] if src.codec is not None else [])
+    return copy_registration(src.path, out, made, {tfidf_files.KIND: listed}, files, words=True)
 
 
 def _chunks(src: Datastore, docs: list[int]) -> list[list[int]]:

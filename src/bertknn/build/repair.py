@@ -24,7 +24,7 @@ from typing import Any
 
 import faiss
 
-from bertknn.index import NPROBE, faiss_files, faiss_index, retrieval
+from bertknn.index import NPROBE, faiss_files, faiss_index, retrieval, tfidf_files
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.index.retrieval import SEGMENT_DOCS
 from bertknn.store.datastore import CODEC, CODES, COUNTS, KEYS, SQLITE, VALUES, Datastore, DatastoreError, is_index_file
@@ -138,11 +138,11 @@ def _find(store: Datastore, report: Progress) -> _Found:
     if found.primary:
         return found
     files = {d.file for d in damage}
-    segments = retrieval.listed(store)
+    segments = tfidf_files.listed(store)
     found.segments = retrieval.damaged_parts(store, files, segments)
     if ir and not found.segments:  # the list of segments itself does not hold together: store.sqlite's parts table
         found.primary += ir
-    in_segments = {name for part in segments for name in retrieval.part_files(part.name)}
+    in_segments = {name for part in segments for name in tfidf_files.part_files(part.name)}
     found.faiss_files = {f for f in files if f.startswith("faiss")}
     parts = store.parts(faiss_files.KIND)
     in_faiss = {faiss_files.SETTINGS_FILE, faiss_files.TRAINED_FILE, *(p.name for p in parts or [])}
@@ -159,13 +159,13 @@ def _mend(shards: list[tuple[Datastore, _Found]], top: Path, report: Progress, d
     lines: list[str] = []
     todo = [(store, found) for store, found in shards if found.segments or found.faiss or found.stray]
     for store, found in todo:
-        if store.parts(retrieval.KIND) is None:  # a store made before parts were listed: listed first, as writers do
-            store.commit_parts(tfidf=retrieval.listed(store), faiss=faiss_files.listing(store))
+        if store.parts(tfidf_files.KIND) is None:  # a store made before parts were listed: listed first, as writers do
+            store.commit_parts(tfidf=tfidf_files.listed(store), faiss=faiss_files.listing(store))
         lines += _where(store, top, _mend_segments(store, found.segments, docs))
     for store, found in todo:
         lines += _where(store, top, _mend_faiss(store, found, shards, top, report) if found.faiss else [])
     for store, found in todo:
-        gone = set(retrieval.retire(store)) | set(faiss_files.retire(store))  # stray parts: no list names them
+        gone = set(tfidf_files.retire(store)) | set(faiss_files.retire(store))  # stray parts: no list names them
         for file in found.stray:
             where = "deleted" if file.split("/")[0] in gone or not (store.path / file).exists() else "left"
             lines += _where(store, top, [f"{file}: damaged, and no index lists it (an interrupted writer's): {where}"])
@@ -184,10 +184,10 @@ def _mend_segments(store: Datastore, damaged: list[Part], segment_docs: int) -> 
     """Each damaged TF-IDF segment indexed again from the stored documents, all committed in one transaction."""
     if not damaged:
         return []
-    retrieval.retire(store)  # what no list names, which may hold the names the new segments take
+    tfidf_files.retire(store)  # what no list names, which may hold the names the new segments take
     new = {part: retrieval.rebuilt(store, part, segment_docs) for part in damaged}
-    store.commit_parts(tfidf=[new.get(part, part) for part in store.parts(retrieval.KIND) or []])
-    retrieval.retire(store)  # the damaged segments: no list names them now
+    store.commit_parts(tfidf=[new.get(part, part) for part in store.parts(tfidf_files.KIND) or []])
+    tfidf_files.retire(store)  # the damaged segments: no list names them now
     return [
         f"TF-IDF segment {_segment_name(part)} (documents {part.first:,}..{part.stop:,}): indexed again from the "
         f"stored documents, as {new[part].name}"
@@ -196,7 +196,7 @@ def _mend_segments(store: Datastore, damaged: list[Part], segment_docs: int) -> 
 
 
 def _segment_name(part: Part) -> str:
-    return "tfidf_*.npy and tfidf_ndocs.txt" if part.name == retrieval.BASE else part.name
+    return "tfidf_*.npy and tfidf_ndocs.txt" if part.name == tfidf_files.BASE else part.name
 
 
 def _mend_faiss(

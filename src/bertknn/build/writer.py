@@ -19,11 +19,12 @@ from bertknn.build import builder, workers
 from bertknn.build.corpus import Corpus, digest, record
 from bertknn.build.repair import Repair
 from bertknn.build.repair import repair as repair_datastore
-from bertknn.index import NPROBE, faiss_files, retrieval
+from bertknn.index import NPROBE, faiss_files, tfidf_files
 from bertknn.index.faiss_files import AUTO
 from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
 from bertknn.index.merging import merge_plan
-from bertknn.index.retrieval import SEGMENT_DOCS, TfidfIndex, compact, feature_array
+from bertknn.index.retrieval import SEGMENT_DOCS, TfidfIndex, feature_array
+from bertknn.index.tfidf_files import compact
 from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime
 from bertknn.store import atomic
@@ -90,14 +91,14 @@ class Writer:
 
     def index_documents(self, segment_docs: int = SEGMENT_DOCS, n_workers: int = 1) -> TfidfIndex:
         """The datastore's IR index, extended by segments of at most `segment_docs` for the documents it lacks,
-        segments merged as `retrieval.compact` says, each step committed (a rerun resumes after the last).
+        segments merged as `tfidf_files.compact` says, each step committed (a rerun resumes after the last).
 
         A new datastore's index is built the same way, segment by segment, so memory stays bounded by one segment.
         Texts are hashed in `n_workers` processes (`workers.count`: 0 is every core for a large store). The writer
         lock is taken only when there is something to add.
         """
         store = self.store
-        if self._unindexed(store.parts(retrieval.KIND)):
+        if self._unindexed(store.parts(tfidf_files.KIND)):
             with store.writing(wait=LAZY_WAIT_S):
                 self._extend_index(segment_docs, n_workers, commit=True)
         self.index = TfidfIndex.load(store)
@@ -106,7 +107,7 @@ class Writer:
     def _unindexed(self, listed: list[Part] | None) -> bool:
         """Whether the IR index lacks documents, or its segments are not merged as `merge_plan` says (a writer
         killed between a segment and its merge), or it is not committed yet (a datastore made before lists)."""
-        if listed is None or not all(retrieval.is_written(self.store.path, part) for part in listed):
+        if listed is None or not all(tfidf_files.is_written(self.store.path, part) for part in listed):
             return True
         sizes = [p.stop - p.first for p in listed]
         return sum(sizes) != self.store.n_documents or merge_plan(sizes) is not None
@@ -139,19 +140,19 @@ class Writer:
         """With `commit`, the IR index's parts committed and what they replaced retired."""
         if commit:
             self.store.commit_parts(tfidf=listed)
-            retrieval.retire(self.store)
+            tfidf_files.retire(self.store)
 
     def _committed(self) -> list[Part]:
         """The IR index's committed parts, up to the first whose files are missing; a datastore made before lists
         gets its listing committed first (the FAISS index's too), and what no list names is retired."""
         store = self.store
-        if store.parts(retrieval.KIND) is None:
-            store.commit_parts(tfidf=retrieval.listing(store.path), faiss=faiss_files.listing(store))
-        listed = store.parts(retrieval.KIND)
-        kept = next((i for i, part in enumerate(listed) if not retrieval.is_written(store.path, part)), len(listed))
+        if store.parts(tfidf_files.KIND) is None:
+            store.commit_parts(tfidf=tfidf_files.listing(store.path), faiss=faiss_files.listing(store))
+        listed = store.parts(tfidf_files.KIND)
+        kept = next((i for i, part in enumerate(listed) if not tfidf_files.is_written(store.path, part)), len(listed))
         if kept < len(listed):  # segments deleted by hand: indexed again from the first one missing
             store.commit_parts(tfidf=listed[:kept])
-        retrieval.retire(store)
+        tfidf_files.retire(store)
         faiss_files.retire(store)
         return listed[:kept]
 
@@ -290,7 +291,7 @@ class Writer:
                 listed["faiss"] = faiss.listed()
             ranges = store.document_ranges(store.adding())  # also those an interrupted add embedded
             store.publish(**listed)  # the documents and the index parts that hold them, in one transaction
-            retrieval.retire(store)
+            tfidf_files.retire(store)
             faiss_files.retire(store)
             builder.finish(store)
             self.index = TfidfIndex.open(store.path, listed["tfidf"])
