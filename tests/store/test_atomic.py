@@ -27,8 +27,8 @@ FUNCTIONS |= {"os": {"replace", "rename", "write"}, "faiss": {"write_index"}, "o
 
 # The writes allowed outside atomic.py, each with its reason: none of them writes a file of a datastore.
 ALLOWED = {
-    ("datastore.py", "lock_holder", "open"): "write.lock is the writer lock (flock), not data; it holds a pid",
-    ("datastore.py", "acquire_lock", "open"): "write.lock, as above",
+    ("lock.py", "lock_holder", "open"): "write.lock is the writer lock (flock), not data; it holds a pid",
+    ("lock.py", "acquire_lock", "open"): "write.lock, as above",
     ("run.py", "evaluate_facts", "open"): "the results log of `eval lama`, appended a line per fact and resumed",
     ("lama_data.py", "_fetch", "open"): "a download streamed into a temporary file that `download` renames",
     ("lama_data.py", "download", "mkstemp"): "the download's temporary file",
