@@ -44,11 +44,12 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
 
-from bertknn.store import atomic
+from bertknn.store import atomic, schema
 from bertknn.store import evidence as evidence_table
 from bertknn.store.atomic import write_json
 from bertknn.store.codec import FLOAT16, Decoded, KeyCodec
@@ -58,26 +59,6 @@ from bertknn.store.manifest import IDENTITY, DatastoreError, read_manifest
 from bertknn.store.records import Part, Provenance, Record, newest_first
 from bertknn.text import FORMER_SPLITTER
 
-WORDS = """CREATE TABLE IF NOT EXISTS words (value INTEGER PRIMARY KEY, pieces TEXT NOT NULL UNIQUE, word TEXT NOT NULL)
-"""  # made by the first writer that stores a word of several tokens (a read-only format 1 store has none)
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS documents (
-    idx INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, title TEXT NOT NULL, norm_title TEXT NOT NULL,
-    start INTEGER, end INTEGER,  -- the entry range [start, end); NULL until the document is embedded
-    state TEXT NOT NULL DEFAULT 'live',
-    digest TEXT,  -- sha256 of the document's title and passages: an add with other text under the same id is seen
-    removed_id TEXT,  -- a removed document's id (its `id` becomes REMOVED_PREFIX + idx, so the id is free)
-    date TEXT,  -- the document's own date (ISO 8601, `text.iso_date`), when its corpus gives one
-    since TEXT);  -- the newest date registered up to it (its own included): an undated document is as new as that
-CREATE INDEX IF NOT EXISTS documents_title ON documents (norm_title);
-CREATE TABLE IF NOT EXISTS sentences (idx INTEGER PRIMARY KEY, doc INTEGER NOT NULL, text TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS sentences_doc ON sentences (doc);
-CREATE TABLE IF NOT EXISTS entries (
-    idx INTEGER PRIMARY KEY, sentence INTEGER NOT NULL, start INTEGER NOT NULL, end INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS parts (  -- the commit point: the live parts of each index, all a reader opens
-    kind TEXT NOT NULL, name TEXT NOT NULL, first INTEGER NOT NULL, stop INTEGER NOT NULL, PRIMARY KEY (kind, name));
-"""
 REMOVED_PREFIX = "\x1f"  # a control character, which document ids may not hold (text.parse_document)
 REPLACING_PREFIX = "\x1e"  # the id of a staged document that replaces the live one with its id when published
 SQL_PARAMS = 900  # SQLite caps the number of parameters of one statement (999 in old builds)
@@ -171,16 +152,9 @@ class Datastore:
                 f"{db_file} is missing or empty but the manifest says the datastore is {self.manifest['status']}: "
                 "restore it from a copy, or rebuild the datastore"
             )
+        self._writer_db: sqlite3.Connection | None = None  # made by the first `writing`, used only under the lock
         with self.sqlite_errors():
-            self.db = sqlite3.connect(db_file, check_same_thread=False, timeout=30)
-            self.db.executescript(SCHEMA)
-            columns = {row[1] for row in self.db.execute("PRAGMA table_info(documents)")}
-            added = (("state", "TEXT NOT NULL DEFAULT 'live'"), ("digest", "TEXT"), ("removed_id", "TEXT"))
-            for column, kind in (*added, ("date", "TEXT"), ("since", "TEXT")):
-                if column not in columns:  # a datastore made before the column existed
-                    with self.db:
-                        self.db.execute(f"ALTER TABLE documents ADD COLUMN {column} {kind}")
-            self.db.execute("CREATE INDEX IF NOT EXISTS documents_state ON documents (state)")
+            self.db = self._reader = self._read_only()  # the connection in use: the writer's while writing
             self._check_identity()
         self._owners: tuple | None = None  # (entry count, range starts, documents) cached by `documents_of`
         self._codec: KeyCodec | None = None  # loaded by `codec` for compressed keys
@@ -197,9 +171,24 @@ class Datastore:
                 raise DatastoreError(_damage_message(self.path, damage))
 
     def close(self) -> None:
-        """Close the SQLite connection (the memory maps close with the object); `with Datastore(path) as store:`
-        closes it on leaving."""
-        self.db.close()
+        """Close the SQLite connections (the memory maps close with the object); `with Datastore(path) as store:`
+        closes them on leaving."""
+        self._reader.close()
+        if self._writer_db is not None:
+            self._writer_db.close()
+
+    def _read_only(self) -> sqlite3.Connection:
+        """A read-only connection to store.sqlite (`schema.reading`): a reader never writes; an empty schema where the
+        first writer has not made the file yet (a build interrupted before)."""
+        file = self.path / SQLITE
+        if not file.is_file() or file.stat().st_size == 0:
+            return schema.empty()
+        return schema.reading(file)
+
+    def _writes(self) -> None:
+        """Refuse a write outside `writing()`: only the holder of the writer lock writes."""
+        if self._lock is None:
+            raise DatastoreError(f"{self.path}: a write outside `Datastore.writing()`, which holds the writer lock")
 
     def __enter__(self) -> Datastore:
         return self
@@ -309,6 +298,7 @@ class Datastore:
 
     def write_meta(self, key: str, value: str) -> None:
         """Keep a value in SQLite, in its own transaction (for the writer)."""
+        self._writes()
         with self.sqlite_errors(), self.db:
             self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
@@ -347,6 +337,10 @@ class Datastore:
             self._lock = acquire_lock(self.path, max(0.0, wait - (time.monotonic() - began)))
             try:
                 atomic.remove_temporary(self.path)  # what an interrupted writer left half-written
+                with self.sqlite_errors():
+                    if self._writer_db is None:  # kept open after: a reader thread may hold it as `db` a while
+                        self._writer_db = schema.writing(self.path / SQLITE)
+                    self.db = self._writer_db
                 self.reload()
                 if self._meta("identity", "") == "":  # a create killed between its manifest and this record
                     self.record_identity()
@@ -355,11 +349,21 @@ class Datastore:
                 yield self
                 self.seal()
             finally:
+                self._read_again()
                 handle, self._lock = self._lock, None
                 fcntl.flock(handle, fcntl.LOCK_UN)
                 handle.close()
         finally:
             self._threads.release()
+
+    def _read_again(self) -> None:
+        """Back to reading when a write ends: through a new read-only connection where the schema may have changed
+        under the old one (its temporary views, or the empty schema of a store not yet made); the old one is left
+        open for a thread that still reads through it."""
+        if not isinstance(self._reader, schema.Connection) or self._reader.views:
+            self._reader = self._read_only()
+        self.db = self._reader
+        self.version = self._data_version()
 
     def _check_tails(self) -> None:
         """Refuse to append to keys or values whose last, partly filled block was damaged: the seal would have to
@@ -570,6 +574,7 @@ class Datastore:
 
     def register(self, docs: list[Record], state: str = "live") -> None:
         """Add documents and their sentences (text only, not yet embedded) in one transaction."""
+        self._writes()
         with self.sqlite_errors(), self.db:
             self._insert(docs, state)
         self.n_documents += len(docs)
@@ -621,6 +626,7 @@ class Datastore:
         take its place when published (`publish`: Lucene's updateDocument); an 'adding' one left by an interrupted
         add with other text is replaced, so a rerun with corrected text never keeps the old one.
         """
+        self._writes()
         ids = [d.id for d in docs]
         with self.sqlite_errors():
             rows = self._rows("id", ids + [REPLACING_PREFIX + i for i in ids])
@@ -670,6 +676,7 @@ class Datastore:
     def publish(self, **parts: list[Part]) -> None:
         """Make every 'adding' document live and commit the index parts given (kind=list, as `commit_parts`), in one
         transaction: a reader sees the documents and the parts that index them together, or neither."""
+        self._writes()
         with self.sqlite_errors(), self.db:
             replacing = self.db.execute(
                 "SELECT idx, substr(id, 2) FROM documents WHERE state = 'adding' AND substr(id, 1, 1) = ?",
@@ -680,7 +687,7 @@ class Datastore:
                 self._hide([idx for _, idx, state, _ in old if state == "live"])
                 self.db.executemany("UPDATE documents SET id = ? WHERE idx = ?", [(i, x) for x, i in replacing])
             self.db.execute("UPDATE documents SET state = 'live' WHERE state = 'adding'")
-            self._write_parts(parts)
+            _write_parts(self.db, parts)
 
     def parts(self, kind: str) -> list[Part] | None:
         """The committed live parts of an index (`kind`: "tfidf", "faiss"), in order; None for a datastore made
@@ -694,17 +701,9 @@ class Datastore:
     def commit_parts(self, **parts: list[Part]) -> None:
         """Replace the committed list of each index kind given (kind=list of its live parts), in one transaction.
         For the writer: files that no list names are deleted after, never before."""
+        self._writes()
         with self.sqlite_errors(), self.db:
-            self._write_parts(parts)
-
-    def _write_parts(self, parts: dict[str, list[Part]]) -> None:
-        for kind, listed in parts.items():
-            self.db.execute("DELETE FROM parts WHERE kind = ?", (kind,))
-            self.db.executemany(
-                "INSERT INTO parts VALUES (?, ?, ?, ?)", [(kind, p.name, p.first, p.stop) for p in listed]
-            )
-        if parts:
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('parts', '1')")
+            _write_parts(self.db, parts)
 
     def remove(self, ids: list[str]) -> tuple[list[str], list[str]]:
         """Hide documents from every search path, all in one transaction; return (removed now, removed before).
@@ -712,6 +711,7 @@ class Datastore:
         An id the datastore never held raises DatastoreError and nothing changes, so a rerun of the same removal
         finishes it: ids removed by the first run are reported as removed before.
         """
+        self._writes()
         ids = list(dict.fromkeys(str(i) for i in ids))
         with self.sqlite_errors():
             held = {doc_id: idx for doc_id, idx, state, _ in self._rows("id", ids) if state in ("live", "adding")}
@@ -792,6 +792,7 @@ class Datastore:
         spans of `rows[i]`'s targets), the new `words` their values use (`word_values`), their `evidence` vectors
         (a store with evidence must be given them), each document's [start, end) range and the new entry count.
         Returns the entries added."""
+        self._writes()
         keys = np.asarray(keys, np.float16)
         if not np.isfinite(keys).all():  # float16 overflows past 65,504: such keys would poison every distance
             raise DatastoreError(
@@ -837,7 +838,7 @@ class Datastore:
         range and the new entry count."""
         with self.sqlite_errors(), self.db:
             if words:
-                self.db.execute(WORDS)
+                self.db.execute(schema.WORDS)
                 self.db.executemany("INSERT INTO words VALUES (?, ?, ?)", words)
             if evidence is not None:
                 evidence_table.commit(self.db, evidence)
@@ -885,6 +886,7 @@ class Datastore:
     def fill_evidence(self, stop: int, evidence: evidence_table.Evidence) -> None:
         """A store made before evidence vectors: store those of entries [`evidence_filled`, stop) in one
         transaction and record how far that got (`bertknn sentences`, build/evidence.py)."""
+        self._writes()
         with self.sqlite_errors(), self.db:
             evidence_table.commit(self.db, evidence)
             self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (evidence_table.FILLED, str(stop)))
@@ -952,12 +954,13 @@ class Datastore:
 
     def record_identity(self) -> None:
         """Keep a copy of the manifest's model and key settings in SQLite, which opening the store compares."""
-        identity = json.dumps({field: self.manifest.get(field) for field in IDENTITY})
+        self._writes()
         with self.sqlite_errors(), self.db:
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity,))
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(self.manifest),))
 
     def set_manifest(self, **changes: object) -> None:
         """Update the manifest atomically (a change of `key_codec` re-maps the keys)."""
+        self._writes()
         self.manifest.update(changes)
         write_json(self.path / "manifest.json", self.manifest)
         if "key_codec" in changes:
@@ -979,10 +982,24 @@ def create(path: str | Path, manifest: dict) -> Datastore:
     path.mkdir(parents=True, exist_ok=True)
     atomic.remove_temporary(path)
     write_json(path / "manifest.json", manifest)
-    store = Datastore(path)
-    store.record_identity()
-    store.commit_parts(tfidf=[], faiss=[])  # a new store's indexes are listed from the start
-    return store
+    with sqlite_errors(str(path / SQLITE), "free space and rerun"), closing(schema.writing(path / SQLITE)) as db, db:
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(manifest),))
+        _write_parts(db, {"tfidf": [], "faiss": []})  # a new store's indexes are listed from the start
+    return Datastore(path)
+
+
+def identity(manifest: dict) -> str:
+    """The copy of a manifest's model and key settings that SQLite keeps, which opening the store compares."""
+    return json.dumps({field: manifest.get(field) for field in IDENTITY})
+
+
+def _write_parts(db: sqlite3.Connection, parts: dict[str, list[Part]]) -> None:
+    """Replace the committed list of each index kind given, inside the caller's transaction."""
+    for kind, listed in parts.items():
+        db.execute("DELETE FROM parts WHERE kind = ?", (kind,))
+        db.executemany("INSERT INTO parts VALUES (?, ?, ?, ?)", [(kind, p.name, p.first, p.stop) for p in listed])
+    if parts:
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('parts', '1')")
 
 
 def copy_registration(
@@ -1016,14 +1033,14 @@ def _fill_copy(
         Datastore(source) as src,
         sqlite_errors(str(tmp / SQLITE), "free space and rerun"),
         atomic.naming(tmp / SQLITE),
-        contextlib.closing(sqlite3.connect(tmp / SQLITE)) as db,
+        closing(sqlite3.connect(tmp / SQLITE)) as db,
         db,
     ):
         src.db.backup(db)
         db.execute("UPDATE documents SET start = NULL, end = NULL")
         db.execute("DELETE FROM entries")
         db.execute("DELETE FROM meta")
-        db.execute(WORDS)
+        db.execute(schema.WORDS)
         if not words:
             db.execute("DELETE FROM words")
         db.execute("DELETE FROM parts")
@@ -1034,12 +1051,11 @@ def _fill_copy(
         db.execute("INSERT INTO meta VALUES ('parts', '1')")
     with (
         sqlite_errors(str(tmp / SQLITE), "free space and rerun"),
-        contextlib.closing(sqlite3.connect(tmp / SQLITE)) as db,
+        closing(sqlite3.connect(tmp / SQLITE)) as db,
     ):
         db.execute("VACUUM")  # the source's entry rows leave free pages behind: the copy holds only what it keeps
     for name in files:
         atomic.copy(source / name, tmp / name)
     write_json(tmp / "manifest.json", manifest)
-    made = Datastore(tmp, check=False)
-    made.record_identity()
-    made.close()
+    with sqlite_errors(str(tmp / SQLITE), "free space and rerun"), closing(schema.writing(tmp / SQLITE)) as db, db:
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(manifest),))

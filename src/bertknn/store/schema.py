@@ -1,0 +1,102 @@
+"""store.sqlite's schema, and the two ways it is opened: a reader's connection is read-only (SQLite `mode=ro`: it never
+writes, not even to upgrade an older store's schema, whose missing columns it reads as temporary views give them),
+a writer's (`Datastore.writing`, under the writer lock) creates and upgrades the schema. A writer killed mid-transaction
+leaves a hot journal, which only a read-write connection can roll back: a reader that meets one has SQLite roll it
+back (`Connection`), restoring the committed state, and reads on."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+WORDS = """CREATE TABLE IF NOT EXISTS words (value INTEGER PRIMARY KEY, pieces TEXT NOT NULL UNIQUE, word TEXT NOT NULL)
+"""  # made by the first writer that stores a word of several tokens (a read-only format 1 store has none)
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS documents (
+    idx INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, title TEXT NOT NULL, norm_title TEXT NOT NULL,
+    start INTEGER, end INTEGER,  -- the entry range [start, end); NULL until the document is embedded
+    state TEXT NOT NULL DEFAULT 'live',
+    digest TEXT,  -- sha256 of the document's title and passages: an add with other text under the same id is seen
+    removed_id TEXT,  -- a removed document's id (its `id` becomes REMOVED_PREFIX + idx, so the id is free)
+    date TEXT,  -- the document's own date (ISO 8601, `text.iso_date`), when its corpus gives one
+    since TEXT);  -- the newest date registered up to it (its own included): an undated document is as new as that
+CREATE INDEX IF NOT EXISTS documents_title ON documents (norm_title);
+CREATE TABLE IF NOT EXISTS sentences (idx INTEGER PRIMARY KEY, doc INTEGER NOT NULL, text TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS sentences_doc ON sentences (doc);
+CREATE TABLE IF NOT EXISTS entries (
+    idx INTEGER PRIMARY KEY, sentence INTEGER NOT NULL, start INTEGER NOT NULL, end INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS parts (  -- the commit point: the live parts of each index, all a reader opens
+    kind TEXT NOT NULL, name TEXT NOT NULL, first INTEGER NOT NULL, stop INTEGER NOT NULL, PRIMARY KEY (kind, name));
+"""
+ADDED = (  # columns of `documents` added after the first datastores, with their definitions
+    ("state", "TEXT NOT NULL DEFAULT 'live'", "'live'"),
+    ("digest", "TEXT", "NULL"),
+    ("removed_id", "TEXT", "NULL"),
+    ("date", "TEXT", "NULL"),
+    ("since", "TEXT", "NULL"),
+)
+TIMEOUT_S = 30.0  # how long a connection waits for SQLite's own lock (another connection's transaction)
+READONLY_ROLLBACK = getattr(sqlite3, "SQLITE_READONLY_ROLLBACK", 776)  # a hot journal met by a read-only connection
+
+
+class Connection(sqlite3.Connection):
+    """A read-only connection that has SQLite roll back a hot journal (a writer killed mid-transaction) when it meets
+    one, then reads on: the rollback restores the committed state, which a writer would restore the same way."""
+
+    def execute(self, *args: object) -> sqlite3.Cursor:
+        try:
+            return super().execute(*args)
+        except sqlite3.OperationalError as err:
+            if getattr(err, "sqlite_errorcode", None) != READONLY_ROLLBACK:
+                raise
+            _roll_back(self.file)
+            return super().execute(*args)
+
+    file: Path  # the database file, for the rollback
+    views: bool  # whether temporary views give columns the file lacks (an older schema)
+
+
+def _roll_back(file: Path) -> None:
+    """SQLite's recovery of a hot journal: a read-write connection's first read rolls it back."""
+    db = sqlite3.connect(file, timeout=TIMEOUT_S)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    finally:
+        db.close()
+
+
+def reading(file: Path) -> sqlite3.Connection:
+    """A read-only connection to store.sqlite, an older schema's missing columns given by temporary views (which live
+    in the connection's own temporary database, not in the file)."""
+    db = sqlite3.connect(
+        f"{file.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False, timeout=TIMEOUT_S, factory=Connection
+    )
+    db.file, db.views = file, False
+    columns = {row[1] for row in db.execute("PRAGMA table_info(documents)")}
+    missing = [(name, default) for name, _, default in ADDED if name not in columns]
+    if columns and missing:
+        given = ", ".join(f"{default} AS {name}" for name, default in missing)
+        db.execute(f"CREATE TEMP VIEW documents AS SELECT *, {given} FROM main.documents")
+        db.views = True
+    return db
+
+
+def empty() -> sqlite3.Connection:
+    """What a reader reads of a datastore whose store.sqlite its first writer has not made yet: an empty schema."""
+    db = sqlite3.connect(":memory:", check_same_thread=False)
+    db.executescript(SCHEMA)
+    return db
+
+
+def writing(file: Path) -> sqlite3.Connection:
+    """A writer's connection to store.sqlite: the schema made, or an older one upgraded (columns added)."""
+    db = sqlite3.connect(file, check_same_thread=False, timeout=TIMEOUT_S)
+    db.executescript(SCHEMA)
+    columns = {row[1] for row in db.execute("PRAGMA table_info(documents)")}
+    for name, kind, _ in ADDED:
+        if name not in columns:  # a datastore made before the column existed
+            with db:
+                db.execute(f"ALTER TABLE documents ADD COLUMN {name} {kind}")
+    db.execute("CREATE INDEX IF NOT EXISTS documents_state ON documents (state)")
+    return db
