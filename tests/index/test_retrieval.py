@@ -257,16 +257,16 @@ def test_a_reader_opening_the_index_while_a_merge_commits_reads_one_consistent_l
 
     def racing(path):  # another process merges the three segments, commits and retires them as this one opens
         if not opened:
-            monkeypatch.setattr(retrieval, "_load_segment", real)  # the merging writer reads them as they are
+            monkeypatch.setattr(tfidf_files, "load_segment", real)  # the merging writer reads them as they are
             with Datastore(store.path) as writer, writer.writing():
                 merged = compact(writer.path, writer.parts("tfidf"), lambda n: writer.rewriting(*n), factor=3)
                 writer.commit_parts(tfidf=merged)
                 assert tfidf_files.retire(writer) == [".", "tfidf_add_000000002", "tfidf_add_000000004"]
-            monkeypatch.setattr(retrieval, "_load_segment", racing)
+            monkeypatch.setattr(tfidf_files, "load_segment", racing)
         opened.append(path.name)
         return real(path)
 
-    monkeypatch.setattr(retrieval, "_load_segment", racing)
+    monkeypatch.setattr(tfidf_files, "load_segment", racing)
     loaded = TfidfIndex.load(store)
     assert opened == [store.path.name, "tfidf_add_000000000_000000005"]  # the old list's first, then the new list
     assert loaded.sizes == [5] and loaded.n_docs == 5

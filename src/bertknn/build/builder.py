@@ -157,7 +157,8 @@ def create(
                 f"{path} holds a datastore of another corpus ({known.get('path')}); "
                 "choose another --out directory or delete this one"
             )
-        store.set_manifest(corpus=corpus)  # nothing was read from the other corpus: start over with this one
+        with store.writing():
+            store.set_manifest(corpus=corpus)  # nothing was read from the other corpus: start over with this one
     if store.pack != pack:
         raise DatastoreError(
             f"{path} holds keys computed with pack={store.pack}; resume it with the same --pack, or choose "
