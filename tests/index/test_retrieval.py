@@ -245,7 +245,7 @@ def test_a_merge_interrupted_before_deleting_what_it_replaced_loads_the_merged_s
 
 
 def test_a_reader_opening_the_index_while_a_merge_commits_reads_one_consistent_list(built, monkeypatch):
-    from bertknn.index import retrieval, tfidf_files
+    from bertknn.index import tfidf_files
 
     store = built.store
     with store.writing():
