@@ -58,8 +58,10 @@ def test_storage_imports_neither_the_model_nor_the_tokenizer():
         "bertknn.store.manifest",
         "bertknn.store.records",
         "bertknn.store.schema",
+        "bertknn.store.writer",  # `writing()` gives the writer
         "bertknn.text",  # FORMER_SPLITTER: a name, no tokenizer
     }
+    assert not any(name.startswith(("bertknn.model", "bertknn.text")) for name in _imports("store.writer"))
     assert _imports("store.lock") == {"bertknn.store.manifest"}
     assert _imports("store.manifest") == _imports("store.records") == _imports("store.schema") == set()
     assert _imports("store.evidence") == {"bertknn.text"}  # the evidence texts: string functions, no tokenizer

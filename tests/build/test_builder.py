@@ -17,6 +17,7 @@ import torch
 from bertknn.build import builder
 from bertknn.model.encoder import Encoder
 from bertknn.store.datastore import Datastore, DatastoreError
+from bertknn.store.writer import DatastoreWriter
 from bertknn.text import CorpusError, iter_corpus, split_sentences, tokenize_sentences
 
 from ..conftest import SMALL_DOCS, write_corpus
@@ -55,7 +56,7 @@ def test_crash_between_keys_and_commit_resumes_exactly(tmp_path, encoder, monkey
     corpus = write_corpus(tmp_path / "c.jsonl", SMALL_DOCS * 1 + [dict(d, id=d["id"] + "b") for d in SMALL_DOCS])
     builder.build(corpus, tmp_path / "clean", encoder, chunk_entries=8)
     calls = {"n": 0}
-    real = Datastore._commit_entries
+    real = DatastoreWriter._commit_entries
 
     def crash_on_third(self, *args):
         calls["n"] += 1
@@ -63,13 +64,13 @@ def test_crash_between_keys_and_commit_resumes_exactly(tmp_path, encoder, monkey
             raise KeyboardInterrupt("killed after writing keys, before the commit")
         return real(self, *args)
 
-    monkeypatch.setattr(Datastore, "_commit_entries", crash_on_third)
+    monkeypatch.setattr(DatastoreWriter, "_commit_entries", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
         builder.build(corpus, tmp_path / "resumed", encoder, chunk_entries=8)
     partial = Datastore(tmp_path / "resumed")
     assert not partial.complete and partial.size > 0
     assert (tmp_path / "resumed" / "keys.f16").stat().st_size > partial.size * 64  # uncommitted bytes are ignored
-    monkeypatch.setattr(Datastore, "_commit_entries", real)
+    monkeypatch.setattr(DatastoreWriter, "_commit_entries", real)
     builder.build(corpus, tmp_path / "resumed", encoder, chunk_entries=8)
     assert_same_store(tmp_path / "clean", tmp_path / "resumed")
 

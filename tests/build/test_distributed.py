@@ -104,15 +104,15 @@ def test_the_sharded_datastore_answers_adds_and_removes_like_one(built, tmp_path
     ]
     with pytest.raises(Exception, match="already in the datastore"):
         knn.add_documents([{"id": "t3", "title": "Again", "text": "Again."}])
-    with pytest.raises(Exception, match="no document with id 'nope'"):
-        knn.store.remove(["t3", "nope"])
+    with pytest.raises(Exception, match="no document with id 'nope'"), knn.store.writing() as writer:
+        writer.remove(["t3", "nope"])
     assert knn.store.states(["t3"]) == {"t3": "live"}  # nothing removed
-    with knn.store.writing():
-        assert knn.store.remove(["t3", "new"]) == (["t3", "new"], [])
+    with knn.store.writing() as writer:
+        assert writer.remove(["t3", "new"]) == (["t3", "new"], [])
     knn.refresh()
     assert "Town 3" not in knn.predict("Town 3 lies near [MASK] .", subject="Town 3").documents
-    with knn.store.writing():
-        assert knn.store.remove(["t3"]) == ([], ["t3"])
+    with knn.store.writing() as writer:
+        assert writer.remove(["t3"]) == ([], ["t3"])
 
 
 def test_a_rerun_after_the_build_returns_the_top_manifest_and_refuses_another_corpus(built, tiny_model_dir):

@@ -249,7 +249,7 @@ def test_a_reader_opening_the_index_while_a_merge_commits_reads_one_consistent_l
 
     store = built.store
     with store.writing():
-        store.commit_parts(tfidf=[])
+        store.writer.commit_parts(tfidf=[])
         tfidf_files.retire(store)
     Writer(store).index_documents(segment_docs=2)  # committed one segment at a time: 2, 2 and 1 documents
     assert [(p.first, p.stop) for p in store.parts("tfidf")] == [(0, 2), (2, 4), (4, 5)]
@@ -258,10 +258,10 @@ def test_a_reader_opening_the_index_while_a_merge_commits_reads_one_consistent_l
     def racing(path):  # another process merges the three segments, commits and retires them as this one opens
         if not opened:
             monkeypatch.setattr(tfidf_files, "load_segment", real)  # the merging writer reads them as they are
-            with Datastore(store.path) as writer, writer.writing():
-                merged = compact(writer.path, writer.parts("tfidf"), lambda n: writer.rewriting(*n), factor=3)
+            with Datastore(store.path) as other, other.writing() as writer:
+                merged = compact(other.path, other.parts("tfidf"), lambda n: writer.rewriting(*n), factor=3)
                 writer.commit_parts(tfidf=merged)
-                assert tfidf_files.retire(writer) == [".", "tfidf_add_000000002", "tfidf_add_000000004"]
+                assert tfidf_files.retire(other) == [".", "tfidf_add_000000002", "tfidf_add_000000004"]
             monkeypatch.setattr(tfidf_files, "load_segment", racing)
         opened.append(path.name)
         return real(path)

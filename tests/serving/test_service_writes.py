@@ -13,6 +13,7 @@ from bertknn import BertKNN
 from bertknn.serving import service as svc
 from bertknn.serving.service import create_app
 from bertknn.store.datastore import Datastore
+from bertknn.store.writer import DatastoreWriter
 from bertknn.text import CorpusError, parse_document
 
 from ..conftest import full_after
@@ -51,14 +52,14 @@ def test_another_process_commits_are_answered_and_writes_go_on(writable, built):
 
 def test_an_add_does_not_stall_questions(writable, monkeypatch):
     embedding, release = threading.Event(), threading.Event()
-    real = Datastore.append
+    real = DatastoreWriter.append
 
     def slow_chunk(self, *args, **kwargs):
         embedding.set()
         assert release.wait(60)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Datastore, "append", slow_chunk)
+    monkeypatch.setattr(DatastoreWriter, "append", slow_chunk)
     adding = threading.Thread(target=lambda: writable.post("/documents", json=FRESH))
     adding.start()
     try:

@@ -93,7 +93,7 @@ def test_remove_releases_the_references_and_drops_the_texts_no_entry_uses(built)
 def test_an_append_that_lacks_the_evidence_the_store_holds_is_refused(built):
     store, size = built.store, built.store.size
     with store.writing(), pytest.raises(DatastoreError, match="lacks them: nothing was stored"):
-        store.append([0], [(0, 0, "x")], np.zeros((1, store.dim)), np.zeros(1, np.int32), [np.array([[0, 1]])])
+        store.writer.append([0], [(0, 0, "x")], np.zeros((1, store.dim)), np.zeros(1, np.int32), [np.array([[0, 1]])])
     assert store.size == size
 
 

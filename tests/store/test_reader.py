@@ -57,7 +57,7 @@ def test_questions_asked_of_a_store_write_nothing(built, tmp_path):
     with pytest.raises(sqlite3.OperationalError, match="readonly"):  # the connection itself cannot write
         store.db.execute("CREATE TABLE t (x)")
     with pytest.raises(DatastoreError, match=r"a write outside `Datastore.writing\(\)`"):
-        store.commit_parts(faiss=[])
+        store.writer.commit_parts(faiss=[])
     assert _files(path) == before
 
 

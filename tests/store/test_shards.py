@@ -113,8 +113,8 @@ def test_split_documents_gives_each_shard_its_own_numbers():
 def test_split_documents_of_the_store_s_hidden_documents(fresh):
     single, sharded = fresh
     for store in (single, sharded):
-        with store.writing():
-            store.remove(["d2", "d6"])
+        with store.writing() as writer:
+            writer.remove(["d2", "d6"])
     assert sharded.hidden_documents().tolist() == single.hidden_documents().tolist() == [1, 5]
     assert [s.tolist() for s in sharded.split_documents(sharded.hidden_documents())] == [[1], [], [2]]
 
@@ -143,20 +143,21 @@ def test_states_and_removals_across_shards_equal_one_datastore_s(fresh):
     single, sharded = fresh
     ids = ["d1", "d3", "d5", "d6", "nope"]
     assert sharded.states(ids) == single.states(ids) == {"d1": "live", "d3": "live", "d5": "live", "d6": "live"}
-    with pytest.raises(DatastoreError, match=r"no document with id 'nope' in .*; nothing was removed"):
-        sharded.remove(["d1", "nope"])
+    unknown = pytest.raises(DatastoreError, match=r"no document with id 'nope' in .*; nothing was removed")
+    with unknown, sharded.writing() as writer:
+        writer.remove(["d1", "nope"])
     assert sharded.states(["d1"]) == {"d1": "live"}
-    with sharded.writing():
-        assert sharded.remove(["d5", "d1"]) == (["d1", "d5"], [])  # shard by shard
-    with single.writing():
-        single.remove(["d5", "d1"])
+    with sharded.writing() as writer:
+        assert writer.remove(["d5", "d1"]) == (["d1", "d5"], [])  # shard by shard
+    with single.writing() as writer:
+        writer.remove(["d5", "d1"])
     assert sharded.states(ids) == single.states(ids) == {"d3": "live", "d6": "live"}
     assert sharded.hidden_documents().tolist() == single.hidden_documents().tolist() == [0, 4]
     assert sharded.live_documents() == single.live_documents() == 4
     assert sharded.find_titles("ilsa varnhold") == single.find_titles("ilsa varnhold") == []
     assert sharded.live_digests(["d3", "d1"]) == single.live_digests(["d3", "d1"])
-    with sharded.writing():
-        assert sharded.remove(["d1", "d3"]) == (["d3"], ["d1"])  # removed before: reported, not refused
+    with sharded.writing() as writer:
+        assert writer.remove(["d1", "d3"]) == (["d3"], ["d1"])  # removed before: reported, not refused
     top = json.loads((sharded.path / SHARDS_FILE).read_text(encoding="utf-8"))
     assert (top["documents"], top["live_documents"]) == (6, 3)
 

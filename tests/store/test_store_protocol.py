@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from bertknn.query.pipeline import BertKNN
-from bertknn.store.shards import ShardedDatastore, Store
+from bertknn.store.shards import ShardedDatastore
+from bertknn.store.store import Store
 
 from ..conftest import SMALL_DOCS, write_corpus
 from ..sharded_store import make_sharded

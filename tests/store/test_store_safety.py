@@ -17,6 +17,7 @@ from bertknn.index.faiss_index import FaissIndex
 from bertknn.query.settings import PAPER
 from bertknn.store import verify as checks
 from bertknn.store.datastore import Datastore
+from bertknn.store.writer import DatastoreWriter
 
 from ..conftest import write_corpus
 
@@ -72,7 +73,7 @@ def test_removing_several_ids_is_all_or_nothing_and_a_rerun_finishes(built):
 def test_a_killed_add_rerun_with_corrected_text_keeps_the_new_text(built, monkeypatch):
     wrong = {**FRESH, "text": "Zorblat Quenmire was born in Oslo. He sells boats."}
     with monkeypatch.context() as patch:
-        patch.setattr(Datastore, "publish", lambda self, **parts: (_ for _ in ()).throw(KeyboardInterrupt))
+        patch.setattr(DatastoreWriter, "publish", lambda self, **parts: (_ for _ in ()).throw(KeyboardInterrupt))
         with pytest.raises(KeyboardInterrupt):
             built.add_documents([wrong])
     rerun = BertKNN.load(built.store.path, str(built.encoder.name))
@@ -267,7 +268,7 @@ def test_non_finite_keys_and_foreign_values_never_reach_an_answer(built, tmp_pat
 def test_an_interrupted_writer_is_not_taken_for_damage(built, monkeypatch):
     FaissIndex.build(built.store, "Flat")
     with monkeypatch.context() as patch:
-        patch.setattr(Datastore, "publish", lambda self, **parts: (_ for _ in ()).throw(KeyboardInterrupt))
+        patch.setattr(DatastoreWriter, "publish", lambda self, **parts: (_ for _ in ()).throw(KeyboardInterrupt))
         with pytest.raises(KeyboardInterrupt):
             built.add_documents([FRESH])
     found = checks.verify(built.store.path)

@@ -1,7 +1,7 @@
 """Builder stage: a corpus into a datastore, as stages over batches (SPEC §1).
 
 documents -> records (sentences, digest: `record`) -> registered in the store -> masked contexts (`contexts`, CPU)
--> keys (`keys`, the model) -> appended to the store (`Datastore.append`). Each stage is a plain function of its
+-> keys (`keys`, the model) -> appended to the store (`DatastoreWriter.append`). Each stage is a plain function of its
 batch, so the same stages can run elsewhere; the store (datastore.py) knows nothing of the model.
 """
 
@@ -70,7 +70,7 @@ def values(store: Datastore, encoder: Encoder, sentences: list[Sentence]) -> tup
     if not len(longer):
         return out, []
     decode = encoder.tokenizer.decode
-    found, new = store.word_values([(" ".join(map(str, pieces[i])), decode(pieces[i]).strip()) for i in longer])
+    found, new = store.writer.word_values([(" ".join(map(str, pieces[i])), decode(pieces[i]).strip()) for i in longer])
     out[longer] = found
     return out, new
 
@@ -158,7 +158,7 @@ def create(
                 "choose another --out directory or delete this one"
             )
         with store.writing():
-            store.set_manifest(corpus=corpus)  # nothing was read from the other corpus: start over with this one
+            store.writer.set_manifest(corpus=corpus)  # nothing was read from the other corpus: start over with this one
     if store.pack != pack:
         raise DatastoreError(
             f"{path} holds keys computed with pack={store.pack}; resume it with the same --pack, or choose "
@@ -291,7 +291,7 @@ def _embed_chunk(
     held, words = values(store, encoder, sentences)
     spans = [s.spans for s in sentences]
     said = evidence.chunk(store, rows, spans, encoder.runtime) if store.evidence_model else None
-    return store.append(docs, rows, found, held, spans, words, evidence=said)
+    return store.writer.append(docs, rows, found, held, spans, words, evidence=said)
 
 
 def check_corpus(corpus: Corpus, progress: Callable[[str, int, int], None]) -> int:
@@ -339,7 +339,7 @@ def _register(store: Datastore, chunk: list[tuple[str, Record]]) -> None:
         if rec.id in taken:
             raise CorpusError(f"{where}: duplicate document id {rec.id!r}")
         taken.add(rec.id)
-    store.register([rec for _, rec in chunk])
+    store.writer.register([rec for _, rec in chunk])
 
 
 def build(
@@ -404,7 +404,7 @@ def finish(store: Datastore) -> None:
     """Record in the manifest what a build made: documents, how many are embedded ("complete" when all), entries."""
     embedded = store.n_documents - len(store.pending())
     status = "complete" if embedded == store.n_documents else "lazy"
-    store.set_manifest(status=status, documents=store.n_documents, embedded=embedded, entries=store.size)
+    store.writer.set_manifest(status=status, documents=store.n_documents, embedded=embedded, entries=store.size)
 
 
 def _register_all(

@@ -1,6 +1,6 @@
 """The evidence stage: the sentence encoder's vectors of a chunk's evidence texts (each entry's word, sentence and
 clause: `text.evidence_texts`), those the store does not hold yet, committed with the chunk's entries
-(`Datastore.append`, store/evidence.py); and the same for a store made before them (`fill`: `bertknn sentences`).
+(`DatastoreWriter.append`, store/evidence.py); and the same for a store made before them (`fill`: `bertknn sentences`).
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def fill(store: Datastore, runtime: Runtime, progress: Callable[[int, int], None
             stop = min(start + FILL_ENTRIES, size)
             rows = [e for e in store.provenance(list(range(start, stop))) if not e.doc_id.startswith(REMOVED_PREFIX)]
             texts = table.entry_texts((e.sentence, e.span, e.title) for e in rows)
-            store.fill_evidence(stop, _embedded(store, texts, runtime))
+            store.writer.fill_evidence(stop, _embedded(store, texts, runtime))
             progress(stop, size)
-        store.set_manifest(**{table.FIELD: SENTENCE_MODEL})
+        store.writer.set_manifest(**{table.FIELD: SENTENCE_MODEL})
         log.info("%s: evidence vectors stored for %s entries", store.path, f"{size - first:,}")
         return size - first

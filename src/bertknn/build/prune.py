@@ -29,7 +29,8 @@ from bertknn.index import tfidf_files
 from bertknn.store.atomic import write_json
 from bertknn.store.datastore import CODEC, Datastore, DatastoreError, copy_registration
 from bertknn.store.evidence import Evidence
-from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, Store, is_sharded
+from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, is_sharded
+from bertknn.store.store import Store
 
 CHUNK_ENTRIES = 16_384  # source entries read per commit
 DROPPED = ("entries", "embedded", "documents", "key_codec_pending")  # what the copy counts anew
@@ -168,7 +169,7 @@ def _copy_chunk(src: Datastore, dst: Datastore, docs: list[int], radius: float, 
         spans += spans_of
     evidence = _evidence(src, dst, np.concatenate([np.zeros(0, np.int64), *sources])) if dst.evidence_model else None
     keys, values, counts = np.concatenate(keys), np.concatenate(values), np.concatenate(counts)
-    dst.append(docs, sentences, keys, values, spans, counts=counts, evidence=evidence)
+    dst.writer.append(docs, sentences, keys, values, spans, counts=counts, evidence=evidence)
 
 
 def _evidence(src: Datastore, dst: Datastore, entries: np.ndarray) -> Evidence:
@@ -179,9 +180,9 @@ def _evidence(src: Datastore, dst: Datastore, entries: np.ndarray) -> Evidence:
 
 
 def _by_sentence(doc: int, rows: list[tuple[int, int, int]]) -> tuple[list[tuple[int, int, str]], list[np.ndarray]]:
-    """One document's entry rows (sentence, start, end), in entry order, as `Datastore.append` takes them: a row per
-    sentence and the character spans of its entries (a document without entries: one row without spans, which
-    gives it its empty range)."""
+    """One document's entry rows (sentence, start, end), in entry order, as `DatastoreWriter.append` takes them: a
+    row per sentence and the character spans of its entries (a document without entries: one row without spans,
+    which gives it its empty range)."""
     sentences: list[tuple[int, int, str]] = []
     spans: list[list[tuple[int, int]]] = []
     for sentence, start, end in rows:

@@ -160,7 +160,7 @@ def _mend(shards: list[tuple[Datastore, _Found]], top: Path, report: Progress, d
     todo = [(store, found) for store, found in shards if found.segments or found.faiss or found.stray]
     for store, found in todo:
         if store.parts(tfidf_files.KIND) is None:  # a store made before parts were listed: listed first, as writers do
-            store.commit_parts(tfidf=tfidf_files.listed(store), faiss=faiss_files.listing(store))
+            store.writer.commit_parts(tfidf=tfidf_files.listed(store), faiss=faiss_files.listing(store))
         lines += _where(store, top, _mend_segments(store, found.segments, docs))
     for store, found in todo:
         lines += _where(store, top, _mend_faiss(store, found, shards, top, report) if found.faiss else [])
@@ -186,7 +186,7 @@ def _mend_segments(store: Datastore, damaged: list[Part], segment_docs: int) -> 
         return []
     tfidf_files.retire(store)  # what no list names, which may hold the names the new segments take
     new = {part: retrieval.rebuilt(store, part, segment_docs) for part in damaged}
-    store.commit_parts(tfidf=[new.get(part, part) for part in store.parts(tfidf_files.KIND) or []])
+    store.writer.commit_parts(tfidf=[new.get(part, part) for part in store.parts(tfidf_files.KIND) or []])
     tfidf_files.retire(store)  # the damaged segments: no list names them now
     return [
         f"TF-IDF segment {_segment_name(part)} (documents {part.first:,}..{part.stop:,}): indexed again from the "

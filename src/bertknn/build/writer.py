@@ -32,7 +32,8 @@ from bertknn.store.codec import FLOAT16, KeyCodec
 from bertknn.store.datastore import CODEC, CODES, KEYS, DatastoreError
 from bertknn.store.lock import LAZY_WAIT_S
 from bertknn.store.records import Part
-from bertknn.store.shards import ShardedDatastore, Store, open_store
+from bertknn.store.shards import ShardedDatastore, open_store
+from bertknn.store.store import Store
 from bertknn.text import CorpusError, Document, parse_document
 
 if TYPE_CHECKING:
@@ -123,9 +124,9 @@ class Writer:
         ranges = [(a, min(a + segment_docs, store.n_documents)) for a in range(first, store.n_documents, segment_docs)]
         texts = (text for a, b in ranges for text in store.iter_document_texts(a, b))
         hashed = workers.ordered_map(feature_array, texts, workers.count(n_workers, store.n_documents - first))
-        forget = lambda names: store.rewriting(*names)  # noqa: E731
+        forget = lambda names: store.writer.rewriting(*names)  # noqa: E731
         for start, stop in ranges:
-            store.rewriting(*TfidfIndex.files(start))  # parts left by an interrupted run are written anew
+            store.writer.rewriting(*TfidfIndex.files(start))  # parts left by an interrupted run are written anew
             listed = compact(
                 store.path,
                 [*listed, TfidfIndex.from_features(islice(hashed, stop - start), start).save(store.path, start)],
@@ -139,7 +140,7 @@ class Writer:
     def _commit_ir(self, listed: list[Part], commit: bool) -> None:
         """With `commit`, the IR index's parts committed and what they replaced retired."""
         if commit:
-            self.store.commit_parts(tfidf=listed)
+            self.store.writer.commit_parts(tfidf=listed)
             tfidf_files.retire(self.store)
 
     def _committed(self) -> list[Part]:
@@ -147,11 +148,11 @@ class Writer:
         gets its listing committed first (the FAISS index's too), and what no list names is retired."""
         store = self.store
         if store.parts(tfidf_files.KIND) is None:
-            store.commit_parts(tfidf=tfidf_files.listing(store.path), faiss=faiss_files.listing(store))
+            store.writer.commit_parts(tfidf=tfidf_files.listing(store.path), faiss=faiss_files.listing(store))
         listed = store.parts(tfidf_files.KIND)
         kept = next((i for i, part in enumerate(listed) if not tfidf_files.is_written(store.path, part)), len(listed))
         if kept < len(listed):  # segments deleted by hand: indexed again from the first one missing
-            store.commit_parts(tfidf=listed[:kept])
+            store.writer.commit_parts(tfidf=listed[:kept])
         tfidf_files.retire(store)
         faiss_files.retire(store)
         return listed[:kept]
@@ -204,8 +205,8 @@ class Writer:
                 if progress:
                     progress(done, store.size)
             store.manifest.pop("key_codec_pending", None)
-            store.set_manifest(key_codec=name)  # the switch
-            store.rewriting(KEYS)
+            store.writer.set_manifest(key_codec=name)  # the switch
+            store.writer.rewriting(KEYS)
             (store.path / KEYS).unlink(missing_ok=True)
             return done - start
 
@@ -216,10 +217,10 @@ class Writer:
             return KeyCodec.load(store.path / CODEC, name)
         rows = np.sort(np.random.default_rng(seed).permutation(store.size)[:train_size])
         codec = KeyCodec.train(name, np.asarray(store.keys[rows], np.float32))
-        store.rewriting(CODEC, CODES)  # what a conversion to another codec left is written anew
+        store.writer.rewriting(CODEC, CODES)  # what a conversion to another codec left is written anew
         (store.path / CODES).unlink(missing_ok=True)
         codec.save(store.path / CODEC)
-        store.set_manifest(key_codec_pending=name)
+        store.writer.set_manifest(key_codec_pending=name)
         return codec
 
     def embed(self, docs: list[int], progress: Callable[[int], None] | None = None) -> int:
@@ -281,7 +282,7 @@ class Writer:
                     f"document id(s) already in the datastore: {live[:5]}; remove them first, or replace them "
                     "(`bertknn add --replace`)"
                 )
-            store.stage([record(d, store.splitter) for d in parsed], replace)
+            store.writer.stage([record(d, store.splitter) for d in parsed], replace)
             if not store.lazy:
                 builder.embed(store, store.adding(), self._encoder(), progress=progress)
             listed = {"tfidf": self._extend_index(SEGMENT_DOCS, 1, commit=False)}
@@ -290,7 +291,7 @@ class Writer:
                 faiss.update(commit=False)
                 listed["faiss"] = faiss.listed()
             ranges = store.document_ranges(store.adding())  # also those an interrupted add embedded
-            store.publish(**listed)  # the documents and the index parts that hold them, in one transaction
+            store.writer.publish(**listed)  # the documents and the index parts that hold them, in one transaction
             tfidf_files.retire(store)
             faiss_files.retire(store)
             builder.finish(store)
@@ -322,7 +323,7 @@ class Writer:
                 )
             held = store.live_digests(sorted(elsewhere))
             changed = sorted(d.id for d in docs if d.id in elsewhere and held.get(d.id) not in (None, digest(d)))
-            if changed:  # as one store refuses a live id given other text (`Datastore.stage`)
+            if changed:  # as one store refuses a live id given other text (`DatastoreWriter.stage`)
                 raise DatastoreError(
                     f"document id(s) {changed[:5]} are in {store.path} with other text; remove them first "
                     "(`bertknn remove --doc ID`), then add the new text"
@@ -347,7 +348,7 @@ class Writer:
         """Hide documents from every retrieval path, all in one transaction: (removed now, removed before).
         An unknown id raises DatastoreError and nothing is removed; `wait` as in `add_documents`."""
         with self.store.writing(wait):
-            return self.store.remove([str(i) for i in ids])
+            return self.store.writer.remove([str(i) for i in ids])
 
     def remove_document(self, doc_id: str, wait: float | None = None) -> None:
         """Hide one document from every retrieval path (DatastoreError for an id never held or removed before)."""

@@ -173,4 +173,4 @@ def store_best(reader: BertKNN, grid: list[tuple[Settings, dict]], description: 
     """Record the grid's best settings, its P@1 and the dev split with the datastore: `BertKNN.load` uses them."""
     best, scores = grid[0]
     with reader.store.writing():
-        reader.store.set_manifest(tuned={"hparams": best.tuned, "dev": description, "P@1": scores["P@1"]})
+        reader.store.writer.set_manifest(tuned={"hparams": best.tuned, "dev": description, "P@1": scores["P@1"]})

@@ -150,13 +150,13 @@ def save(index: faiss.Index, store: Datastore, name: str = INDEX_FILE) -> None:
     atomic.write_file(
         store.path / name,
         lambda handle: faiss.write_index(index, faiss.PyCallbackIOWriter(handle.write)),
-        before_rename=lambda: store.rewriting(name),
+        before_rename=lambda: store.writer.rewriting(name),
     )
 
 
 def delete(store: Datastore, name: str) -> None:
     """Delete a FAISS file of the store, its checksums dropped first (so its absence is not taken for damage)."""
-    store.rewriting(name)
+    store.writer.rewriting(name)
     (store.path / name).unlink(missing_ok=True)
 
 
@@ -231,6 +231,6 @@ def sound_trained(store: Datastore) -> faiss.Index | None:
 
 def write_settings(store: Datastore, settings: dict) -> None:
     """Write faiss.json whole, and the copy SQLite keeps of it (for the writer: its checksums are dropped first)."""
-    store.rewriting(SETTINGS_FILE)
+    store.writer.rewriting(SETTINGS_FILE)
     atomic.write_json(store.path / SETTINGS_FILE, settings)
-    store.write_meta(SETTINGS_COPY, json.dumps(settings))
+    store.writer.write_meta(SETTINGS_COPY, json.dumps(settings))

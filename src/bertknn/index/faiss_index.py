@@ -245,14 +245,16 @@ class FaissIndex:
                 index = faiss.clone_index(trained)
             else:
                 index, settings["train_size"] = train(store, factory, train_size, seed)
-            store.commit_parts(faiss=[])  # what an index deleted by hand left is no part of the new one
+            store.writer.commit_parts(faiss=[])  # what an index deleted by hand left is no part of the new one
             retire(store)
             save(index, store, TRAINED_FILE)
             built = cls([], faiss.clone_index(index), store, settings)
         if settings != known:
-            store.rewriting(SETTINGS_FILE)
+            store.writer.rewriting(SETTINGS_FILE)
             atomic.write_json(store.path / SETTINGS_FILE, settings)
-        store.write_meta(SETTINGS_COPY, json.dumps(settings))  # what `bertknn repair` goes by if faiss.json is lost
+        store.writer.write_meta(
+            SETTINGS_COPY, json.dumps(settings)
+        )  # what `bertknn repair` goes by if faiss.json is lost
         for part in built.parts:
             _set_nprobe(part.index, nprobe)
         built.update(chunk, progress)
@@ -319,7 +321,7 @@ class FaissIndex:
 
     def commit(self) -> None:
         """Commit the parts as they are in memory, then delete those no list names."""
-        self.store.commit_parts(faiss=self.listed())
+        self.store.writer.commit_parts(faiss=self.listed())
         retire(self.store)
 
     def _taken(self) -> set[str]:

@@ -1,6 +1,6 @@
 """The commit point of a datastore's indexes, as Lucene's segments_N: readers open exactly the parts that SQLite
 lists (`Datastore.parts`); a writer writes each part whole under a name no list holds, commits a new list
-(`Datastore.commit_parts`, or `publish` with the documents the parts index), and only then deletes the files that
+(`DatastoreWriter.commit_parts`, or `publish` with the documents the parts index), and only then deletes the files that
 no list names (`retire`). A reader that finds a listed file gone reads the list again: a merge committed meanwhile.
 """
 

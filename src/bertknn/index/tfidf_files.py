@@ -157,7 +157,7 @@ def part_files(name: str) -> list[str]:
 
 def delete(store: Datastore, name: str) -> None:
     """Delete a segment no list names, its checksums dropped first (so its absence is not taken for damage)."""
-    store.rewriting(*part_files(name))
+    store.writer.rewriting(*part_files(name))
     if name == BASE:
         for file in part_files(BASE):
             (store.path / file).unlink(missing_ok=True)
@@ -253,7 +253,7 @@ def compact(
     chunk_entries: int = MERGE_CHUNK,
 ) -> list[Part]:
     """Merge runs of the segments `listed` as `merge_plan` says; return the list with each run replaced by its
-    merge. For the writer of the datastore, who commits the list (`Datastore.commit_parts`, or `publish` with the
+    merge. For the writer of the datastore, who commits the list (`DatastoreWriter.commit_parts`, or `publish` with the
     documents it indexes) and then `retire`s what it replaced: each merged segment is written whole (a `.tmp` folder
     renamed) under a name no list holds, so readers never wait and a crash leaves the committed index as it was.
     `forget` (the store's `rewriting`) is told the files about to be written anew.

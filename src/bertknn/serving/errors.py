@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 
 from bertknn.store.atomic import DiskFullError
 from bertknn.store.datastore import BusyError, DatastoreError
-from bertknn.store.shards import Store
+from bertknn.store.store import Store
 
 
 def _encodable(value: object) -> str | int:

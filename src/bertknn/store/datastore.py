@@ -35,29 +35,29 @@ optional FAISS files is set aside in `faiss_damage`, so IR questions still work)
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import hashlib
 import json
-import shutil
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import closing
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bertknn.store import atomic, schema
 from bertknn.store import evidence as evidence_table
-from bertknn.store.atomic import write_json
 from bertknn.store.codec import FLOAT16, Decoded, KeyCodec
-from bertknn.store.integrity import ChecksumError, Checksums, Damage, seal
+from bertknn.store.integrity import ChecksumError, Checksums, Damage
 from bertknn.store.lock import LOCK_FILE, LOCK_WAIT, BusyError, acquire_lock
-from bertknn.store.manifest import IDENTITY, DatastoreError, read_manifest
-from bertknn.store.records import Part, Provenance, Record, newest_first
+from bertknn.store.manifest import DatastoreError, read_manifest
+from bertknn.store.records import Part, Provenance, newest_first
 from bertknn.text import FORMER_SPLITTER
+
+if TYPE_CHECKING:
+    from bertknn.store.writer import DatastoreWriter
 
 REMOVED_PREFIX = "\x1f"  # a control character, which document ids may not hold (text.parse_document)
 REPLACING_PREFIX = "\x1e"  # the id of a staged document that replaces the live one with its id when published
@@ -145,6 +145,7 @@ class Datastore:
         self.manifest = read_manifest(self.path)
         self.dim = int(self.manifest["dim"])
         self._lock = None  # the open, flocked write.lock while this object holds the writer lock
+        self._writer: DatastoreWriter | None = None  # the writes, while the lock is held
         self._threads = threading.RLock()  # one writing thread per object; the flock is taken once per object
         db_file = self.path / SQLITE
         if (not db_file.is_file() or db_file.stat().st_size == 0) and self.manifest["status"] != "building":
@@ -158,8 +159,8 @@ class Datastore:
             self._check_identity()
         self._owners: tuple | None = None  # (entry count, range starts, documents) cached by `documents_of`
         self._codec: KeyCodec | None = None  # loaded by `codec` for compressed keys
-        self._map()
-        self.version = self._data_version()
+        self.remap()
+        self.version = self.data_version()
         self.faiss_damage: list[Damage] = []  # damage confined to the FAISS files: IR questions still work
         if check:
             damage = self.check(sample=SAMPLE_BLOCKS)
@@ -185,10 +186,12 @@ class Datastore:
             return schema.empty()
         return schema.reading(file)
 
-    def _writes(self) -> None:
-        """Refuse a write outside `writing()`: only the holder of the writer lock writes."""
-        if self._lock is None:
+    @property
+    def writer(self) -> DatastoreWriter:
+        """This datastore's writes, while `writing()` holds its writer lock (DatastoreError outside it)."""
+        if self._writer is None:
             raise DatastoreError(f"{self.path}: a write outside `Datastore.writing()`, which holds the writer lock")
+        return self._writer
 
     def __enter__(self) -> Datastore:
         return self
@@ -221,7 +224,7 @@ class Datastore:
                     f"{value!r}: the manifest was edited or damaged; restore {field} = {value!r}"
                 )
 
-    def _map(self) -> None:
+    def remap(self) -> None:
         """Memory-map the committed entries; anything past the committed count is ignored."""
         with self.sqlite_errors():
             self.size = int(self._meta("entries", "0"))
@@ -296,13 +299,7 @@ class Datastore:
         with self.sqlite_errors():
             return self._meta(key, None)
 
-    def write_meta(self, key: str, value: str) -> None:
-        """Keep a value in SQLite, in its own transaction (for the writer)."""
-        self._writes()
-        with self.sqlite_errors(), self.db:
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
-
-    def _data_version(self) -> tuple:
+    def data_version(self) -> tuple:
         """Changes whenever another connection commits to SQLite or a checksummed file is rewritten."""
         with self.sqlite_errors():
             version = self.db.execute("PRAGMA data_version").fetchone()[0]
@@ -310,19 +307,20 @@ class Datastore:
 
     def reload(self) -> None:
         """Re-read what other processes committed (entries, documents, manifest, FAISS damage mended meanwhile)."""
-        version = self._data_version()
+        version = self.data_version()
         if version == self.version:
             return
         self.version = version
         self.manifest = read_manifest(self.path)
-        self._map()
+        self.remap()
         if self.faiss_damage:  # a rebuilt index is no longer damaged
             self.faiss_damage = self.check(only=self.faiss_damage)
 
     @contextlib.contextmanager
-    def writing(self, wait: float | None = None, check_tails: bool = True) -> Iterator[Datastore]:
+    def writing(self, wait: float | None = None, check_tails: bool = True) -> Iterator[DatastoreWriter]:
         """Hold the datastore's writer lock (waiting up to `wait` seconds for another writer; None: as `lock_wait`
-        says), re-read the committed state, and on success record the checksums of what was written. Re-entrant
+        says), open the writer's connection (the schema made or upgraded), re-read the committed state and give the
+        `DatastoreWriter`; on success record the checksums of what was written. Re-entrant
         within a thread; other threads of this process wait like other processes. `check_tails`: refuse first when
         the last block of keys or values is damaged (`bertknn repair` checks every block itself, under the lock)."""
         wait = LOCK_WAIT.get() if wait is None else wait
@@ -331,9 +329,11 @@ class Datastore:
         if not got:
             raise BusyError(f"{self.path} is being written by another thread of this process; rerun when it is done")
         try:
-            if self._lock is not None:  # this thread holds it already
-                yield self
+            if self._writer is not None:  # this thread holds it already
+                yield self._writer
                 return
+            from bertknn.store.writer import DatastoreWriter  # the writer module reads through this one
+
             self._lock = acquire_lock(self.path, max(0.0, wait - (time.monotonic() - began)))
             try:
                 atomic.remove_temporary(self.path)  # what an interrupted writer left half-written
@@ -342,13 +342,15 @@ class Datastore:
                         self._writer_db = schema.writing(self.path / SQLITE)
                     self.db = self._writer_db
                 self.reload()
+                self._writer = writer = DatastoreWriter(self)
                 if self._meta("identity", "") == "":  # a create killed between its manifest and this record
-                    self.record_identity()
+                    writer.record_identity()
                 if check_tails:
                     self._check_tails()
-                yield self
-                self.seal()
+                yield writer
+                writer.seal()
             finally:
+                self._writer = None
                 self._read_again()
                 handle, self._lock = self._lock, None
                 fcntl.flock(handle, fcntl.LOCK_UN)
@@ -363,7 +365,7 @@ class Datastore:
         if not isinstance(self._reader, schema.Connection) or self._reader.views:
             self._reader = self._read_only()
         self.db = self._reader
-        self.version = self._data_version()
+        self.version = self.data_version()
 
     def _check_tails(self) -> None:
         """Refuse to append to keys or values whose last, partly filled block was damaged: the seal would have to
@@ -375,32 +377,7 @@ class Datastore:
         if damage:
             raise DatastoreError(_damage_message(self.path, damage))
 
-    def seal(self) -> None:
-        """Record checksums (`integrity.seal`): the new tail of keys and values, SQLite whole, and the data files not
-        recorded yet (new, or announced by `rewriting`). A recorded file is never re-recorded here, so damage stays
-        visible."""
-        try:
-            sums = Checksums(self.path)
-            for name, width in self.entry_files():
-                sums.extend(name, self.size * width)
-        except ChecksumError as err:
-            raise DatastoreError(f"{err}: damaged before this write; its checksums are kept") from None
-        if self._meta("checksummed", "0") != "1":  # from now on a missing checksums.json is damage: so it exists first
-            sums.save()
-            with self.sqlite_errors(), self.db:
-                self.db.execute("INSERT OR REPLACE INTO meta VALUES ('checksummed', '1')")
-        seal(sums, data_files(self.path), changed=[SQLITE], sqlite_changes=self._changes())
-        self.version = self._data_version()
-
-    def rewriting(self, *names: str) -> None:
-        """Drop the checksums of files about to be replaced, so an interrupted rewrite is not taken for damage (the
-        writer's seal records them again)."""
-        sums = Checksums(self.path)
-        if set(names) & set(sums.files):
-            sums.forget(names)
-            sums.save()
-
-    def _changes(self) -> int:
+    def sqlite_changes(self) -> int:
         """SQLite's file change counter (header bytes 24-27): it grows with every committed transaction."""
         with (self.path / SQLITE).open("rb") as handle:
             handle.seek(24)
@@ -425,7 +402,7 @@ class Datastore:
             return [Damage("checksums.json", None, "missing, though the datastore had checksums recorded")]
         with self._read_transaction():  # no writer may commit to SQLite while its blocks are compared
             names = set(sums.files)
-            if sums.meta.get("sqlite_changes") != self._changes():
+            if sums.meta.get("sqlite_changes") != self.sqlite_changes():
                 names.discard(SQLITE)
             return sums.verify(names, sample, progress, growing=APPEND_ONLY, only=only)
 
@@ -572,32 +549,7 @@ class Datastore:
         for (text,) in self.db.execute(query, (first, self.n_documents if stop is None else stop)):
             yield text
 
-    def register(self, docs: list[Record], state: str = "live") -> None:
-        """Add documents and their sentences (text only, not yet embedded) in one transaction."""
-        self._writes()
-        with self.sqlite_errors(), self.db:
-            self._insert(docs, state)
-        self.n_documents += len(docs)
-
-    def _insert(self, docs: list[Record], state: str) -> None:
-        first, sent_idx = self.db.execute(
-            "SELECT (SELECT coalesce(max(idx) + 1, 0) FROM documents), "
-            "(SELECT coalesce(max(idx) + 1, 0) FROM sentences)"
-        ).fetchone()
-        row = self.db.execute("SELECT since FROM documents ORDER BY idx DESC LIMIT 1").fetchone()
-        since = row[0] if row else None  # never decreasing with idx: the last document's is the newest so far
-        for doc_idx, doc in enumerate(docs, first):
-            since = max(since, doc.date) if since and doc.date else since or doc.date
-            self.db.execute(
-                "INSERT INTO documents (idx, id, title, norm_title, state, digest, date, since) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (doc_idx, doc.id, doc.title, doc.norm_title, state, doc.digest, doc.date, since),
-            )
-            rows = [(sent_idx + i, doc_idx, t) for i, t in enumerate(doc.sentences)]
-            self.db.executemany("INSERT INTO sentences VALUES (?, ?, ?)", rows)
-            sent_idx += len(doc.sentences)
-
-    def _rows(self, column: str, values: list) -> list[tuple]:
+    def document_rows(self, column: str, values: list) -> list[tuple]:
         """(value, idx, state, digest) of the documents whose `column` is one of `values`."""
         found = []
         for i in range(0, len(values), SQL_PARAMS):
@@ -611,83 +563,16 @@ class Datastore:
         """The text digest (`corpus.digest`) of each of the given ids that is live; None for a document stored
         before digests were kept."""
         with self.sqlite_errors():
-            return {doc_id: digest for doc_id, _, state, digest in self._rows("id", ids) if state == "live"}
+            return {doc_id: digest for doc_id, _, state, digest in self.document_rows("id", ids) if state == "live"}
 
     def states(self, ids: list[str]) -> dict[str, str]:
         """The state of each of the given document ids that the datastore holds (removed ones are not held)."""
         with self.sqlite_errors():
-            return {doc_id: state for doc_id, _, state, _ in self._rows("id", ids)}
-
-    def stage(self, docs: list[Record], replace: bool = False) -> list[str]:
-        """Register the given documents as 'adding' (hidden) unless the same document is there; return the ids
-        skipped because a live document has the same id and text. In one transaction.
-
-        A live document with the same id but other text is refused (remove it first), or with `replace` staged to
-        take its place when published (`publish`: Lucene's updateDocument); an 'adding' one left by an interrupted
-        add with other text is replaced, so a rerun with corrected text never keeps the old one.
-        """
-        self._writes()
-        ids = [d.id for d in docs]
-        with self.sqlite_errors():
-            rows = self._rows("id", ids + [REPLACING_PREFIX + i for i in ids])
-        held = {doc_id: (idx, state, digest) for doc_id, idx, state, digest in rows if doc_id[:1] != REPLACING_PREFIX}
-        staged = {
-            doc_id[1:]: (idx, state, digest) for doc_id, idx, state, digest in rows if doc_id[:1] == REPLACING_PREFIX
-        }
-        changed = [d for d in docs if d.id in held and held[d.id][2] not in (None, d.digest)]
-        conflicts = [d.id for d in changed if held[d.id][1] == "live"]
-        if conflicts and not replace:
-            raise DatastoreError(
-                f"document id(s) {conflicts[:5]} are in {self.path} with other text; remove them first "
-                "(`bertknn remove --doc ID`), or add with --replace"
-            )
-        skipped = [d.id for d in docs if d.id in held and held[d.id][1] == "live" and d.id not in conflicts]
-        redone = [d for d in docs if d.id in staged and staged[d.id][2] == d.digest]  # an interrupted replace's
-        stale = [staged[i][0] for i in staged if i not in {d.id for d in redone}]
-        new = [d for d in docs if (d.id not in held or d in changed) and d not in redone]
-        rename = {d.id for d in new if d.id in conflicts}
-        new = [dataclasses.replace(d, id=REPLACING_PREFIX + d.id) if d.id in rename else d for d in new]
-        with self.sqlite_errors(), self.db:
-            self._hide([held[d.id][0] for d in changed if d.id not in conflicts] + stale)
-            self._insert(new, "adding")
-        self.n_documents = self.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents").fetchone()[0]
-        return skipped
-
-    def _hide(self, docs: list[int]) -> None:
-        """Mark documents removed, free their ids and release their entries' evidence (inside the caller's
-        transaction)."""
-        filled = self.evidence_filled
-        ranges = self.db.execute(
-            "SELECT start, end FROM documents WHERE start IS NOT NULL AND idx IN (SELECT value FROM json_each(?))",
-            (json.dumps([int(d) for d in docs]),),
-        )
-        entries = [e for a, b in ranges for e in range(a, min(b, filled))]
-        if entries:
-            evidence_table.release(self.db, self.evidence_ids(entries))
-        self.db.executemany(
-            "UPDATE documents SET state = 'removed', removed_id = id, id = ? || idx WHERE idx = ?",
-            [(REMOVED_PREFIX, d) for d in docs],
-        )
+            return {doc_id: state for doc_id, _, state, _ in self.document_rows("id", ids)}
 
     def adding(self) -> list[int]:
         """Documents registered by an add that has not been published yet."""
         return [r[0] for r in self.db.execute("SELECT idx FROM documents WHERE state = 'adding' ORDER BY idx")]
-
-    def publish(self, **parts: list[Part]) -> None:
-        """Make every 'adding' document live and commit the index parts given (kind=list, as `commit_parts`), in one
-        transaction: a reader sees the documents and the parts that index them together, or neither."""
-        self._writes()
-        with self.sqlite_errors(), self.db:
-            replacing = self.db.execute(
-                "SELECT idx, substr(id, 2) FROM documents WHERE state = 'adding' AND substr(id, 1, 1) = ?",
-                (REPLACING_PREFIX,),
-            ).fetchall()
-            if replacing:  # the documents they replace are hidden, their ids taken over, in this one transaction
-                old = self._rows("id", [doc_id for _, doc_id in replacing])
-                self._hide([idx for _, idx, state, _ in old if state == "live"])
-                self.db.executemany("UPDATE documents SET id = ? WHERE idx = ?", [(i, x) for x, i in replacing])
-            self.db.execute("UPDATE documents SET state = 'live' WHERE state = 'adding'")
-            _write_parts(self.db, parts)
 
     def parts(self, kind: str) -> list[Part] | None:
         """The committed live parts of an index (`kind`: "tfidf", "faiss"), in order; None for a datastore made
@@ -698,37 +583,10 @@ class Datastore:
             rows = self.db.execute("SELECT name, first, stop FROM parts WHERE kind = ? ORDER BY first", (kind,))
             return [Part(*row) for row in rows]
 
-    def commit_parts(self, **parts: list[Part]) -> None:
-        """Replace the committed list of each index kind given (kind=list of its live parts), in one transaction.
-        For the writer: files that no list names are deleted after, never before."""
-        self._writes()
-        with self.sqlite_errors(), self.db:
-            _write_parts(self.db, parts)
-
-    def remove(self, ids: list[str]) -> tuple[list[str], list[str]]:
-        """Hide documents from every search path, all in one transaction; return (removed now, removed before).
-
-        An id the datastore never held raises DatastoreError and nothing changes, so a rerun of the same removal
-        finishes it: ids removed by the first run are reported as removed before.
-        """
-        self._writes()
-        ids = list(dict.fromkeys(str(i) for i in ids))
-        with self.sqlite_errors():
-            held = {doc_id: idx for doc_id, idx, state, _ in self._rows("id", ids) if state in ("live", "adding")}
-        before = self.removed_ids([i for i in ids if i not in held])
-        unknown = [i for i in ids if i not in held and i not in before]
-        if unknown:
-            raise DatastoreError(
-                f"no document with id {', '.join(map(repr, unknown[:5]))} in {self.path}; nothing was removed"
-            )
-        with self.sqlite_errors(), self.db:
-            self._hide(list(held.values()))
-        return list(held), [i for i in ids if i in before]
-
     def removed_ids(self, ids: list[str]) -> set[str]:
         """Those of the given ids whose documents were removed (and not added again since)."""
         with self.sqlite_errors():
-            return {doc_id for doc_id, *_ in self._rows("removed_id", ids)}
+            return {doc_id for doc_id, *_ in self.document_rows("removed_id", ids)}
 
     def live_end(self) -> int:
         """One past the last live document (0 when none is): what an IR index must cover."""
@@ -776,81 +634,6 @@ class Datastore:
         with self.sqlite_errors():
             return self.db.execute("SELECT sum(length(text)) FROM sentences WHERE doc = ?", (doc,)).fetchone()[0] or 0
 
-    def append(
-        self,
-        docs: list[int],
-        rows: list[tuple[int, int, str]],
-        keys: np.ndarray,
-        values: np.ndarray,
-        spans: list[np.ndarray],
-        words: Sequence[tuple[int, str, str]] = (),
-        counts: np.ndarray | None = None,
-        evidence: evidence_table.Evidence | None = None,
-    ) -> int:
-        """Store the entries of whole documents: keys (float16), values (and in a pruned store `counts`, 1 each when
-        not given) appended and fsynced, then in one transaction each sentence's entry rows (`spans[i]`: the character
-        spans of `rows[i]`'s targets), the new `words` their values use (`word_values`), their `evidence` vectors
-        (a store with evidence must be given them), each document's [start, end) range and the new entry count.
-        Returns the entries added."""
-        self._writes()
-        keys = np.asarray(keys, np.float16)
-        if not np.isfinite(keys).all():  # float16 overflows past 65,504: such keys would poison every distance
-            raise DatastoreError(
-                f"the model gave non-finite keys (NaN, or beyond float16's range) for documents {docs[:5]}; nothing "
-                "of them was stored. Check the model, or choose another --layer"
-            )
-        start, codec = self.size, self.codec
-        if (evidence is None) == bool(self.evidence_model):
-            raise DatastoreError(
-                f"{self.path} {'holds' if self.evidence_model else 'lacks'} evidence vectors, and this append "
-                f"{'lacks' if evidence is None else 'holds'} them: nothing was stored"
-            )
-        if evidence is not None and len(evidence.ids) != len(values):
-            raise DatastoreError(f"{len(evidence.ids)} entries' evidence for {len(values)} entries: nothing stored")
-        if codec is not None:
-            keys = codec.encode(keys)
-        if counts is None:
-            counts = np.ones(len(values), np.int32)
-        arrays = (keys, np.asarray(values, np.int32), np.asarray(counts, np.int32))
-        for (name, width), array in zip(self.entry_files(), arrays):  # counts only where the store is pruned
-            atomic.append(self.path / name, start * width, np.ascontiguousarray(array).data)  # past the committed
-        entry, first = start, {}
-        entry_rows = []
-        for (sent_idx, doc, _), sentence_spans in zip(rows, spans):
-            first.setdefault(doc, entry)
-            entry_rows += [(entry + j, sent_idx, int(a), int(b)) for j, (a, b) in enumerate(sentence_spans)]
-            entry += len(sentence_spans)
-        self._commit_entries(docs, first, entry_rows, start, entry, words, evidence)
-        self._map()
-        return entry - start
-
-    def _commit_entries(
-        self,
-        docs: list[int],
-        first: dict[int, int],
-        rows: list,
-        start: int,
-        end: int,
-        words: Sequence,
-        evidence: evidence_table.Evidence | None,
-    ) -> None:
-        """One transaction: the chunk's entry rows, its new words, its evidence vectors, each document's [start, end)
-        range and the new entry count."""
-        with self.sqlite_errors(), self.db:
-            if words:
-                self.db.execute(schema.WORDS)
-                self.db.executemany("INSERT INTO words VALUES (?, ?, ?)", words)
-            if evidence is not None:
-                evidence_table.commit(self.db, evidence)
-            self.db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?)", rows)
-            bounds = [first.get(d, start) for d in docs]  # every document of a chunk has >= 1 sentence
-            ends = [*bounds[1:], end]
-            self.db.executemany(
-                "UPDATE documents SET start = ?, end = ? WHERE idx = ?",
-                [(a, b, d) for d, a, b in zip(docs, bounds, ends)],
-            )
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('entries', ?)", (str(end),))
-
     @property
     def evidence_model(self) -> str | None:
         """The sentence encoder whose vectors every entry's evidence texts have (evidence.py); None in a store made
@@ -883,14 +666,6 @@ class Datastore:
         with self.sqlite_errors():
             return evidence_table.read(self.db, texts)
 
-    def fill_evidence(self, stop: int, evidence: evidence_table.Evidence) -> None:
-        """A store made before evidence vectors: store those of entries [`evidence_filled`, stop) in one
-        transaction and record how far that got (`bertknn sentences`, build/evidence.py)."""
-        self._writes()
-        with self.sqlite_errors(), self.db:
-            evidence_table.commit(self.db, evidence)
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (evidence_table.FILLED, str(stop)))
-
     @property
     def whole_words(self) -> bool:
         """Whether this store's targets are whole words (format 2) rather than words of one token (format 1)."""
@@ -901,32 +676,14 @@ class Datastore:
         """Whether multi-word names are targets too (besides their words)."""
         return bool(self.manifest.get("names"))
 
-    def word_values(self, words: list[tuple[str, str]]) -> tuple[list[int], list[tuple[int, str, str]]]:
-        """The values of words of several tokens, each given as (its tokens' ids as text, the word): those the store
-        holds, and new ones numbered on from the manifest's `words_from`, returned also as rows for `append` to
-        commit with the entries that use them. Only a writer asks (numbers are given out under the writer lock)."""
-        held = self._word_rows("pieces", sorted({pieces for pieces, _ in words}))  # these words only, not the lexicon
-        known = {pieces: value for value, (pieces, _) in held.items()}
-        new: list[tuple[int, str, str]] = []
-        last = self._select_words("SELECT max(value) FROM words")
-        after = self.manifest["words_from"] - 1 if not last or last[0][0] is None else last[0][0]
-        values = []
-        for pieces, word in words:
-            if pieces not in known:
-                after += 1
-                known[pieces] = after
-                new.append((after, pieces, word))
-            values.append(known[pieces])
-        return values, new
-
     def words(self, values: Iterable[int] | None) -> dict[int, tuple[str, str]]:
         """(tokens' ids as text, word) of the given lexicon numbers (values of words of several tokens; None: all)."""
         if values is None:
-            return self._word_rows()
+            return self.word_rows()
         wanted = sorted({int(v) for v in values})
         if not wanted:
             return {}
-        rows = self._word_rows("value", wanted)
+        rows = self.word_rows("value", wanted)
         missing = [v for v in wanted if v not in rows]
         if missing:
             raise DatastoreError(
@@ -934,15 +691,15 @@ class Datastore:
             )
         return rows
 
-    def _word_rows(self, column: str | None = None, keys: list | None = None) -> dict[int, tuple[str, str]]:
+    def word_rows(self, column: str | None = None, keys: list | None = None) -> dict[int, tuple[str, str]]:
         """value -> (pieces, word) of the `words` table: the rows whose `column` ("value" or "pieces") is one of
         `keys`, or all."""
         query, args = "SELECT value, pieces, word FROM words", ()
         if column is not None:
             query, args = f"{query} WHERE {column} IN (SELECT value FROM json_each(?))", (json.dumps(keys),)
-        return {value: (pieces, word) for value, pieces, word in self._select_words(query, args)}
+        return {value: (pieces, word) for value, pieces, word in self.select_words(query, args)}
 
-    def _select_words(self, query: str, args: tuple = ()) -> list[tuple]:
+    def select_words(self, query: str, args: tuple = ()) -> list[tuple]:
         """The rows of a query of the `words` table; none in a store without it (format 1, or no long word yet)."""
         with self.sqlite_errors():
             try:
@@ -951,111 +708,3 @@ class Datastore:
                 if "no such table" in str(err):
                     return []
                 raise
-
-    def record_identity(self) -> None:
-        """Keep a copy of the manifest's model and key settings in SQLite, which opening the store compares."""
-        self._writes()
-        with self.sqlite_errors(), self.db:
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(self.manifest),))
-
-    def set_manifest(self, **changes: object) -> None:
-        """Update the manifest atomically (a change of `key_codec` re-maps the keys)."""
-        self._writes()
-        self.manifest.update(changes)
-        write_json(self.path / "manifest.json", self.manifest)
-        if "key_codec" in changes:
-            self._map()
-
-
-def create(path: str | Path, manifest: dict) -> Datastore:
-    """A new, empty datastore directory with this manifest (`builder.create` makes the manifest from a model).
-
-    A directory that holds only temporary files (`*.tmp`: what a create killed before its manifest was in place
-    leaves) counts as empty; anything else is refused.
-    """
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise DatastoreError(f"{path} is a file, not a directory; choose a new or empty directory for the datastore")
-    leftovers = list(path.iterdir()) if path.exists() else []
-    if any(not p.name.endswith(".tmp") for p in leftovers):
-        raise DatastoreError(f"{path} exists and is not a datastore; choose an empty or new directory")
-    path.mkdir(parents=True, exist_ok=True)
-    atomic.remove_temporary(path)
-    write_json(path / "manifest.json", manifest)
-    with sqlite_errors(str(path / SQLITE), "free space and rerun"), closing(schema.writing(path / SQLITE)) as db, db:
-        db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(manifest),))
-        _write_parts(db, {"tfidf": [], "faiss": []})  # a new store's indexes are listed from the start
-    return Datastore(path)
-
-
-def identity(manifest: dict) -> str:
-    """The copy of a manifest's model and key settings that SQLite keeps, which opening the store compares."""
-    return json.dumps({field: manifest.get(field) for field in IDENTITY})
-
-
-def _write_parts(db: sqlite3.Connection, parts: dict[str, list[Part]]) -> None:
-    """Replace the committed list of each index kind given, inside the caller's transaction."""
-    for kind, listed in parts.items():
-        db.execute("DELETE FROM parts WHERE kind = ?", (kind,))
-        db.executemany("INSERT INTO parts VALUES (?, ?, ?, ?)", [(kind, p.name, p.first, p.stop) for p in listed])
-    if parts:
-        db.execute("INSERT OR REPLACE INTO meta VALUES ('parts', '1')")
-
-
-def copy_registration(
-    source: str | Path,
-    path: str | Path,
-    manifest: dict,
-    parts: dict[str, list[Part]],
-    files: list[str],
-    words: bool = False,
-) -> Datastore:
-    """A new datastore at `path` (with this manifest) holding the documents and sentences of `source`, nothing
-    embedded, and the index parts given (`parts`: kind -> list, committed in the copy; `files`: their files and
-    folders, copied): registration does not depend on the model, so another model or layer can start from it.
-    With `words`, the words of several tokens are kept too (a copy for the same model: `prune`)."""
-    source, path = Path(source), Path(path)
-    tmp = atomic.new_folder(path)
-    try:
-        _fill_copy(source, tmp, manifest, parts, files, words)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-made stays (a kill leaves it to the next run)
-        raise
-    atomic.publish(tmp, path)
-    return Datastore(path)
-
-
-def _fill_copy(
-    source: Path, tmp: Path, manifest: dict, parts: dict[str, list[Part]], files: list[str], words: bool
-) -> None:
-    """`copy_registration`'s contents, written into the temporary folder `tmp`."""
-    with (
-        Datastore(source) as src,
-        sqlite_errors(str(tmp / SQLITE), "free space and rerun"),
-        atomic.naming(tmp / SQLITE),
-        closing(sqlite3.connect(tmp / SQLITE)) as db,
-        db,
-    ):
-        src.db.backup(db)
-        db.execute("UPDATE documents SET start = NULL, end = NULL")
-        db.execute("DELETE FROM entries")
-        db.execute("DELETE FROM meta")
-        db.execute(schema.WORDS)
-        if not words:
-            db.execute("DELETE FROM words")
-        db.execute("DELETE FROM parts")
-        db.execute(evidence_table.TABLE)
-        db.execute("DELETE FROM evidence")  # the copy's entries bring theirs
-        rows = [(kind, p.name, p.first, p.stop) for kind, listed in parts.items() for p in listed]
-        db.executemany("INSERT INTO parts VALUES (?, ?, ?, ?)", rows)
-        db.execute("INSERT INTO meta VALUES ('parts', '1')")
-    with (
-        sqlite_errors(str(tmp / SQLITE), "free space and rerun"),
-        closing(sqlite3.connect(tmp / SQLITE)) as db,
-    ):
-        db.execute("VACUUM")  # the source's entry rows leave free pages behind: the copy holds only what it keeps
-    for name in files:
-        atomic.copy(source / name, tmp / name)
-    write_json(tmp / "manifest.json", manifest)
-    with sqlite_errors(str(tmp / SQLITE), "free space and rerun"), closing(schema.writing(tmp / SQLITE)) as db, db:
-        db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(manifest),))

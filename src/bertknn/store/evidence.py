@@ -5,8 +5,8 @@ sentences (`query/`, `model/sentences.py`) embeds only its own text, never its n
 One table of store.sqlite, `evidence`, keyed by the text (64 bits of its BLAKE2b hash): a text shared by several
 entries (a sentence by all its words, a word by all its occurrences, a clause by every entry it precedes) is stored
 once and counts its entries in `refs`. Rows are written in the transaction that commits their entries
-(`Datastore.append`), so a build or an add killed at any point leaves every committed entry with its vectors and no
-others; removing a document releases its entries' references and deletes the rows no entry uses any more.
+(`DatastoreWriter.append`), so a build or an add killed at any point leaves every committed entry with its vectors
+and no others; removing a document releases its entries' references and deletes the rows no entry uses any more.
 
 A vector is stored in 4 bits a value with one float32 scale per vector (its largest magnitude over 7): 196 bytes for
 384 dimensions, against 1,536 in float32 (bench/README.md measures what int8 and 4 bits cost the answers). Written by

@@ -8,7 +8,8 @@ shows are rewritten by every write (`writing`), so they stay true after adds and
 document ranges, titles, evidence, hidden documents) go to the shards that hold what is asked, grouped so each shard
 is asked once.
 
-`Store` is what the query path and the service use of a datastore: both `Datastore` and `ShardedDatastore` have it.
+`store.Store` (store/store.py) is what the query path and the service use of a datastore: both `Datastore` and
+`ShardedDatastore` have it.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ import dataclasses
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
 
 import numpy as np
 
 from bertknn.store.atomic import write_json
 from bertknn.store.datastore import Datastore, DatastoreError, sqlite_errors
 from bertknn.store.records import Provenance, newest_first
+from bertknn.store.store import Store
 
 SHARDS_FILE = "shards.json"
 
@@ -53,112 +54,6 @@ def read_top(path: Path) -> dict:
 def shard_paths(path: str | Path) -> list[Path]:
     """The directories of a sharded datastore's shards, in order, as shards.json lists them (none is opened)."""
     return [Path(path) / row["path"] for row in read_top(Path(path))["shards"]]
-
-
-class Rows(Protocol):
-    """Rows of an array read by number (keys or values): a memory map, or `_Rows` over shards."""
-
-    @property
-    def shape(self) -> tuple[int, ...]: ...
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, rows: Any) -> Any: ...
-
-
-class Store(Protocol):
-    """What the query path (search, pipeline, FAISS) and the service use of a datastore: `Datastore` and
-    `ShardedDatastore` both have it, with the same parameter names (tests/test_store_protocol.py holds them to it)."""
-
-    @property
-    def path(self) -> Path: ...
-
-    @property
-    def manifest(self) -> dict: ...
-
-    @property
-    def dim(self) -> int: ...
-
-    @property
-    def size(self) -> int: ...
-
-    @property
-    def n_documents(self) -> int: ...
-
-    @property
-    def keys(self) -> Rows: ...
-
-    @property
-    def values(self) -> Rows: ...
-
-    @property
-    def version(self) -> tuple: ...
-
-    @property
-    def complete(self) -> bool: ...
-
-    @property
-    def lazy(self) -> bool: ...
-
-    @property
-    def layer(self) -> int: ...
-
-    @property
-    def splitter(self) -> str: ...
-
-    @property
-    def key_dtype(self) -> str: ...
-
-    @property
-    def faiss_damage(self) -> list: ...
-
-    def check_model(self, name: str, weights_hash: str, dim: int, layer: int) -> None: ...
-
-    def reload(self) -> None: ...
-
-    def close(self) -> None: ...
-
-    def writing(
-        self, wait: float | None = None, check_tails: bool = True
-    ) -> contextlib.AbstractContextManager[Any]: ...
-
-    def sqlite_errors(self) -> contextlib.AbstractContextManager[None]: ...
-
-    def pending(self, docs: list[int] | None = None) -> list[int]: ...
-
-    def document_ranges(self, docs: list[int]) -> list[tuple[int, int]]: ...
-
-    def documents_of(self, entries: np.ndarray) -> np.ndarray: ...
-
-    def titles(self, docs: list[int]) -> list[str]: ...
-
-    def dated_titles(self, docs: list[int]) -> list[tuple[str, str | None]]: ...
-
-    def find_titles(self, norm_title: str) -> list[tuple[int, str | None]]: ...
-
-    def provenance(self, entries: list[int]) -> list[Provenance]: ...
-
-    def counts_of(self, entries: np.ndarray) -> np.ndarray | None: ...
-
-    @property
-    def evidence_model(self) -> str | None: ...
-
-    def evidence_vectors(self, texts: Sequence[str]) -> dict[str, np.ndarray]: ...
-
-    def hidden_documents(self) -> np.ndarray: ...
-
-    def live_documents(self) -> int: ...
-
-    def states(self, ids: list[str]) -> dict[str, str]: ...
-
-    def live_digests(self, ids: list[str]) -> dict[str, str | None]: ...
-
-    @property
-    def whole_words(self) -> bool: ...
-
-    def words(self, values: Iterable[int] | None) -> dict[int, tuple[str, str]]: ...
-
-    def remove(self, ids: list[str]) -> tuple[list[str], list[str]]: ...
 
 
 def _renumbering(table: dict[int, int]) -> Callable[[np.ndarray], np.ndarray]:
@@ -210,7 +105,8 @@ class _Rows:
 
 
 class ShardedDatastore:
-    """The shards of `path/shards.json` as one read-only datastore (global document and entry numbers)."""
+    """The shards of `path/shards.json` read as one datastore (global document and entry numbers); its writes are a
+    `ShardedWriter`'s, under `writing()`."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -330,8 +226,15 @@ class ShardedDatastore:
         """No document is pending: the shards of a sharded build are complete."""
         return []
 
+    @property
+    def writer(self) -> ShardedWriter:
+        """The writes of this datastore while `writing()` holds the shards' locks (DatastoreError outside it)."""
+        if not self._depth:
+            raise DatastoreError(f"{self.path}: a write outside `ShardedDatastore.writing()`, which holds the locks")
+        return ShardedWriter(self)
+
     @contextlib.contextmanager
-    def writing(self, wait: float | None = None, check_tails: bool = True) -> Iterator[ShardedDatastore]:
+    def writing(self, wait: float | None = None, check_tails: bool = True) -> Iterator[ShardedWriter]:
         """Hold every shard's writer lock (in shard order, so two writers cannot hold one each; `check_tails` as
         `Datastore.writing` takes it), then re-read; on success, the outermost writer records the counts in
         shards.json (`_record_counts`). Re-entrant within a thread. Should shards.json fail to be written, its error is
@@ -343,7 +246,7 @@ class ShardedDatastore:
             self._offsets()
             self._depth += 1
             try:
-                yield self
+                yield ShardedWriter(self)
             finally:
                 self._depth -= 1
             self._offsets()
@@ -480,20 +383,27 @@ class ShardedDatastore:
             found |= shard.live_digests(ids)
         return found
 
+
+class ShardedWriter:
+    """The writes of a sharded datastore, while `ShardedDatastore.writing()` holds every shard's writer lock (each
+    shard's own writes: `shard.writer`); the counts in shards.json are recorded when the outermost write ends."""
+
+    def __init__(self, store: ShardedDatastore) -> None:
+        self.store = store
+
     def remove(self, ids: list[str]) -> tuple[list[str], list[str]]:
         """Remove documents from the shards holding them; return (removed now, removed before). An unknown id raises
         DatastoreError before anything changes. Each shard removes its part in one transaction; a crash between
         shards leaves some removed, and a rerun finishes (reporting those as removed before)."""
         ids = list(dict.fromkeys(str(i) for i in ids))
-        owners = {i: shard for shard in self.shards for i in shard.states(ids)}
-        before = set().union(*(shard.removed_ids([i for i in ids if i not in owners]) for shard in self.shards))
+        owners = {i: shard for shard in self.store.shards for i in shard.states(ids)}
+        before = set().union(*(shard.removed_ids([i for i in ids if i not in owners]) for shard in self.store.shards))
         unknown = [i for i in ids if i not in owners and i not in before]
         if unknown:
             raise DatastoreError(
-                f"no document with id {', '.join(map(repr, unknown[:5]))} in {self.path}; nothing was removed"
+                f"no document with id {', '.join(map(repr, unknown[:5]))} in {self.store.path}; nothing was removed"
             )
         removed = []
-        with self.writing():  # re-entrant under the caller's `writing`; records the counts
-            for shard in dict.fromkeys(owners.values()):
-                removed += shard.remove([i for i in ids if owners.get(i) is shard])[0]
+        for shard in dict.fromkeys(owners.values()):
+            removed += shard.writer.remove([i for i in ids if owners.get(i) is shard])[0]
         return removed, [i for i in ids if i in before]

@@ -4,7 +4,6 @@ the manifest, SQLite's own integrity check, every checksum block, keys and entry
 
 from __future__ import annotations
 
-import fcntl
 import sqlite3
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -15,11 +14,9 @@ import numpy as np
 from bertknn.store.datastore import (
     APPEND_ONLY,
     COUNTS,
-    LOCK_WAIT,
     SQLITE,
     Datastore,
     DatastoreError,
-    acquire_lock,
     data_files,
 )
 from bertknn.store.evidence import VIEWS, exists
@@ -157,11 +154,5 @@ def _evidence_problems(store: Datastore, sample: int = EVIDENCE_SAMPLE) -> list[
 def record_checksums(path: str | Path) -> None:
     """Record the checksums of a datastore's files as they are now (for a store made before checksums existed, or
     after restoring files from a copy): only do this for files known to be sound."""
-    store = Datastore(path, check=False)
-    handle = acquire_lock(store.path, LOCK_WAIT.get())
-    try:
-        (store.path / "checksums.json").unlink(missing_ok=True)
-        store.seal()
-    finally:
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
+    with Datastore(path, check=False) as store, store.writing(check_tails=False):
+        (store.path / "checksums.json").unlink(missing_ok=True)  # the write's end records them all anew

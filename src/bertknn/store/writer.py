@@ -1,0 +1,410 @@
+"""The datastore's writer: what only the holder of its writer lock does. `Datastore.writing()` takes the lock, opens
+the writer's connection (creating or upgrading the schema) and gives the `DatastoreWriter`; its writes are committed
+by SQLite transactions (the commit point) and its files' checksums recorded when the write ends (`seal`). Readers
+(datastore.py) never write.
+
+`append` stores one chunk of documents at a time: keys and values are written and fsynced first, then SQLite commits
+the chunk's rows and the new entry count in one transaction. That count is the truth: a reader and a resumed build
+ignore any bytes past it, so a build killed at any point resumes to exactly the uninterrupted result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sqlite3
+from collections.abc import Sequence
+from contextlib import closing
+from pathlib import Path
+
+import numpy as np
+
+from bertknn.store import atomic, schema
+from bertknn.store import evidence as evidence_table
+from bertknn.store.atomic import write_json
+from bertknn.store.datastore import (
+    REMOVED_PREFIX,
+    REPLACING_PREFIX,
+    SQLITE,
+    Datastore,
+    data_files,
+    sqlite_errors,
+)
+from bertknn.store.integrity import ChecksumError, Checksums, seal
+from bertknn.store.manifest import IDENTITY, DatastoreError
+from bertknn.store.records import Part, Record
+
+
+class DatastoreWriter:
+    """The writes of one datastore, while its writer lock is held (`Datastore.writing()`): documents registered,
+    staged, published and removed, entries appended with their words and evidence vectors, index parts committed, the
+    manifest changed, checksums recorded. Reads go through `store`, which reads the writer's own commits meanwhile."""
+
+    def __init__(self, store: Datastore) -> None:
+        self.store = store
+
+    @property
+    def db(self):
+        """The writer's SQLite connection."""
+        return self.store.db
+
+    def write_meta(self, key: str, value: str) -> None:
+        """Keep a value in SQLite, in its own transaction (for the writer)."""
+        with self.store.sqlite_errors(), self.store.db:
+            self.store.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def seal(self) -> None:
+        """Record checksums (`integrity.seal`): the new tail of keys and values, SQLite whole, and the data files not
+        recorded yet (new, or announced by `rewriting`). A recorded file is never re-recorded here, so damage stays
+        visible."""
+        try:
+            sums = Checksums(self.store.path)
+            for name, width in self.store.entry_files():
+                sums.extend(name, self.store.size * width)
+        except ChecksumError as err:
+            raise DatastoreError(f"{err}: damaged before this write; its checksums are kept") from None
+        if (
+            self.store.read_meta("checksummed") != "1"
+        ):  # from now on a missing checksums.json is damage: so it exists first
+            sums.save()
+            with self.store.sqlite_errors(), self.store.db:
+                self.store.db.execute("INSERT OR REPLACE INTO meta VALUES ('checksummed', '1')")
+        seal(sums, data_files(self.store.path), changed=[SQLITE], sqlite_changes=self.store.sqlite_changes())
+        self.store.version = self.store.data_version()
+
+    def rewriting(self, *names: str) -> None:
+        """Drop the checksums of files about to be replaced, so an interrupted rewrite is not taken for damage (the
+        writer's seal records them again)."""
+        sums = Checksums(self.store.path)
+        if set(names) & set(sums.files):
+            sums.forget(names)
+            sums.save()
+
+    def register(self, docs: list[Record], state: str = "live") -> None:
+        """Add documents and their sentences (text only, not yet embedded) in one transaction."""
+        with self.store.sqlite_errors(), self.store.db:
+            self._insert(docs, state)
+        self.store.n_documents += len(docs)
+
+    def _insert(self, docs: list[Record], state: str) -> None:
+        first, sent_idx = self.store.db.execute(
+            "SELECT (SELECT coalesce(max(idx) + 1, 0) FROM documents), "
+            "(SELECT coalesce(max(idx) + 1, 0) FROM sentences)"
+        ).fetchone()
+        row = self.store.db.execute("SELECT since FROM documents ORDER BY idx DESC LIMIT 1").fetchone()
+        since = row[0] if row else None  # never decreasing with idx: the last document's is the newest so far
+        for doc_idx, doc in enumerate(docs, first):
+            since = max(since, doc.date) if since and doc.date else since or doc.date
+            self.store.db.execute(
+                "INSERT INTO documents (idx, id, title, norm_title, state, digest, date, since) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (doc_idx, doc.id, doc.title, doc.norm_title, state, doc.digest, doc.date, since),
+            )
+            rows = [(sent_idx + i, doc_idx, t) for i, t in enumerate(doc.sentences)]
+            self.store.db.executemany("INSERT INTO sentences VALUES (?, ?, ?)", rows)
+            sent_idx += len(doc.sentences)
+
+    def stage(self, docs: list[Record], replace: bool = False) -> list[str]:
+        """Register the given documents as 'adding' (hidden) unless the same document is there; return the ids
+        skipped because a live document has the same id and text. In one transaction.
+
+        A live document with the same id but other text is refused (remove it first), or with `replace` staged to
+        take its place when published (`publish`: Lucene's updateDocument); an 'adding' one left by an interrupted
+        add with other text is replaced, so a rerun with corrected text never keeps the old one.
+        """
+        ids = [d.id for d in docs]
+        with self.store.sqlite_errors():
+            rows = self.store.document_rows("id", ids + [REPLACING_PREFIX + i for i in ids])
+        held = {doc_id: (idx, state, digest) for doc_id, idx, state, digest in rows if doc_id[:1] != REPLACING_PREFIX}
+        staged = {
+            doc_id[1:]: (idx, state, digest) for doc_id, idx, state, digest in rows if doc_id[:1] == REPLACING_PREFIX
+        }
+        changed = [d for d in docs if d.id in held and held[d.id][2] not in (None, d.digest)]
+        conflicts = [d.id for d in changed if held[d.id][1] == "live"]
+        if conflicts and not replace:
+            raise DatastoreError(
+                f"document id(s) {conflicts[:5]} are in {self.store.path} with other text; remove them first "
+                "(`bertknn remove --doc ID`), or add with --replace"
+            )
+        skipped = [d.id for d in docs if d.id in held and held[d.id][1] == "live" and d.id not in conflicts]
+        redone = [d for d in docs if d.id in staged and staged[d.id][2] == d.digest]  # an interrupted replace's
+        stale = [staged[i][0] for i in staged if i not in {d.id for d in redone}]
+        new = [d for d in docs if (d.id not in held or d in changed) and d not in redone]
+        rename = {d.id for d in new if d.id in conflicts}
+        new = [dataclasses.replace(d, id=REPLACING_PREFIX + d.id) if d.id in rename else d for d in new]
+        with self.store.sqlite_errors(), self.store.db:
+            self._hide([held[d.id][0] for d in changed if d.id not in conflicts] + stale)
+            self._insert(new, "adding")
+        self.store.n_documents = self.store.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents").fetchone()[0]
+        return skipped
+
+    def _hide(self, docs: list[int]) -> None:
+        """Mark documents removed, free their ids and release their entries' evidence (inside the caller's
+        transaction)."""
+        filled = self.store.evidence_filled
+        ranges = self.store.db.execute(
+            "SELECT start, end FROM documents WHERE start IS NOT NULL AND idx IN (SELECT value FROM json_each(?))",
+            (json.dumps([int(d) for d in docs]),),
+        )
+        entries = [e for a, b in ranges for e in range(a, min(b, filled))]
+        if entries:
+            evidence_table.release(self.store.db, self.store.evidence_ids(entries))
+        self.store.db.executemany(
+            "UPDATE documents SET state = 'removed', removed_id = id, id = ? || idx WHERE idx = ?",
+            [(REMOVED_PREFIX, d) for d in docs],
+        )
+
+    def publish(self, **parts: list[Part]) -> None:
+        """Make every 'adding' document live and commit the index parts given (kind=list, as `commit_parts`), in one
+        transaction: a reader sees the documents and the parts that index them together, or neither."""
+        with self.store.sqlite_errors(), self.store.db:
+            replacing = self.store.db.execute(
+                "SELECT idx, substr(id, 2) FROM documents WHERE state = 'adding' AND substr(id, 1, 1) = ?",
+                (REPLACING_PREFIX,),
+            ).fetchall()
+            if replacing:  # the documents they replace are hidden, their ids taken over, in this one transaction
+                old = self.store.document_rows("id", [doc_id for _, doc_id in replacing])
+                self._hide([idx for _, idx, state, _ in old if state == "live"])
+                self.store.db.executemany("UPDATE documents SET id = ? WHERE idx = ?", [(i, x) for x, i in replacing])
+            self.store.db.execute("UPDATE documents SET state = 'live' WHERE state = 'adding'")
+            _write_parts(self.store.db, parts)
+
+    def commit_parts(self, **parts: list[Part]) -> None:
+        """Replace the committed list of each index kind given (kind=list of its live parts), in one transaction.
+        For the writer: files that no list names are deleted after, never before."""
+        with self.store.sqlite_errors(), self.store.db:
+            _write_parts(self.store.db, parts)
+
+    def remove(self, ids: list[str]) -> tuple[list[str], list[str]]:
+        """Hide documents from every search path, all in one transaction; return (removed now, removed before).
+
+        An id the datastore never held raises DatastoreError and nothing changes, so a rerun of the same removal
+        finishes it: ids removed by the first run are reported as removed before.
+        """
+        ids = list(dict.fromkeys(str(i) for i in ids))
+        with self.store.sqlite_errors():
+            held = {
+                doc_id: idx
+                for doc_id, idx, state, _ in self.store.document_rows("id", ids)
+                if state in ("live", "adding")
+            }
+        before = self.store.removed_ids([i for i in ids if i not in held])
+        unknown = [i for i in ids if i not in held and i not in before]
+        if unknown:
+            raise DatastoreError(
+                f"no document with id {', '.join(map(repr, unknown[:5]))} in {self.store.path}; nothing was removed"
+            )
+        with self.store.sqlite_errors(), self.store.db:
+            self._hide(list(held.values()))
+        return list(held), [i for i in ids if i in before]
+
+    def append(
+        self,
+        docs: list[int],
+        rows: list[tuple[int, int, str]],
+        keys: np.ndarray,
+        values: np.ndarray,
+        spans: list[np.ndarray],
+        words: Sequence[tuple[int, str, str]] = (),
+        counts: np.ndarray | None = None,
+        evidence: evidence_table.Evidence | None = None,
+    ) -> int:
+        """Store the entries of whole documents: keys (float16), values (and in a pruned store `counts`, 1 each when
+        not given) appended and fsynced, then in one transaction each sentence's entry rows (`spans[i]`: the character
+        spans of `rows[i]`'s targets), the new `words` their values use (`word_values`), their `evidence` vectors
+        (a store with evidence must be given them), each document's [start, end) range and the new entry count.
+        Returns the entries added."""
+        keys = np.asarray(keys, np.float16)
+        if not np.isfinite(keys).all():  # float16 overflows past 65,504: such keys would poison every distance
+            raise DatastoreError(
+                f"the model gave non-finite keys (NaN, or beyond float16's range) for documents {docs[:5]}; nothing "
+                "of them was stored. Check the model, or choose another --layer"
+            )
+        start, codec = self.store.size, self.store.codec
+        if (evidence is None) == bool(self.store.evidence_model):
+            raise DatastoreError(
+                f"{self.store.path} {'holds' if self.store.evidence_model else 'lacks'} evidence vectors, and this "
+                "append "
+                f"{'lacks' if evidence is None else 'holds'} them: nothing was stored"
+            )
+        if evidence is not None and len(evidence.ids) != len(values):
+            raise DatastoreError(f"{len(evidence.ids)} entries' evidence for {len(values)} entries: nothing stored")
+        if codec is not None:
+            keys = codec.encode(keys)
+        if counts is None:
+            counts = np.ones(len(values), np.int32)
+        arrays = (keys, np.asarray(values, np.int32), np.asarray(counts, np.int32))
+        for (name, width), array in zip(self.store.entry_files(), arrays):  # counts only where the store is pruned
+            atomic.append(self.store.path / name, start * width, np.ascontiguousarray(array).data)  # past the committed
+        entry, first = start, {}
+        entry_rows = []
+        for (sent_idx, doc, _), sentence_spans in zip(rows, spans):
+            first.setdefault(doc, entry)
+            entry_rows += [(entry + j, sent_idx, int(a), int(b)) for j, (a, b) in enumerate(sentence_spans)]
+            entry += len(sentence_spans)
+        self._commit_entries(docs, first, entry_rows, start, entry, words, evidence)
+        self.store.remap()
+        return entry - start
+
+    def _commit_entries(
+        self,
+        docs: list[int],
+        first: dict[int, int],
+        rows: list,
+        start: int,
+        end: int,
+        words: Sequence,
+        evidence: evidence_table.Evidence | None,
+    ) -> None:
+        """One transaction: the chunk's entry rows, its new words, its evidence vectors, each document's [start, end)
+        range and the new entry count."""
+        with self.store.sqlite_errors(), self.store.db:
+            if words:
+                self.store.db.execute(schema.WORDS)
+                self.store.db.executemany("INSERT INTO words VALUES (?, ?, ?)", words)
+            if evidence is not None:
+                evidence_table.commit(self.store.db, evidence)
+            self.store.db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?)", rows)
+            bounds = [first.get(d, start) for d in docs]  # every document of a chunk has >= 1 sentence
+            ends = [*bounds[1:], end]
+            self.store.db.executemany(
+                "UPDATE documents SET start = ?, end = ? WHERE idx = ?",
+                [(a, b, d) for d, a, b in zip(docs, bounds, ends)],
+            )
+            self.store.db.execute("INSERT OR REPLACE INTO meta VALUES ('entries', ?)", (str(end),))
+
+    def fill_evidence(self, stop: int, evidence: evidence_table.Evidence) -> None:
+        """A store made before evidence vectors: store those of entries [`evidence_filled`, stop) in one
+        transaction and record how far that got (`bertknn sentences`, build/evidence.py)."""
+        with self.store.sqlite_errors(), self.store.db:
+            evidence_table.commit(self.store.db, evidence)
+            self.store.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (evidence_table.FILLED, str(stop)))
+
+    def word_values(self, words: list[tuple[str, str]]) -> tuple[list[int], list[tuple[int, str, str]]]:
+        """The values of words of several tokens, each given as (its tokens' ids as text, the word): those the store
+        holds, and new ones numbered on from the manifest's `words_from`, returned also as rows for `append` to
+        commit with the entries that use them. Only a writer asks (numbers are given out under the writer lock)."""
+        held = self.store.word_rows(
+            "pieces", sorted({pieces for pieces, _ in words})
+        )  # these words only, not the lexicon
+        known = {pieces: value for value, (pieces, _) in held.items()}
+        new: list[tuple[int, str, str]] = []
+        last = self.store.select_words("SELECT max(value) FROM words")
+        after = self.store.manifest["words_from"] - 1 if not last or last[0][0] is None else last[0][0]
+        values = []
+        for pieces, word in words:
+            if pieces not in known:
+                after += 1
+                known[pieces] = after
+                new.append((after, pieces, word))
+            values.append(known[pieces])
+        return values, new
+
+    def record_identity(self) -> None:
+        """Keep a copy of the manifest's model and key settings in SQLite, which opening the store compares."""
+        with self.store.sqlite_errors(), self.store.db:
+            self.store.db.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(self.store.manifest),)
+            )
+
+    def set_manifest(self, **changes: object) -> None:
+        """Update the manifest atomically (a change of `key_codec` re-maps the keys)."""
+        self.store.manifest.update(changes)
+        write_json(self.store.path / "manifest.json", self.store.manifest)
+        if "key_codec" in changes:
+            self.store.remap()
+
+
+def create(path: str | Path, manifest: dict) -> Datastore:
+    """A new, empty datastore directory with this manifest (`builder.create` makes the manifest from a model).
+
+    A directory that holds only temporary files (`*.tmp`: what a create killed before its manifest was in place
+    leaves) counts as empty; anything else is refused.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise DatastoreError(f"{path} is a file, not a directory; choose a new or empty directory for the datastore")
+    leftovers = list(path.iterdir()) if path.exists() else []
+    if any(not p.name.endswith(".tmp") for p in leftovers):
+        raise DatastoreError(f"{path} exists and is not a datastore; choose an empty or new directory")
+    path.mkdir(parents=True, exist_ok=True)
+    atomic.remove_temporary(path)
+    write_json(path / "manifest.json", manifest)
+    with sqlite_errors(str(path / SQLITE), "free space and rerun"), closing(schema.writing(path / SQLITE)) as db, db:
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(manifest),))
+        _write_parts(db, {"tfidf": [], "faiss": []})  # a new store's indexes are listed from the start
+    return Datastore(path)
+
+
+def identity(manifest: dict) -> str:
+    """The copy of a manifest's model and key settings that SQLite keeps, which opening the store compares."""
+    return json.dumps({field: manifest.get(field) for field in IDENTITY})
+
+
+def _write_parts(db: sqlite3.Connection, parts: dict[str, list[Part]]) -> None:
+    """Replace the committed list of each index kind given, inside the caller's transaction."""
+    for kind, listed in parts.items():
+        db.execute("DELETE FROM parts WHERE kind = ?", (kind,))
+        db.executemany("INSERT INTO parts VALUES (?, ?, ?, ?)", [(kind, p.name, p.first, p.stop) for p in listed])
+    if parts:
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('parts', '1')")
+
+
+def copy_registration(
+    source: str | Path,
+    path: str | Path,
+    manifest: dict,
+    parts: dict[str, list[Part]],
+    files: list[str],
+    words: bool = False,
+) -> Datastore:
+    """A new datastore at `path` (with this manifest) holding the documents and sentences of `source`, nothing
+    embedded, and the index parts given (`parts`: kind -> list, committed in the copy; `files`: their files and
+    folders, copied): registration does not depend on the model, so another model or layer can start from it.
+    With `words`, the words of several tokens are kept too (a copy for the same model: `prune`)."""
+    source, path = Path(source), Path(path)
+    tmp = atomic.new_folder(path)
+    try:
+        _fill_copy(source, tmp, manifest, parts, files, words)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-made stays (a kill leaves it to the next run)
+        raise
+    atomic.publish(tmp, path)
+    return Datastore(path)
+
+
+def _fill_copy(
+    source: Path, tmp: Path, manifest: dict, parts: dict[str, list[Part]], files: list[str], words: bool
+) -> None:
+    """`copy_registration`'s contents, written into the temporary folder `tmp`."""
+    with (
+        Datastore(source) as src,
+        sqlite_errors(str(tmp / SQLITE), "free space and rerun"),
+        atomic.naming(tmp / SQLITE),
+        closing(sqlite3.connect(tmp / SQLITE)) as db,
+        db,
+    ):
+        src.db.backup(db)
+        db.execute("UPDATE documents SET start = NULL, end = NULL")
+        db.execute("DELETE FROM entries")
+        db.execute("DELETE FROM meta")
+        db.execute(schema.WORDS)
+        if not words:
+            db.execute("DELETE FROM words")
+        db.execute("DELETE FROM parts")
+        db.execute(evidence_table.TABLE)
+        db.execute("DELETE FROM evidence")  # the copy's entries bring theirs
+        rows = [(kind, p.name, p.first, p.stop) for kind, listed in parts.items() for p in listed]
+        db.executemany("INSERT INTO parts VALUES (?, ?, ?, ?)", rows)
+        db.execute("INSERT INTO meta VALUES ('parts', '1')")
+    with (
+        sqlite_errors(str(tmp / SQLITE), "free space and rerun"),
+        closing(sqlite3.connect(tmp / SQLITE)) as db,
+    ):
+        db.execute("VACUUM")  # the source's entry rows leave free pages behind: the copy holds only what it keeps
+    for name in files:
+        atomic.copy(source / name, tmp / name)
+    write_json(tmp / "manifest.json", manifest)
+    with sqlite_errors(str(tmp / SQLITE), "free space and rerun"), closing(schema.writing(tmp / SQLITE)) as db, db:
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(manifest),))
