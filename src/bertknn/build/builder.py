@@ -26,12 +26,12 @@ from bertknn.index import tfidf_files
 from bertknn.model.encoder import Encoder
 from bertknn.model.sentences import SENTENCE_MODEL
 from bertknn.store.datastore import Datastore, DatastoreError
-from bertknn.store.datastore import copy_registration as copy_store
-from bertknn.store.datastore import create as create_store
 from bertknn.store.evidence import FIELD
 from bertknn.store.lock import LAZY_WAIT_S
 from bertknn.store.manifest import FORMAT, VERSION
 from bertknn.store.records import Record
+from bertknn.store.writer import copy_registration as copy_store
+from bertknn.store.writer import create as create_store
 from bertknn.text import (
     SLOW_SPLITTERS,
     SPLITTER,
