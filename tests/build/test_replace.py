@@ -5,6 +5,7 @@ transaction that publishes the new text; a reader sees the old document or the n
 import pytest
 
 from bertknn.store.datastore import REPLACING_PREFIX, DatastoreError
+from bertknn.store.writer import DatastoreWriter
 
 QUESTION, SUBJECT = "Ilsa Varnhold was born in [MASK] .", "Ilsa Varnhold"
 MOVED = {"id": "d1", "title": "Ilsa Varnhold", "text": "Ilsa Varnhold was born in Porto. She plays the cello."}
@@ -33,11 +34,11 @@ def test_a_live_id_with_other_text_is_refused_without_replace_and_replaced_with_
 def test_an_interrupted_replace_leaves_the_old_document_and_a_rerun_completes_it(built, monkeypatch):
     store = built.store
 
-    def crash(**parts):
+    def crash(self, **parts):
         raise KeyboardInterrupt  # stands for a kill between staging and publishing
 
     with monkeypatch.context() as patch:
-        patch.setattr(store, "publish", crash)
+        patch.setattr(DatastoreWriter, "publish", crash)
         with pytest.raises(KeyboardInterrupt):
             built.add_documents([MOVED], replace=True)
     assert _live(store, "d1") == [(0, "Ilsa Varnhold")]  # readers still see the old text only

@@ -21,6 +21,7 @@ from bertknn.store import atomic
 from bertknn.store.datastore import Datastore
 from bertknn.store.shards import ShardedDatastore
 from bertknn.store.verify import verify
+from bertknn.store.writer import DatastoreWriter
 from bertknn.text import CorpusError
 
 from ..conftest import SMALL_DOCS, write_corpus
@@ -66,7 +67,7 @@ def test_a_crash_mid_add_leaves_the_old_state_and_a_rerun_completes(built, monke
         "embed": (builder, "embed"),
         "ir_segment": (TfidfIndex, "save"),
         "faiss": (FaissIndex, "update"),
-        "publish": (type(knn.store), "publish"),
+        "publish": (DatastoreWriter, "publish"),
     }
 
     def crash(*args, **kwargs):

@@ -195,7 +195,8 @@ ZYGOTE = r"""
 import json, os, sys, time
 import faiss
 import bertknn.cli as cli
-import bertknn.store.datastore, bertknn.index.faiss_index, bertknn.query.pipeline, bertknn.index.retrieval
+import bertknn.store.datastore, bertknn.store.writer, bertknn.index.faiss_index
+import bertknn.query.pipeline, bertknn.index.retrieval
 
 def steps(req):
     # Count the durable steps of writes (each fsync and rename): list their paths in req["trace"], and kill this

@@ -67,7 +67,7 @@ def verify(
     unrecorded = sorted(set(data_files(path)) - set(sums.files))
     if unrecorded:
         report.notes.append(f"not yet checksummed (written by an interrupted command): {', '.join(unrecorded[:5])}")
-    if SQLITE in sums.files and sums.meta.get("sqlite_changes") != store._changes():
+    if SQLITE in sums.files and sums.meta.get("sqlite_changes") != store.sqlite_changes():
         report.notes.append(
             f"{SQLITE} was committed to after its checksums were recorded (an interrupted writer); "
             "its blocks were checked by SQLite's integrity check only"
