@@ -19,6 +19,7 @@ from bertknn.store import evidence
 from bertknn.store.atomic import write_json
 from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.verify import verify
+from bertknn.store.writer import DatastoreWriter
 from tests.conftest import write_corpus
 from tests.tolerances import MODEL_ATOL
 
@@ -143,15 +144,15 @@ def test_a_store_made_before_answers_as_before_until_bertknn_sentences_fills_it(
     old.add_documents([added])  # an add to it stores no vectors until it is filled
     assert old.store.evidence_model is None
     monkeypatch.setattr(build_evidence, "FILL_ENTRIES", 7)
-    fill, calls = old.store.fill_evidence, []
+    fill, calls = DatastoreWriter.fill_evidence, []
 
-    def killed(stop, found):  # a run killed after its first transaction
+    def killed(self, stop, found):  # a run killed after its first transaction
         if calls:
             raise KeyboardInterrupt
         calls.append(stop)
-        fill(stop, found)
+        fill(self, stop, found)
 
-    monkeypatch.setattr(old.store, "fill_evidence", killed)
+    monkeypatch.setattr(DatastoreWriter, "fill_evidence", killed)
     with pytest.raises(KeyboardInterrupt):
         build_evidence.fill(old.store, encoder.runtime)
     monkeypatch.undo()

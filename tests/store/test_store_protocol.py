@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bertknn.query.pipeline import BertKNN
+from bertknn.store.datastore import DatastoreError
 from bertknn.store.shards import ShardedDatastore
 from bertknn.store.store import Store
 
@@ -39,13 +40,19 @@ def _parameters(function) -> list[tuple]:
 
 
 def test_the_protocol_lists_what_the_service_needs():
-    assert {"live_documents", "size", "n_documents", "keys", "writing", "states", "remove", "manifest"} <= set(MEMBERS)
+    assert {"live_documents", "size", "n_documents", "keys", "writing", "states", "writer", "manifest"} <= set(MEMBERS)
     assert {"live_documents", "writing", "provenance", "close"} <= METHODS and "size" not in METHODS
 
 
 @pytest.mark.parametrize("name", MEMBERS)
 def test_both_datastores_have_every_member_of_the_protocol(stores, name):
     for kind, store in stores.items():
+        if name == "writer":  # its writes: only while `writing()` holds the writer lock
+            with pytest.raises(DatastoreError, match="a write outside"):
+                _ = store.writer
+            with store.writing() as writer:
+                assert store.writer is writer or type(store.writer) is type(writer)
+            continue
         assert hasattr(store, name), f"{kind} has no {name}"
         if name in METHODS:
             assert _parameters(getattr(store, name)) == _parameters(vars(Store)[name])[1:], f"{kind}.{name}"
@@ -63,7 +70,8 @@ def test_the_service_and_the_search_use_only_the_protocol(module):
 CHECKED = textwrap.dedent(
     """\
     from bertknn.store.datastore import Datastore
-    from bertknn.store.shards import ShardedDatastore, Store
+    from bertknn.store.shards import ShardedDatastore
+    from bertknn.store.store import Store
 
 
     def stores(single: Datastore, sharded: ShardedDatastore) -> list[Store]:
@@ -83,5 +91,5 @@ def test_a_type_checker_holds_both_datastores_to_the_protocol(tmp_path):
     command = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", "cache"]
     run = subprocess.run([*command, "stores.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     errors = [line for line in run.stdout.splitlines() if ": error:" in line]
-    assert len(errors) == 1 and errors[0].startswith("stores.py:9: error: Incompatible types in assignment"), run.stdout
+    assert len(errors) == 1 and errors[0].startswith("stores.py:10: error: Incompatible types in assignment"), run.stdout
     assert time.monotonic() - began < 60

@@ -121,8 +121,8 @@ def test_one_writer_at_a_time(built, tmp_path):
         other.writing(),
     ):
         pass
-    with other.writing():  # free again once the first writer is done
-        other.remove(["d1"])
+    with other.writing() as writer:  # free again once the first writer is done
+        writer.remove(["d1"])
     more = write_corpus(tmp_path / "more.jsonl", [FRESH])
     add = ["add", str(built.store.path), str(more), "--backend", "torch", "--threads", "1"]
     with built.store.writing():
@@ -282,8 +282,7 @@ def test_a_writer_never_records_damage_as_sound(built, tmp_path):
     path = shutil.copytree(built.store.path, tmp_path / "s")
     segment = path / "tfidf_logtf.npy"
     _damage(segment, segment.stat().st_size - 4, b"\x00\x00\x80\x7f")  # after the open check, before a writer
-    writer = Datastore(path, check=False)
-    with writer.writing():
+    with Datastore(path, check=False).writing() as writer:
         writer.remove(["d5"])
     assert any("tfidf_logtf.npy block 0" in p for p in checks.verify(path).problems)  # still reported
     keys = path / "keys.f16"
