@@ -306,15 +306,15 @@ def test_a_lone_surrogate_in_the_question_is_named(secured):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"n_docs": 0}, "greater than or equal to 1"),
+        ({"n_docs": 0}, "n_docs must be a whole number >= 1, not 0"),  # Settings' bounds: its message
         ({"n_docs": 101}, "less than or equal to 100"),
         ({"k": 10_001}, "less than or equal to 10000"),
         ({"k": 10**30}, "less than or equal to 10000"),
         ({"lam": float("nan")}, "finite number"),
-        ({"lm_words": -1}, "greater than or equal to 0"),
-        ({"word_bonus": 0}, "greater than 0"),
+        ({"lm_words": -1}, "lm_words must be a whole number >= 0"),
+        ({"word_bonus": 0}, "word_bonus must be a number > 0"),
         ({"word_bonus": float("inf")}, "finite number"),
-        ({"sentence_temperature": -0.01}, "greater than or equal to 0"),
+        ({"sentence_temperature": -0.01}, "sentence_temperature must be a number >= 0"),
         ({"sentence_temperature": float("nan")}, "finite number"),
         ({"sentence_floor": 0.5}, "Extra inputs are not permitted"),  # part of the method, no option
     ],

@@ -91,5 +91,7 @@ def test_a_type_checker_holds_both_datastores_to_the_protocol(tmp_path):
     command = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", "cache"]
     run = subprocess.run([*command, "stores.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     errors = [line for line in run.stdout.splitlines() if ": error:" in line]
-    assert len(errors) == 1 and errors[0].startswith("stores.py:10: error: Incompatible types in assignment"), run.stdout
+    assert len(errors) == 1 and errors[0].startswith("stores.py:10: error: Incompatible types in assignment"), (
+        run.stdout
+    )
     assert time.monotonic() - began < 60
