@@ -22,12 +22,11 @@ A document's state is 'live' (searched), 'adding' (registered by `bertknn add` b
 live in one transaction once its keys and index entries are all written) or 'removed' (hidden from every path; its
 id moves to `removed_id`, so the id is free again).
 
-`append` stores one chunk of documents at a time: keys and values are written and fsynced first, then SQLite
-commits the chunk's rows and the new entry count in one transaction. That count is the truth: a reader and a
-resumed build ignore any bytes past it, so a build killed at any point resumes to exactly the uninterrupted result.
-
-One process writes at a time (`Datastore.writing`: an flock on write.lock); a writer first re-reads what others
-committed and, when it is done, records per-block checksums of every data file (integrity.py). Opening a store
+`Datastore` is the reader: its SQLite connection is read-only (schema.py), and it never writes. One process writes
+at a time: `Datastore.writing` takes the writer lock (lock.py), opens the writer's connection, re-reads what others
+committed and gives the `DatastoreWriter` (writer.py), which appends, publishes and commits; when it is done, the
+per-block checksums of every data file are recorded (integrity.py). The committed entry count is the truth: a reader
+and a resumed build ignore any bytes past it. Opening a store
 checks its manifest against SQLite, every file's size, and a sample of checksum blocks (damage confined to the
 optional FAISS files is set aside in `faiss_damage`, so IR questions still work); `bertknn verify` is verify.py.
 """
