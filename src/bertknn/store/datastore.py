@@ -376,11 +376,15 @@ class Datastore:
         if damage:
             raise DatastoreError(_damage_message(self.path, damage))
 
-    def sqlite_changes(self) -> int:
-        """SQLite's file change counter (header bytes 24-27): it grows with every committed transaction."""
-        with (self.path / SQLITE).open("rb") as handle:
-            handle.seek(24)
-            return int.from_bytes(handle.read(4), "big")
+    def sqlite_changes(self) -> int | None:
+        """SQLite's file change counter (header bytes 24-27): it grows with every committed transaction. None before
+        the first writer made the file (a create killed before it)."""
+        try:
+            with (self.path / SQLITE).open("rb") as handle:
+                handle.seek(24)
+                return int.from_bytes(handle.read(4), "big")
+        except FileNotFoundError:
+            return None
 
     def check(
         self,
