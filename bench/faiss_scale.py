@@ -32,8 +32,9 @@ DIM, K, PAPER_CONTEXTS = 768, PAPER.k, 900_000_000
 
 
 class KeysOnly:
-    """Synthetic keys in the shape of a datastore, with what `FaissIndex` asks of one: its writer lock (nothing else
-    writes here), the committed list of the index's parts and its meta records (kept in memory) and checksums (none)."""
+    """Synthetic keys in the shape of a datastore, with what `FaissIndex` asks of one: its writer lock and writer
+    (nothing else writes here), the committed list of the index's parts and its meta records (kept in memory) and
+    checksums (none)."""
 
     def __init__(self, path: Path, keys: np.ndarray) -> None:
         self.path, self.keys, self.size, self.dim = path, keys, len(keys), keys.shape[1]
@@ -47,6 +48,11 @@ class KeysOnly:
 
     def writing(self, wait: float | None = None) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext(self)
+
+    @property
+    def writer(self) -> KeysOnly:
+        """Its writes: itself (write_meta, commit_parts, rewriting)."""
+        return self
 
     def parts(self, kind: str) -> list:
         return self._parts.get(kind, [])

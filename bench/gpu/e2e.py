@@ -142,6 +142,7 @@ def timed_stages(stages: Stages):
     from bertknn.build import corpus as corpus_module
     from bertknn.build.writer import Writer
     from bertknn.store.datastore import Datastore
+    from bertknn.store.writer import DatastoreWriter
 
     plan = [
         (builder, "check_corpus", CHECK, stages.wrap),
@@ -154,7 +155,7 @@ def timed_stages(stages: Stages):
         (builder, "_prepare", WAIT, stages.waited),
         (builder, "keys", KEYS, stages.wrap),
         (builder, "values", VALUES, stages.wrap),
-        (Datastore, "append", COMMIT, stages.wrap),
+        (DatastoreWriter, "append", COMMIT, stages.wrap),
         (Writer, "index_documents", TFIDF, stages.wrap),
     ]
     saved = [(owner, name, owner.__dict__[name]) for owner, name, _, _ in plan]
