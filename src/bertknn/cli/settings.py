@@ -10,10 +10,9 @@ from typing import Annotated
 
 import typer
 
-from bertknn.query.settings import DEFAULT, PAPER, SPECS, TUNED
+from bertknn.query.settings import DEFAULT, PAPER, SPECS, TUNED, TYPES
 
 QuerySettings = dict  # a command's parameter `settings: QuerySettings` stands for the options made here
-KINDS = {"int": int, "float": float, "str": str, "bool": bool}
 PaperOption = Annotated[
     bool,
     typer.Option(
@@ -52,7 +51,7 @@ def _help(name: str, spec) -> str:
 def _option(field, spec) -> inspect.Parameter:
     """The option of one `Settings` field: None (not given) by default."""
     flag = spec.flag or "--" + field.name.replace("_", "-")
-    kind = KINDS[field.type]
+    kind = TYPES[field.type]
     decls = [f"{flag}/--no-{flag[2:]}"] if kind is bool else [flag]
     option = typer.Option(*decls, help=_help(field.name, spec), show_default=False)
     annotation = Annotated[kind | None, option]

@@ -253,6 +253,7 @@ class Settings:
 
 
 SPECS = tuple((field, field.metadata["spec"]) for field in dataclasses.fields(Settings))  # each field and its Spec
+TYPES = {"int": int, "float": float, "str": str, "bool": bool}  # a field's type, declared as a string, as a type
 FIELDS = tuple(field.name for field, _ in SPECS)
 PAPER = Settings(  # the paper's method exactly (Kassner and Schütze)
     lam=0.3,

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model, model_validator
 
-from bertknn.query.settings import SPECS
+from bertknn.query.settings import SPECS, TYPES
 from bertknn.text import MASK, Document, parse_document, unicode_error
 
 MAX_TEXT = 1000
@@ -50,7 +50,7 @@ def _option(field, spec) -> tuple:
     """A request option made from a `Settings` field's declaration (query/settings.py): its type, help, and bounds or
     choices. The schema states them; Settings checks them (`_checked`), so that the message is the library's. The
     service's own caps (LIMITS) are checked here, first."""
-    kind = {"int": int, "float": float, "str": str, "bool": bool}[field.type]
+    kind = TYPES[field.type]
     schema = {"type": {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}[field.type]}
     schema |= {"enum": list(spec.choices)} if spec.choices else {}
     bounds = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
