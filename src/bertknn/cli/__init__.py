@@ -95,12 +95,14 @@ def command(
     with the settings given, as a dict. `example` (command lines, one per line) ends the command's help."""
 
     def wrap(fn: Callable[..., None]) -> Callable[..., None]:
-        signature = settings.exposed(inspect.signature(fn, eval_str=True))
+        declared = inspect.signature(fn, eval_str=True)
+        signature = settings.exposed(declared)
+        takes_settings = signature is not declared
 
         @functools.wraps(fn)  # typer reads the command's help through __wrapped__, its signature in __signature__
         def run(*args: object, **kwargs: object) -> None:
             arguments = signature.bind(*args, **kwargs).arguments
-            if "paper" in arguments:  # the settings' options, gathered into `settings`
+            if takes_settings:  # the settings' options, gathered into `settings`
                 arguments = settings.gathered(arguments)
             try:
                 if "backend" in arguments:  # the command gets, in `backend`, the Runtime made of its model options

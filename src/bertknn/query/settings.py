@@ -61,16 +61,14 @@ class Spec:
             ok = isinstance(value, str) and value in self.choices
             return None if ok else f"{name} must be one of {', '.join(self.choices)}, not {value!r}"
         number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-        whole = kind != "int" or (number and value == int(value))
-        bounds = (
-            (self.ge is None or value >= self.ge)
+        if (
+            number
+            and (kind != "int" or value == int(value))
+            and (self.ge is None or value >= self.ge)
             and (self.gt is None or value > self.gt)
             and (self.le is None or value <= self.le)
             and (self.lt is None or value < self.lt)
-            if number
-            else False
-        )
-        if number and whole and bounds:
+        ):
             return None
         note = f" ({self.note})" if self.note else ""
         return (

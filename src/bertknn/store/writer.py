@@ -45,14 +45,14 @@ class DatastoreWriter:
         self.store = store
 
     @property
-    def db(self):
-        """The writer's SQLite connection."""
+    def db(self) -> sqlite3.Connection:
+        """The writer's SQLite connection (the store's while it is writing)."""
         return self.store.db
 
     def write_meta(self, key: str, value: str) -> None:
         """Keep a value in SQLite, in its own transaction (for the writer)."""
-        with self.store.sqlite_errors(), self.store.db:
-            self.store.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+        with self.store.sqlite_errors(), self.db:
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     def seal(self) -> None:
         """Record checksums (`integrity.seal`): the new tail of keys and values, SQLite whole, and the data files not
@@ -68,8 +68,8 @@ class DatastoreWriter:
             self.store.read_meta("checksummed") != "1"
         ):  # from now on a missing checksums.json is damage: so it exists first
             sums.save()
-            with self.store.sqlite_errors(), self.store.db:
-                self.store.db.execute("INSERT OR REPLACE INTO meta VALUES ('checksummed', '1')")
+            with self.store.sqlite_errors(), self.db:
+                self.db.execute("INSERT OR REPLACE INTO meta VALUES ('checksummed', '1')")
         seal(sums, data_files(self.store.path), changed=[SQLITE], sqlite_changes=self.store.sqlite_changes())
         self.store.version = self.store.data_version()
 
@@ -83,26 +83,26 @@ class DatastoreWriter:
 
     def register(self, docs: list[Record], state: str = "live") -> None:
         """Add documents and their sentences (text only, not yet embedded) in one transaction."""
-        with self.store.sqlite_errors(), self.store.db:
+        with self.store.sqlite_errors(), self.db:
             self._insert(docs, state)
         self.store.n_documents += len(docs)
 
     def _insert(self, docs: list[Record], state: str) -> None:
-        first, sent_idx = self.store.db.execute(
+        first, sent_idx = self.db.execute(
             "SELECT (SELECT coalesce(max(idx) + 1, 0) FROM documents), "
             "(SELECT coalesce(max(idx) + 1, 0) FROM sentences)"
         ).fetchone()
-        row = self.store.db.execute("SELECT since FROM documents ORDER BY idx DESC LIMIT 1").fetchone()
+        row = self.db.execute("SELECT since FROM documents ORDER BY idx DESC LIMIT 1").fetchone()
         since = row[0] if row else None  # never decreasing with idx: the last document's is the newest so far
         for doc_idx, doc in enumerate(docs, first):
             since = max(since, doc.date) if since and doc.date else since or doc.date
-            self.store.db.execute(
+            self.db.execute(
                 "INSERT INTO documents (idx, id, title, norm_title, state, digest, date, since) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (doc_idx, doc.id, doc.title, doc.norm_title, state, doc.digest, doc.date, since),
             )
             rows = [(sent_idx + i, doc_idx, t) for i, t in enumerate(doc.sentences)]
-            self.store.db.executemany("INSERT INTO sentences VALUES (?, ?, ?)", rows)
+            self.db.executemany("INSERT INTO sentences VALUES (?, ?, ?)", rows)
             sent_idx += len(doc.sentences)
 
     def stage(self, docs: list[Record], replace: bool = False) -> list[str]:
@@ -133,24 +133,24 @@ class DatastoreWriter:
         new = [d for d in docs if (d.id not in held or d in changed) and d not in redone]
         rename = {d.id for d in new if d.id in conflicts}
         new = [dataclasses.replace(d, id=REPLACING_PREFIX + d.id) if d.id in rename else d for d in new]
-        with self.store.sqlite_errors(), self.store.db:
+        with self.store.sqlite_errors(), self.db:
             self._hide([held[d.id][0] for d in changed if d.id not in conflicts] + stale)
             self._insert(new, "adding")
-        self.store.n_documents = self.store.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents").fetchone()[0]
+        self.store.n_documents = self.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents").fetchone()[0]
         return skipped
 
     def _hide(self, docs: list[int]) -> None:
         """Mark documents removed, free their ids and release their entries' evidence (inside the caller's
         transaction)."""
         filled = self.store.evidence_filled
-        ranges = self.store.db.execute(
+        ranges = self.db.execute(
             "SELECT start, end FROM documents WHERE start IS NOT NULL AND idx IN (SELECT value FROM json_each(?))",
             (json.dumps([int(d) for d in docs]),),
         )
         entries = [e for a, b in ranges for e in range(a, min(b, filled))]
         if entries:
-            evidence_table.release(self.store.db, self.store.evidence_ids(entries))
-        self.store.db.executemany(
+            evidence_table.release(self.db, self.store.evidence_ids(entries))
+        self.db.executemany(
             "UPDATE documents SET state = 'removed', removed_id = id, id = ? || idx WHERE idx = ?",
             [(REMOVED_PREFIX, d) for d in docs],
         )
@@ -158,23 +158,23 @@ class DatastoreWriter:
     def publish(self, **parts: list[Part]) -> None:
         """Make every 'adding' document live and commit the index parts given (kind=list, as `commit_parts`), in one
         transaction: a reader sees the documents and the parts that index them together, or neither."""
-        with self.store.sqlite_errors(), self.store.db:
-            replacing = self.store.db.execute(
+        with self.store.sqlite_errors(), self.db:
+            replacing = self.db.execute(
                 "SELECT idx, substr(id, 2) FROM documents WHERE state = 'adding' AND substr(id, 1, 1) = ?",
                 (REPLACING_PREFIX,),
             ).fetchall()
             if replacing:  # the documents they replace are hidden, their ids taken over, in this one transaction
                 old = self.store.document_rows("id", [doc_id for _, doc_id in replacing])
                 self._hide([idx for _, idx, state, _ in old if state == "live"])
-                self.store.db.executemany("UPDATE documents SET id = ? WHERE idx = ?", [(i, x) for x, i in replacing])
-            self.store.db.execute("UPDATE documents SET state = 'live' WHERE state = 'adding'")
-            _write_parts(self.store.db, parts)
+                self.db.executemany("UPDATE documents SET id = ? WHERE idx = ?", [(i, x) for x, i in replacing])
+            self.db.execute("UPDATE documents SET state = 'live' WHERE state = 'adding'")
+            _write_parts(self.db, parts)
 
     def commit_parts(self, **parts: list[Part]) -> None:
         """Replace the committed list of each index kind given (kind=list of its live parts), in one transaction.
         For the writer: files that no list names are deleted after, never before."""
-        with self.store.sqlite_errors(), self.store.db:
-            _write_parts(self.store.db, parts)
+        with self.store.sqlite_errors(), self.db:
+            _write_parts(self.db, parts)
 
     def remove(self, ids: list[str]) -> tuple[list[str], list[str]]:
         """Hide documents from every search path, all in one transaction; return (removed now, removed before).
@@ -195,7 +195,7 @@ class DatastoreWriter:
             raise DatastoreError(
                 f"no document with id {', '.join(map(repr, unknown[:5]))} in {self.store.path}; nothing was removed"
             )
-        with self.store.sqlite_errors(), self.store.db:
+        with self.store.sqlite_errors(), self.db:
             self._hide(list(held.values()))
         return list(held), [i for i in ids if i in before]
 
@@ -259,27 +259,27 @@ class DatastoreWriter:
     ) -> None:
         """One transaction: the chunk's entry rows, its new words, its evidence vectors, each document's [start, end)
         range and the new entry count."""
-        with self.store.sqlite_errors(), self.store.db:
+        with self.store.sqlite_errors(), self.db:
             if words:
-                self.store.db.execute(schema.WORDS)
-                self.store.db.executemany("INSERT INTO words VALUES (?, ?, ?)", words)
+                self.db.execute(schema.WORDS)
+                self.db.executemany("INSERT INTO words VALUES (?, ?, ?)", words)
             if evidence is not None:
-                evidence_table.commit(self.store.db, evidence)
-            self.store.db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?)", rows)
+                evidence_table.commit(self.db, evidence)
+            self.db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?)", rows)
             bounds = [first.get(d, start) for d in docs]  # every document of a chunk has >= 1 sentence
             ends = [*bounds[1:], end]
-            self.store.db.executemany(
+            self.db.executemany(
                 "UPDATE documents SET start = ?, end = ? WHERE idx = ?",
                 [(a, b, d) for d, a, b in zip(docs, bounds, ends)],
             )
-            self.store.db.execute("INSERT OR REPLACE INTO meta VALUES ('entries', ?)", (str(end),))
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('entries', ?)", (str(end),))
 
     def fill_evidence(self, stop: int, evidence: evidence_table.Evidence) -> None:
         """A store made before evidence vectors: store those of entries [`evidence_filled`, stop) in one
         transaction and record how far that got (`bertknn sentences`, build/evidence.py)."""
-        with self.store.sqlite_errors(), self.store.db:
-            evidence_table.commit(self.store.db, evidence)
-            self.store.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (evidence_table.FILLED, str(stop)))
+        with self.store.sqlite_errors(), self.db:
+            evidence_table.commit(self.db, evidence)
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (evidence_table.FILLED, str(stop)))
 
     def word_values(self, words: list[tuple[str, str]]) -> tuple[list[int], list[tuple[int, str, str]]]:
         """The values of words of several tokens, each given as (its tokens' ids as text, the word): those the store
@@ -303,10 +303,8 @@ class DatastoreWriter:
 
     def record_identity(self) -> None:
         """Keep a copy of the manifest's model and key settings in SQLite, which opening the store compares."""
-        with self.store.sqlite_errors(), self.store.db:
-            self.store.db.execute(
-                "INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(self.store.manifest),)
-            )
+        with self.store.sqlite_errors(), self.db:
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(self.store.manifest),))
 
     def set_manifest(self, **changes: object) -> None:
         """Update the manifest atomically (a change of `key_codec` re-maps the keys)."""
