@@ -172,7 +172,8 @@ def lama_dev(args) -> dict:
         dev, directory = dev[:SMOKE_FACTS], args.corpus.parent / "store"
     reader = lama_reader(args.corpus, encoder, directory)
     print(f"# LAMA dev: {len(dev)} facts ({args.dev_per_relation} per T-REx/Google-RE relation, seed 1, disjoint from")
-    print(f"# the report's sample); evidence corpus datastore {reader.store.path.name}, layer {reader.store.layer}")
+    store = reader.store
+    print(f"# the report's sample); evidence corpus datastore {store.path.name}, layer {store.manifest.layer}")
     results = {}
     for mode in ("subject", "no subject"):
         began = time.perf_counter()

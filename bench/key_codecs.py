@@ -106,7 +106,7 @@ def exact_search_times(reader, facts, args) -> None:
     _, states = reader.encoder.query_ids([(q.ids, q.mask) for q in queries])
     # the documents as the paper's retrieval chose them (no entity filter): the timing wants candidates for every
     # question, and the smoke corpus names few subjects
-    rows = [candidates(store.document_ranges(search.documents(q.text, q.subject, 3, named=False))) for q in queries]
+    rows = [candidates(store.documents.ranges(search.documents(q.text, q.subject, 3, named=False))) for q in queries]
     rows, states = [r for r in rows if len(r)], [s for r, s in zip(rows, states) if len(r)]
     union = np.unique(np.concatenate(rows))
     drawn = np.random.default_rng(0).choice(store.size, min(args.train, store.size), replace=False)

@@ -82,7 +82,7 @@ class Reference:
         for (row, col), subject, q in zip(pos.tolist(), subjects, questions):
             p_bert = torch.softmax(logits[row, col], -1).numpy()
             docs = self.knn.search().documents(q, subject, PAPER.n_docs)
-            ranges = self.knn.store.document_ranges(docs)
+            ranges = self.knn.store.documents.ranges(docs)
             keys = (
                 np.concatenate(
                     [
@@ -147,7 +147,7 @@ def main() -> None:
         int8 = BertKNN(Encoder(model, tokenizer, encoder.name, runtime="onnx-int8"), store, index, PAPER)
         default = BertKNN(encoder, store, index, DEFAULT)
         fast_default = BertKNN(onnx_encoder, store, index, DEFAULT)
-        titles = {t.lower() for t in knn.store.titles(list(range(knn.store.n_documents)))}
+        titles = {t.lower() for t in knn.store.documents.titles(list(range(knn.store.n_documents)))}
         facts = [
             f
             for f in load_lama(

@@ -88,7 +88,7 @@ def main() -> None:
     runtime = Runtime(threads=1)
     runtime.apply()
     knn = BertKNN.load(work / "sharded", runtime=runtime)
-    titles = knn.store.titles(list(range(knn.store.n_documents)))
+    titles = knn.store.documents.titles(list(range(knn.store.n_documents)))
     picked = np.random.default_rng(0).choice(len(titles), min(args.questions, len(titles)), replace=False)
     questions = [(f"{titles[i]} is located in [MASK] .", titles[i]) for i in picked]
     paths = {

@@ -122,4 +122,4 @@ def same_entries(sharded_dir: Path, single: BertKNN) -> None:
     assert sharded.size == single.store.size and sharded.n_documents == single.store.n_documents
     np.testing.assert_array_equal(sharded.values[every], np.asarray(single.store.values))
     np.testing.assert_allclose(sharded.keys[every], np.asarray(single.store.keys), atol=2e-3)
-    assert sharded.provenance(every.tolist()) == single.store.provenance(every.tolist())
+    assert sharded.documents.provenance(every.tolist()) == single.store.documents.provenance(every.tolist())

@@ -37,4 +37,4 @@ def true_counts(store: ShardedDatastore) -> tuple:
     rows = [
         (int(d), int(e), s.n_documents, s.size) for d, e, s in zip(store.doc_starts, store.entry_starts, store.shards)
     ]
-    return store.n_documents, store.size, store.live_documents(), rows
+    return store.n_documents, store.size, store.documents.count_live(), rows

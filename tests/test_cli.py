@@ -240,7 +240,7 @@ def test_build_with_pack_records_it_and_refuses_another_on_resume(tmp_path, smal
     base = ["build", str(small_corpus), "--out", str(tmp_path / "p"), "--model", str(tiny_model_dir), "--threads", "1"]
     result = runner.invoke(app, [*base, "--pack", "3"])
     assert result.exit_code == 0, result.output
-    assert Datastore(tmp_path / "p").pack == 3
+    assert Datastore(tmp_path / "p").manifest.pack == 3
     result = runner.invoke(app, base)
     assert result.exit_code == 2 and "keys computed with pack=3" in result.output
     assert runner.invoke(app, [*base, "--pack", "0"]).exit_code == 2  # not a valid pack
@@ -250,7 +250,7 @@ def test_build_with_int8_keys_records_it_and_refuses_float32_on_resume(tmp_path,
     base = ["build", str(small_corpus), "--out", str(tmp_path / "q"), "--model", str(tiny_model_dir), "--threads", "1"]
     result = runner.invoke(app, [*base, "--int8-keys"])
     assert result.exit_code == 0, result.output
-    assert Datastore(tmp_path / "q").int8_keys
+    assert Datastore(tmp_path / "q").manifest.int8_keys
     result = runner.invoke(app, base)
     assert result.exit_code == 2 and "holds int8 keys" in result.output
 

@@ -90,6 +90,6 @@ def test_a_fact_at_the_end_of_a_long_sentence_reaches_the_datastore(tmp_path, en
     tallinn = tokenizer.convert_tokens_to_ids("tallinn")
     assert len(values) == len(reference_targets(tokenizer, LONG))
     (entry,) = np.flatnonzero(values == tallinn)
-    (evidence,) = knn.store.provenance([int(entry)])
+    (evidence,) = knn.store.documents.provenance([int(entry)])
     a, b = evidence.span
     assert evidence.sentence == LONG and LONG[a:b] == "Tallinn"

@@ -28,7 +28,7 @@ def test_the_splitters_differ_on_this_text_and_unknown_ones_are_refused():
 
 def test_a_store_splits_its_documents_with_its_own_splitter(small_corpus, encoder, tmp_path):
     knn = BertKNN.build(small_corpus, tmp_path / "new", encoder)
-    assert SPLITTER == "sentencex" and knn.store.splitter == "sentencex" == knn.store.manifest["splitter"]
+    assert SPLITTER == "sentencex" and knn.store.manifest.splitter == "sentencex" == knn.store.manifest["splitter"]
     doc = {"id": "t", "title": "Tony", "text": TONY}
     knn.add_documents([doc])
     assert _last_document_sentences(knn.store) == [TONY]  # one sentence: sentencex
@@ -38,10 +38,10 @@ def test_a_store_splits_its_documents_with_its_own_splitter(small_corpus, encode
     del manifest["splitter"]
     (old / "manifest.json").write_text(json.dumps(manifest))
     store = Datastore(old, check=False)
-    assert store.splitter == "pysbd"
+    assert store.manifest.splitter == "pysbd"
     BertKNN(encoder, store).add_documents([doc])
     assert _last_document_sentences(store) == split_sentences(TONY, "pysbd")
 
 
 def _last_document_sentences(store: Datastore) -> list[str]:
-    return [text for _, _, text in store.sentences([store.n_documents - 1])]
+    return [text for _, _, text in store.documents.sentences([store.n_documents - 1])]

@@ -111,16 +111,16 @@ def test_a_full_disk_while_adding_names_the_file_and_a_rerun_counts_what_it_stor
     rerun = _cli("add", indexed, corpus, "--backend", "torch", "--threads", "1")
     assert rerun.exit_code == 0, rerun.output
     store = Datastore(indexed)
-    ((start, end),) = store.document_ranges([store.n_documents - 1])
+    ((start, end),) = store.documents.ranges([store.n_documents - 1])
     assert end - start > 0 and f"added 1 documents ({end - start:,} contexts)" in " ".join(rerun.output.split())
     assert _cli("verify", indexed).exit_code == 0
 
 
 def test_a_full_disk_in_sqlite_is_named_as_such_not_as_damage_and_rolled_back(built):
     store = built.store
-    before = store.live_documents()
+    before = store.documents.count_live()
     full = pytest.raises(atomic.DiskFullError, match=r"^no space left for .*store\.sqlite: the write does not fit")
     with full, store.writing(), store.sqlite_errors(), store.db:
         store.db.execute("UPDATE documents SET state = 'removed'")
         raise sqlite3.OperationalError("database or disk is full")  # what SQLite raises on a full disk
-    assert not store.db.in_transaction and store.live_documents() == before
+    assert not store.db.in_transaction and store.documents.count_live() == before

@@ -31,7 +31,7 @@ def test_entry_count_equals_eligible_targets(tmp_path, small_corpus, encoder, to
     sentences = [s for d in iter_corpus(small_corpus) for p in d.passages for s in split_sentences(p)]
     expected = sum(len(s.positions) for s in tokenize_sentences(tokenizer, sentences))
     assert store.size == expected > 30
-    assert store.n_documents == 5 and store.complete
+    assert store.n_documents == 5 and store.manifest.complete
     manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
     assert manifest["entries"] == expected and manifest["dtype"] == "float16" and manifest["layer"] == 3
     assert (tmp_path / "s" / "keys.f16").stat().st_size == expected * 32 * 2
@@ -40,12 +40,16 @@ def test_entry_count_equals_eligible_targets(tmp_path, small_corpus, encoder, to
 def test_every_key_is_the_layer_state_of_its_masked_sentence(tmp_path, small_corpus, encoder, tokenizer):
     store = builder.build(small_corpus, tmp_path / "s", encoder)
     for entry in range(store.size):
-        (ev,) = store.provenance([entry])
+        (ev,) = store.documents.provenance([entry])
         enc = tokenizer(ev.sentence, return_offsets_mapping=True)
         inside = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if ev.span[0] <= a < b <= ev.span[1]]
         pos, pieces = inside[0], [enc["input_ids"][i] for i in inside]
         value = int(store.values[entry])  # the word's own token, or its number in the lexicon
-        assert [value] == pieces if len(pieces) == 1 else store.words([value])[value][0] == " ".join(map(str, pieces))
+        assert (
+            [value] == pieces
+            if len(pieces) == 1
+            else store.lexicon.words([value])[value][0] == " ".join(map(str, pieces))
+        )
         ids = torch.tensor([[*enc["input_ids"][:pos], tokenizer.mask_token_id, *enc["input_ids"][inside[-1] + 1 :]]])
         with torch.no_grad():
             states = encoder.model(input_ids=ids, output_hidden_states=True).hidden_states
@@ -68,7 +72,7 @@ def test_crash_between_keys_and_commit_resumes_exactly(tmp_path, encoder, monkey
     with pytest.raises(KeyboardInterrupt):
         builder.build(corpus, tmp_path / "resumed", encoder, chunk_entries=8)
     partial = Datastore(tmp_path / "resumed")
-    assert not partial.complete and partial.size > 0
+    assert not partial.manifest.complete and partial.size > 0
     assert (tmp_path / "resumed" / "keys.f16").stat().st_size > partial.size * 64  # uncommitted bytes are ignored
     monkeypatch.setattr(DatastoreWriter, "_commit_entries", real)
     builder.build(corpus, tmp_path / "resumed", encoder, chunk_entries=8)
@@ -102,7 +106,7 @@ def test_kill_9_mid_build_then_rerun_equals_uninterrupted_build(tmp_path, tiny_m
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not Datastore(out).complete
+    assert not Datastore(out).manifest.complete
     builder.build(corpus, out, encoder, chunk_entries=8)
     assert_same_store(tmp_path / "clean", out)
 
@@ -141,17 +145,17 @@ def test_copied_registration_serves_another_layer(tmp_path, small_corpus, encode
     builder.build(small_corpus, tmp_path / "l3", encoder)
     layer2 = Encoder.load(str(tiny_model_dir), layer=2)
     copied = builder.copy_registration(tmp_path / "l3", tmp_path / "l2", layer2)
-    assert copied.size == 0 and copied.pending() == [0, 1, 2, 3, 4] and copied.layer == 2
+    assert copied.size == 0 and copied.documents.pending() == [0, 1, 2, 3, 4] and copied.manifest.layer == 2
     assert _tables(tmp_path / "l3")["sentences"] == _tables(tmp_path / "l2")["sentences"]
     builder.build(small_corpus, tmp_path / "fresh2", layer2)
     resumed = builder.build(small_corpus, tmp_path / "l2", layer2)  # registration found complete: only embedding runs
-    assert resumed.complete
+    assert resumed.manifest.complete
     assert_same_store(tmp_path / "fresh2", tmp_path / "l2")
 
 
 def test_pack_is_recorded_used_and_must_match_on_resume(tmp_path, small_corpus, encoder, tokenizer):
     store = builder.build(small_corpus, tmp_path / "p", encoder, pack=2)
-    assert store.pack == 2 and json.loads((tmp_path / "p" / "manifest.json").read_text())["pack"] == 2
+    assert store.manifest.pack == 2 and json.loads((tmp_path / "p" / "manifest.json").read_text())["pack"] == 2
     sentences = [s for d in iter_corpus(small_corpus) for p in d.passages for s in split_sentences(p)]
     expected = encoder.embed(tokenize_sentences(tokenizer, sentences), pack=2)
     np.testing.assert_allclose(store.keys.astype(np.float32), expected, atol=KEY_ATOL)
@@ -166,7 +170,7 @@ def test_int8_keys_are_recorded_follow_the_store_on_add_and_must_match_on_resume
 
     knn = BertKNN.build(small_corpus, tmp_path / "q", encoder, int8_keys=True)
     store = knn.store
-    assert store.int8_keys and json.loads((tmp_path / "q" / "manifest.json").read_text())["int8"] is True
+    assert store.manifest.int8_keys and json.loads((tmp_path / "q" / "manifest.json").read_text())["int8"] is True
     sentences = [s for d in iter_corpus(small_corpus) for p in d.passages for s in split_sentences(p)]
     flat = tokenize_sentences(tokenizer, sentences)
     int8, exact = encoder.embed(flat, int8_keys=True), encoder.embed(flat)
@@ -221,7 +225,9 @@ def test_embedding_with_the_next_chunk_tokenized_ahead_gives_the_same_store(tmp_
     for prefetch in (False, True):
         store = builder.build(corpus, tmp_path / f"p{prefetch}", encoder, lazy=True)
         seen = []
-        added = builder.embed(store, store.pending(), encoder, chunk_entries=8, progress=seen.append, prefetch=prefetch)
+        added = builder.embed(
+            store, store.documents.pending(), encoder, chunk_entries=8, progress=seen.append, prefetch=prefetch
+        )
         assert added == store.size > 0 and len(seen) > 2
         stores[prefetch] = seen
     assert stores[False] == stores[True]

@@ -247,7 +247,7 @@ def test_a_build_from_parquet_equals_one_from_jsonl(tmp_path, sources, encoder):
     from_jsonl = BertKNN.build(sources["jsonl"], tmp_path / "from-jsonl", encoder)
     reports = []
     from_parquet = builder.build(sources["parquet-dir"], tmp_path / "p", encoder, progress=lambda *r: reports.append(r))
-    assert from_jsonl.store.size > 0 and from_parquet.complete
+    assert from_jsonl.store.size > 0 and from_parquet.manifest.complete
     assert_same_store(tmp_path / "from-jsonl", tmp_path / "p")
     assert reports[0] == ("checking", 3, 3) and ("reading", 3, 3) in reports  # the count came from the footers
     corpus = from_parquet.manifest["corpus"]
@@ -280,7 +280,7 @@ def test_eval_lama_reads_a_parquet_directory_and_reuses_its_registration(sources
 
     monkeypatch.setenv("BERTKNN_CACHE", str(tmp_path / "cache"))
     first = lama_reader(sources["parquet-dir"], encoder)
-    assert first.store.lazy and first.store.n_documents == len(ROWS)
+    assert first.store.manifest.lazy and first.store.n_documents == len(ROWS)
     copied, copy = [], builder.copy_registration
     monkeypatch.setattr(
         builder, "copy_registration", lambda source, *a, **k: copied.append(source) or copy(source, *a, **k)
@@ -288,6 +288,8 @@ def test_eval_lama_reads_a_parquet_directory_and_reuses_its_registration(sources
     other = encoder.at_layer(2)
     second = lama_reader(sources["parquet-dir"], other)
     assert copied == [first.store.path]  # found through the directory's fingerprint
-    assert second.store.path != first.store.path and second.store.layer == 2
+    assert second.store.path != first.store.path and second.store.manifest.layer == 2
     assert second.store.manifest["corpus"] == first.store.manifest["corpus"]
-    assert second.store.sentences(list(range(len(ROWS)))) == first.store.sentences(list(range(len(ROWS))))
+    assert second.store.documents.sentences(list(range(len(ROWS)))) == first.store.documents.sentences(
+        list(range(len(ROWS)))
+    )

@@ -64,17 +64,21 @@ def test_shards_hold_exactly_the_single_build_s_entries(built):
     # keys: the same contexts, batched per shard instead of over the whole corpus: float32 batching noise, which can
     # round an element to the next float16 (2e-3 at these states' scale)
     np.testing.assert_allclose(sharded.keys[every], np.asarray(single.store.keys), atol=2e-3)
-    assert sharded.provenance(every.tolist()) == single.store.provenance(every.tolist())
-    assert sharded.document_ranges([44, 3, 45]) == single.store.document_ranges([44, 3, 45])
-    assert [d for d, _ in sharded.find_titles("town 31")] == [d for d, _ in single.store.find_titles("town 31")] == [31]
+    assert sharded.documents.provenance(every.tolist()) == single.store.documents.provenance(every.tolist())
+    assert sharded.documents.ranges([44, 3, 45]) == single.store.documents.ranges([44, 3, 45])
+    assert (
+        [d for d, _ in sharded.documents.find_titles("town 31")]
+        == [d for d, _ in single.store.documents.find_titles("town 31")]
+        == [31]
+    )
     # every shard holds the evidence vectors of its entries' texts, counted as its entries use them
-    assert sharded.evidence_model == single.store.evidence_model is not None
+    assert sharded.evidence.model == single.store.evidence.model is not None
     for shard in sharded.shards:
-        ids = shard.evidence_ids(list(range(shard.size)))
+        ids = shard.evidence.ids(list(range(shard.size)))
         assert dict(shard.db.execute("SELECT id, refs FROM evidence")) == Counter(ids.ravel().tolist())
-    rows = single.store.provenance(every.tolist())
+    rows = single.store.documents.provenance(every.tolist())
     texts = sorted(set(evidence.entry_texts((e.sentence, e.span, e.title) for e in rows)))
-    assert sorted(sharded.evidence_vectors(texts)) == texts
+    assert sorted(sharded.evidence.vectors(texts)) == texts
 
 
 def test_ir_scores_over_shards_equal_one_index_over_all(built):
@@ -106,7 +110,7 @@ def test_the_sharded_datastore_answers_adds_and_removes_like_one(built, tmp_path
         knn.add_documents([{"id": "t3", "title": "Again", "text": "Again."}])
     with pytest.raises(Exception, match="no document with id 'nope'"), knn.store.writing() as writer:
         writer.remove(["t3", "nope"])
-    assert knn.store.states(["t3"]) == {"t3": "live"}  # nothing removed
+    assert knn.store.documents.states(["t3"]) == {"t3": "live"}  # nothing removed
     with knn.store.writing() as writer:
         assert writer.remove(["t3", "new"]) == (["t3", "new"], [])
     knn.refresh()
@@ -162,9 +166,9 @@ def test_a_key_stage_worker_killed_mid_shard_is_retried_and_nothing_is_lost(clus
     every = np.arange(single.store.size)
     assert top["entries"] == sharded.size == single.store.size  # nothing lost, nothing duplicated
     np.testing.assert_array_equal(sharded.values[every], np.asarray(single.store.values))
-    assert sharded.provenance(every.tolist()) == single.store.provenance(every.tolist())
+    assert sharded.documents.provenance(every.tolist()) == single.store.documents.provenance(every.tolist())
     np.testing.assert_allclose(sharded.keys[every], np.asarray(single.store.keys), atol=2e-3)
-    whole = TfidfIndex.build(single.store.iter_document_texts())
+    whole = TfidfIndex.build(single.store.documents.texts())
     assert BertKNN.load(out).index.top("Town 101 bridge", 3) == whole.top("Town 101 bridge", 3)
 
 
@@ -216,7 +220,7 @@ def test_a_driver_killed_mid_build_and_rerun_redoes_only_the_shards_not_committe
     sharded = ShardedDatastore(out)
     every = np.arange(single.store.size)
     assert top["entries"] == sharded.size == single.store.size
-    assert sharded.provenance(every.tolist()) == single.store.provenance(every.tolist())
+    assert sharded.documents.provenance(every.tolist()) == single.store.documents.provenance(every.tolist())
     np.testing.assert_array_equal(sharded.values[every], np.asarray(single.store.values))
 
 
@@ -309,12 +313,12 @@ def test_a_ray_build_with_a_key_codec_stores_codes_in_every_shard_and_prunes_sha
     done = CliRunner().invoke(app, [*args, "--model", single.encoder.name, "--shard-docs", "15", "--key-codec", "SQ8"])
     assert done.exit_code == 0, done.output
     store = ShardedDatastore(out)
-    assert [s.key_codec for s in store.shards] == ["SQ8"] * len(top["shards"])
+    assert [s.manifest.key_codec for s in store.shards] == ["SQ8"] * len(top["shards"])
     assert all((s.path / "keys.codes").stat().st_size == s.size * s.dim for s in store.shards)
     pruned = prune(out, tmp_path / "pruned", float("inf"))
-    assert [s.key_codec for s in pruned.shards] == ["SQ8"] * len(top["shards"]) and pruned.size < store.size
-    hidden = set(store.hidden_documents().tolist())  # the module's build may have had documents removed
-    ranges = store.document_ranges([d for d in range(store.n_documents) if d not in hidden])
+    assert [s.manifest.key_codec for s in pruned.shards] == ["SQ8"] * len(top["shards"]) and pruned.size < store.size
+    hidden = set(store.documents.hidden().tolist())  # the module's build may have had documents removed
+    ranges = store.documents.ranges([d for d in range(store.n_documents) if d not in hidden])
     assert pruned.counts_of(np.arange(pruned.size)).sum() == sum(end - start for start, end in ranges)
     assert BertKNN(single.encoder, pruned).predict("Town 6 lies near [MASK] .").knn
 

@@ -79,15 +79,18 @@ def built(tmp_path, encoder):
 
 
 def _entries(store):
-    return [(p.doc_id, p.sentence, p.span) for p in store.provenance(list(range(store.size)))]
+    return [(p.doc_id, p.sentence, p.span) for p in store.documents.provenance(list(range(store.size)))]
 
 
 def test_a_pruned_copy_keeps_each_document_s_first_entries_with_their_provenance_and_counts(built, tmp_path):
     src = built.store
     pruned = prune(src.path, tmp_path / "pruned", np.inf)  # every document keeps one entry per word
-    assert pruned.manifest["status"] == "complete" and pruned.pruned == {"radius": np.inf, "from_entries": src.size}
+    assert pruned.manifest["status"] == "complete" and pruned.manifest.pruned == {
+        "radius": np.inf,
+        "from_entries": src.size,
+    }
     source_rows, kept, means = _entries(src), [], []
-    for a, b in src.document_ranges(list(range(src.n_documents))):
+    for a, b in src.documents.ranges(list(range(src.n_documents))):
         values = np.asarray(src.values[a:b])
         rows, counts, mean = merge(np.asarray(src.keys[a:b], np.float32), values, np.ones(b - a, int), np.inf)
         kept += [(a + r, c) for r, c in zip(rows.tolist(), counts.tolist())]
@@ -95,7 +98,7 @@ def test_a_pruned_copy_keeps_each_document_s_first_entries_with_their_provenance
     assert pruned.size == len(kept) < src.size
     assert _entries(pruned) == [source_rows[e] for e, _ in kept]
     assert pruned.counts_of(np.arange(pruned.size)).tolist() == [c for _, c in kept]
-    assert [p.count for p in pruned.provenance([0, 1])] == [c for _, c in kept[:2]]
+    assert [p.count for p in pruned.documents.provenance([0, 1])] == [c for _, c in kept[:2]]
     assert np.array_equal(pruned.values[:], src.values[[e for e, _ in kept]])
     assert np.array_equal(pruned.keys[:], np.concatenate(means).astype(np.float16))  # each the mean of its group
     assert verify(pruned.path).problems == [] and src.size == Datastore(src.path).size  # the source unchanged
@@ -119,7 +122,7 @@ def test_a_pruned_store_votes_with_its_counts(built, tmp_path):
 def test_a_radius_of_zero_keeps_distinct_keys_and_answers_as_the_source(built, tmp_path):
     pruned = BertKNN(built.encoder, prune(built.store.path, tmp_path / "pruned", 0.0))
     keys, values = np.asarray(built.store.keys[:], np.float32), built.store.values[:]
-    ranges = built.store.document_ranges(list(range(built.store.n_documents)))
+    ranges = built.store.documents.ranges(list(range(built.store.n_documents)))
     distinct = sum(len({(keys[e].tobytes(), int(values[e])) for e in range(a, b)}) for a, b in ranges)
     assert pruned.store.size == distinct  # only a document's repeats of one context with one word merge
     a, b = built.predict(QUESTION, top_k=5), pruned.predict(QUESTION, top_k=5)
@@ -174,7 +177,9 @@ def test_a_compressed_store_prunes_into_codes_of_the_same_codec(built, tmp_path)
 
     Writer(built.store).convert_keys("SQ8")
     pruned = prune(built.store.path, tmp_path / "pruned", np.inf)
-    assert pruned.key_codec == "SQ8" and (pruned.path / "keys.codes").stat().st_size == pruned.size * pruned.dim
+    assert (
+        pruned.manifest.key_codec == "SQ8" and (pruned.path / "keys.codes").stat().st_size == pruned.size * pruned.dim
+    )
     assert verify(pruned.path).problems == []
 
 

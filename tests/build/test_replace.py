@@ -20,7 +20,7 @@ def test_a_live_id_with_other_text_is_refused_without_replace_and_replaced_with_
         built.add_documents([MOVED])
     assert built.add_documents([MOVED], replace=True) > 0
     assert _live(built.store, "d1") == [(5, "Ilsa Varnhold")]  # one live d1: the new text, a new document number
-    assert [d for d, _ in built.store.find_titles("ilsa varnhold")] == [5]
+    assert [d for d, _ in built.store.documents.find_titles("ilsa varnhold")] == [5]
     (old,) = built.store.db.execute("SELECT state, removed_id FROM documents WHERE idx = 0").fetchall()
     assert old == ("removed", "d1")
     answer = built.predict(QUESTION, subject=SUBJECT, lam=1.0)

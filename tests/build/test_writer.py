@@ -119,7 +119,7 @@ def test_cli_index_add_remove(tmp_path, built, monkeypatch):
     assert result.exit_code == 0 and "removed 0 document(s)" in result.output and "before: n1" in result.output
     result = runner.invoke(app, ["remove", store, "--doc", "d1", "--doc", "nope"])  # all or nothing
     assert result.exit_code == 2 and "no document with id 'nope'" in result.output
-    assert built.store.states(["d1"]) == {"d1": "live"}
+    assert built.store.documents.states(["d1"]) == {"d1": "live"}
 
 
 def test_a_store_made_before_the_commit_point_answers_unchanged_and_its_first_writer_commits_the_listing(built):
@@ -152,7 +152,7 @@ def test_keys_converted_to_a_codec_are_read_from_the_codes_and_take_adds_removes
     before = np.asarray(built.store.keys[:], np.float32)
     assert Writer(built.store).convert_keys("SQ8") == size
     reader = BertKNN.load(path, str(built.encoder.name))
-    assert reader.store.key_codec == "SQ8" and reader.store.keys_file() == ("keys.codes", dim)
+    assert reader.store.manifest.key_codec == "SQ8" and reader.store.keys_file() == ("keys.codes", dim)
     assert not (path / "keys.f16").exists() and (path / "keys.codes").stat().st_size == size * dim
     step = (before.max(axis=0) - before.min(axis=0)) / 255  # SQ8, trained on every key of this small store
     assert (np.abs(reader.store.keys[np.arange(size)] - before) <= step / 2 + 1e-3).all()
@@ -185,7 +185,7 @@ def test_an_interrupted_conversion_leaves_float16_keys_and_a_rerun_gives_the_sam
         with pytest.raises(KeyboardInterrupt):
             Writer(built.store).convert_keys("SQ8")
     reopened = BertKNN.load(built.store.path, str(built.encoder.name))
-    assert reopened.store.key_codec == "float16" and _answers(reopened, "ir")[0] != "tallinn"
+    assert reopened.store.manifest.key_codec == "float16" and _answers(reopened, "ir")[0] != "tallinn"
     assert Writer(reopened.store).convert_keys("SQ8") == reopened.store.size - 8  # goes on after the first chunk
     assert (built.store.path / "keys.codes").read_bytes() == (whole / "keys.codes").read_bytes()
     assert verify(built.store.path).problems == []
@@ -208,7 +208,7 @@ def test_a_sharded_store_converts_shard_by_shard_and_reads_the_codes_as_one(tmp_
     store = ShardedDatastore(path)
     before = np.asarray(store.keys[np.arange(store.size)], np.float32)
     assert Writer(store).convert_keys("SQ8") == store.size
-    assert [s.key_codec for s in store.shards] == ["SQ8", "SQ8"] and all(s.codec for s in store.shards)
+    assert [s.manifest.key_codec for s in store.shards] == ["SQ8", "SQ8"] and all(s.codec for s in store.shards)
     after = ShardedDatastore(path).keys[np.arange(store.size)]
     for shard, first in zip(store.shards, store.entry_starts[:-1]):  # each shard's codec, trained on its own keys
         mine = before[first : first + shard.size]

@@ -307,7 +307,7 @@ def test_twenty_edits_end_to_end_on_the_tiny_bert(built, edits_file):
     knn_only = PAPER.replace(lam=1.0)  # p = p_kNN: the edit's own context, at distance ~0, is the nearest
     rows = default_rows(built) | {"knn": knn_only}
     result = evaluate_edits(built, load_edits(edits_file), batch=5, rows=rows)
-    assert built.store.live_documents() == 5  # the run worked on a copy
+    assert built.store.documents.count_live() == 5  # the run worked on a copy
     points = {p["edits"]: p for p in result["checkpoints"]}
     assert sorted(points) == [0, 1, 20]
     for mode in ("subjects", "no_subjects"):  # without subjects, TF-IDF finds the edit by the subject's words
@@ -343,7 +343,7 @@ def test_the_easyedit_editor_edits_in_place_and_undoes(built, edits_file):
         case_ids=[r.case_id for r in records],
     )  # fmt: skip
     assert edited is editor and weights == {} and editor.made == ["edit-0", "edit-1", "edit-2"]
-    assert built.store.live_documents() == 8
+    assert built.store.documents.count_live() == 8
     first = metrics[0]
     assert set(first) == {"case_id", "requested_rewrite", "time", "pre", "post", "document", "answers"}
     assert first["requested_rewrite"] == {
@@ -362,10 +362,10 @@ def test_the_easyedit_editor_edits_in_place_and_undoes(built, edits_file):
     question = "Zarkel Vombrit, the [MASK] ."
     assert built.predict(question, subject="Zarkel Vombrit", settings=editor.settings).bert_knn[0].token == "piano"
     assert editor.undo() == ["edit-0", "edit-1", "edit-2"] and editor.made == [] and editor.restore() == []
-    assert built.store.live_documents() == 5
+    assert built.store.documents.count_live() == 5
     alone, _, _ = editor.edit("Brenna Kolvish is a", "teacher", subject="Brenna Kolvish", sequential_edit=False)
     assert alone[0]["post"]["rewrite_acc"] == [1.0] and set(alone[0]["pre"]) == {"rewrite_acc", "portability"}
-    assert editor.made == [] and built.store.live_documents() == 5  # each edit removed after it is measured
+    assert editor.made == [] and built.store.documents.count_live() == 5  # each edit removed after it is measured
     with pytest.raises(EditsError, match="target_new must be 2 non-empty string"):
         editor.edit(["a {}", "b {}"], ["x"])
 

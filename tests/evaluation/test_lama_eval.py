@@ -51,11 +51,11 @@ def test_without_subjects_every_question_retrieves_from_its_own_text(built, fact
 
 def test_a_lazy_datastore_embeds_each_batchs_documents_in_view(facts, small_corpus, encoder, tmp_path):
     reader = lama_reader(small_corpus, encoder, directory=tmp_path / "lazy")  # lazy: nothing embedded yet
-    assert len(reader.store.pending()) == reader.store.n_documents
+    assert len(reader.store.documents.pending()) == reader.store.n_documents
     reports = []
     rows = evaluate_facts(reader, facts, tmp_path / "r.jsonl", batch_size=1, progress=lambda *r: reports.append(r))
     embedding = [(done, total) for phase, done, total in reports if phase == "embedding"]
-    embedded = reader.store.n_documents - len(reader.store.pending())
+    embedded = reader.store.n_documents - len(reader.store.documents.pending())
     assert len(rows) == len(facts) and embedded > 0
     assert embedding[-1] == (embedded, embedded)  # one running count over the batches
     assert [d for d, _ in embedding] == sorted(d for d, _ in embedding)

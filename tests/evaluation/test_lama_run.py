@@ -36,12 +36,14 @@ def test_evaluate_layers_reports_the_encoders_layer_and_compares_the_others(
 ):
     facts = load_lama(lama_dir, tokenizer)
     summary, rows, reader = evaluate_layers(small_corpus, encoder, facts, tmp_path / "rep", layers=[2, 3])
-    assert reader.store.layer == encoder.layer == 3 and len(rows) == len(facts)
+    assert reader.store.manifest.layer == encoder.layer == 3 and len(rows) == len(facts)
     assert summary["layers"].keys() == {"2", "3"}
     assert summary["layers"]["3"] == summary["sets"]["LAMA"]["metrics"]
     assert sorted(p.name.split("-")[1] for p in (tmp_path / "rep").glob("results-*-full.jsonl")) == ["L2", "L3"]
     alone, alone_rows, alone_reader = evaluate_layers(small_corpus, encoder, facts, tmp_path / "rep", layers=[2])
-    assert alone_reader.store.layer == 2 and "layers" not in alone  # the first layer when the encoder's is not run
+    assert (
+        alone_reader.store.manifest.layer == 2 and "layers" not in alone
+    )  # the first layer when the encoder's is not run
     assert alone == summarize(alone_rows)
     assert alone["sets"]["LAMA"]["metrics"] == summary["layers"]["2"]  # the same results, resumed from their file
 

@@ -25,7 +25,7 @@ def brute_force(store: Datastore, query: np.ndarray, k: int, hidden: set[int] = 
     """The k nearest of all entries of live documents, by a direct computation over every key."""
     keys = np.asarray(store.keys, np.float64)
     dist = ((keys - query) ** 2).sum(1)
-    owners = store.documents_of(np.arange(store.size))
+    owners = store.documents.of(np.arange(store.size))
     dist[np.isin(owners, list(hidden))] = np.inf
     order = np.lexsort((np.arange(store.size), dist))[:k]
     return order[np.isfinite(dist[order])], dist[order]
@@ -99,8 +99,10 @@ def test_predict_paths_say_which_was_used_and_match_brute_force(built):
     expected = knn_distribution(np.asarray(knn.store.values[ids]), dist, 6.0, knn.encoder.vocab_size)
     np.testing.assert_allclose(whole.p_knn, expected, atol=1e-6)
     np.testing.assert_allclose(both.p_knn, expected, atol=1e-6)  # the whole store already holds the IR documents
-    owners = list(dict.fromkeys(knn.store.documents_of(ids).tolist()))
-    assert whole.documents == knn.store.titles(owners)  # the documents the neighbours come from, nearest first
+    owners = list(dict.fromkeys(knn.store.documents.of(ids).tolist()))
+    assert whole.documents == knn.store.documents.titles(
+        owners
+    )  # the documents the neighbours come from, nearest first
     with pytest.raises(ValueError, match="retrieval must be one of ir, faiss, ir\\+faiss"):
         knn.predict("Dante was born in [MASK] .", retrieval="web")
 

@@ -17,7 +17,7 @@ def test_the_names_of_a_question_are_its_capitalised_words_or_its_subjects():
 
 def test_documents_that_do_not_name_the_entity_are_not_searched(built):
     store, index = built.store, built.index
-    plays = index.ranked("plays", 3, store.hidden_documents())[0]
+    plays = index.ranked("plays", 3, store.documents.hidden())[0]
     assert plays == [0]  # TF-IDF alone: Ilsa Varnhold's document shares "plays" with any question
     known = select_documents(store, index, "Ilsa Varnhold plays the [MASK] .", None, 3)
     assert known.documents == [0] and known.versions == [[0]]
@@ -52,7 +52,9 @@ def test_the_subjects_own_name_is_not_evidence_of_its_facts(built):
 
     def words(settings) -> list[str]:
         (found,) = built.predict_batch(["Ilsa Varnhold was born in [MASK] ."], ["Ilsa Varnhold"], settings=settings)
-        return sorted(p.sentence[slice(*p.span)] for p in built.store.provenance(found.neighbours.entries.tolist()))
+        return sorted(
+            p.sentence[slice(*p.span)] for p in built.store.documents.provenance(found.neighbours.entries.tolist())
+        )
 
     # bertknn's default: the contexts of "Ilsa" and "Varnhold" in "Ilsa Varnhold was born in Lisbon." ask for the
     # name, not for a fact about her; the paper's method keeps every context of the document

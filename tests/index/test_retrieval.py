@@ -144,7 +144,7 @@ def test_a_datastore_index_built_in_small_segments_equals_one_built_at_once(tmp_
         shutil.rmtree(name) if name.is_dir() else name.unlink()
     segmented = Writer(built.store).index_documents(segment_docs=2)
     assert len(segmented.segments) == 3 and segmented.n_docs == 5
-    whole = TfidfIndex.build(built.store.iter_document_texts())
+    whole = TfidfIndex.build(built.store.documents.texts())
     for query in ("Florence", "born in Lisbon", "capital France", "town Norway fjord"):
         (d1, s1), (d2, s2) = whole.scores(query), segmented.scores(query)
         assert d1.tolist() == d2.tolist() and len(d1)
@@ -270,7 +270,7 @@ def test_a_reader_opening_the_index_while_a_merge_commits_reads_one_consistent_l
     loaded = TfidfIndex.load(store)
     assert opened == [store.path.name, "tfidf_add_000000000_000000005"]  # the old list's first, then the new list
     assert loaded.sizes == [5] and loaded.n_docs == 5
-    assert as_columns(loaded) == as_columns(TfidfIndex.build(store.iter_document_texts()))
+    assert as_columns(loaded) == as_columns(TfidfIndex.build(store.documents.texts()))
 
 
 def test_a_datastore_given_documents_one_add_at_a_time_keeps_few_segments_and_verifies(built):
@@ -284,7 +284,7 @@ def test_a_datastore_given_documents_one_add_at_a_time_keeps_few_segments_and_ve
         built.add_documents([{"id": f"x{i}", "title": f"X {i}", "text": f"Town {i} lies in Norway."}])
     index = Writer(store).index_documents(segment_docs=1)
     assert index.n_docs == 23 and len(index.segments) < 10
-    whole = TfidfIndex.build(store.iter_document_texts())
+    whole = TfidfIndex.build(store.documents.texts())
     assert as_columns(index) == as_columns(whole)
     report = verify(store.path)
     assert not report.problems, report.problems

@@ -91,9 +91,9 @@ def test_a_store_records_the_dtype_of_its_keys_and_is_extended_only_in_it(bf16, 
     from bertknn import BertKNN, DatastoreError
 
     knn = BertKNN.build(small_corpus, tmp_path / "bf16", bf16)
-    assert knn.store.key_dtype == "bfloat16" and knn.store.manifest["key_dtype"] == "bfloat16"
+    assert knn.store.manifest.key_dtype == "bfloat16" and knn.store.manifest["key_dtype"] == "bfloat16"
     exact = BertKNN.build(small_corpus, tmp_path / "f32", encoder)
-    assert exact.store.key_dtype == "float32"
+    assert exact.store.manifest.key_dtype == "float32"
     keys, want = np.asarray(knn.store.keys, np.float32), np.asarray(exact.store.keys, np.float32)
     assert cosine_rows(keys, want).min() > 0.99
     float32_reader = BertKNN(encoder, knn.store)  # questions in float32 over bf16 keys: fine

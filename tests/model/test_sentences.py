@@ -275,7 +275,7 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder,
     words = knn.words(found)
     plain = vote(knn.store, found, s, words)
     weigh = partial(sentences.weights, knn.store, knn.sentence_match)  # the sentence weights of this store
-    rows = knn.store.provenance(found.entries.tolist())
+    rows = knn.store.documents.provenance(found.entries.tolist())
     sims = np.array([knn.sentence_match.scores([[(question, r.sentence, r.span, r.title)]])[0][0] for r in rows])
     assert np.isnan(sims[[r.sentence[slice(*r.span)].lower() == "born" for r in rows]]).all()  # a word it asks with
 
@@ -451,7 +451,7 @@ def test_the_issues_document_answers_each_of_its_places_with_the_sentence_weight
     questions = [f"Maren Holtby {relation} [MASK] ." for relation in asked]
     plain = knn.predict_batch(questions, ["Maren Holtby"] * 4, top_k=2, evidence=0, sentence_temperature=0)
     assert [w.token for w in plain[0].bert_knn] == ["oslo", "1979"]
-    assert knn.store.evidence_model  # a store built now holds its evidence vectors
+    assert knn.store.evidence.model  # a store built now holds its evidence vectors
     for subject in ("Maren Holtby", None):
         weighed = knn.predict_batch(questions, [subject] * 4, top_k=1, evidence=0)
         assert [p.bert_knn[0].token for p in weighed] == list(asked.values())

@@ -39,10 +39,12 @@ def test_prediction_is_the_interpolation_of_its_parts(built):
 def test_knn_part_equals_a_brute_force_over_the_titled_document(built):
     store = built.store
     _, states = built.encoder.query(["Ilsa Varnhold was born in [MASK] ."])
-    start, end = store.document_ranges([store.find_titles("ilsa varnhold")[0][0]])[0]
+    start, end = store.documents.ranges([store.documents.find_titles("ilsa varnhold")[0][0]])[0]
     keys = np.asarray(store.keys[start:end], np.float64)
     dist = ((keys - states[0]) ** 2).sum(1)
-    name = in_mentions(store.provenance(list(range(start, end))), "ilsa varnhold")  # "Ilsa", "Varnhold": no vote
+    name = in_mentions(
+        store.documents.provenance(list(range(start, end))), "ilsa varnhold"
+    )  # "Ilsa", "Varnhold": no vote
     assert name.sum() == 2
     values = np.asarray(store.values[start:end])
     expected = knn_distribution(values[~name], dist[~name], 6.0, built.encoder.vocab_size)
@@ -136,17 +138,17 @@ def test_incomplete_datastore_is_refused(tmp_path, encoder):
 
 def test_lazy_store_embeds_only_what_retrieval_picks(tmp_path, small_corpus, encoder, built):
     lazy = BertKNN.build(small_corpus, tmp_path / "lazy", encoder, lazy=True)
-    assert lazy.store.lazy and lazy.store.size == 0 and lazy.index.n_docs == 5
+    assert lazy.store.manifest.lazy and lazy.store.size == 0 and lazy.index.n_docs == 5
     p = lazy.predict("Ilsa Varnhold was born in [MASK] .", subject="Ilsa Varnhold")
-    assert lazy.store.pending() == [1, 2, 3, 4]
+    assert lazy.store.documents.pending() == [1, 2, 3, 4]
     full = built.predict("Ilsa Varnhold was born in [MASK] .", subject="Ilsa Varnhold")
     ranked = [[(t.token, t.probability) for t in q.knn] for q in (p, full)]
     assert_ranking_close(*ranked, rtol=FLOAT16_KEYS_RTOL)  # keys batched otherwise, stored as float16
     np.testing.assert_allclose(p.p, full.p, atol=1e-4)
-    (start, end), (fstart, fend) = lazy.store.document_ranges([0])[0], built.store.document_ranges([0])[0]
+    (start, end), (fstart, fend) = lazy.store.documents.ranges([0])[0], built.store.documents.ranges([0])[0]
     np.testing.assert_allclose(lazy.store.keys[start:end], built.store.keys[fstart:fend], atol=5e-3)
     again = BertKNN.load(tmp_path / "lazy")
-    assert again.store.lazy and again.store.size == end - start  # what was embedded is kept
+    assert again.store.manifest.lazy and again.store.size == end - start  # what was embedded is kept
 
 
 def test_a_question_to_a_lazy_store_logs_the_progress_of_its_embedding(tmp_path, small_corpus, encoder, caplog):

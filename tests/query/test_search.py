@@ -35,7 +35,7 @@ def test_document_search_is_exact_knn_over_the_chosen_documents(built):
     documents = built.search("ir")
     found = documents.search(QUESTION, None, state, PAPER.replace(k=7))
     assert found.documents == documents.documents(QUESTION, None, PAPER.n_docs) and len(found.documents) == 3
-    ranges = built.store.document_ranges(found.documents)
+    ranges = built.store.documents.ranges(found.documents)
     searched = np.concatenate([np.arange(a, b) for a, b in ranges])
     assert found.searched.tolist() == searched.tolist()
     entries, dist = _brute_force(built.store, searched, state, 7)
@@ -72,7 +72,7 @@ def test_faiss_and_merged_search_over_a_flat_index_equal_brute_force_over_everyt
     ir = built.search("ir").search(QUESTION, None, state, settings)
     for found in (faiss, both):
         assert_neighbours_close(found.entries, found.distances, everything, dist)  # float32 against float64
-    owners = built.store.documents_of(faiss.entries).tolist()
+    owners = built.store.documents.of(faiss.entries).tolist()
     assert faiss.documents == list(dict.fromkeys(owners)) and len(faiss.searched) == 0
     assert both.documents == ir.documents and both.searched.tolist() == ir.searched.tolist()
     (batched,) = merged.batch_search([QUESTION], [None], state[None], settings)

@@ -161,7 +161,7 @@ def test_tuned_values_stored_with_the_datastore_replace_the_papers(built):
     assert tuned.settings == DEFAULT.replace(n_docs=1, k=64, temperature=34.51, lam=0.6, mixture="linear")
     assert BertKNN(built.encoder, built.store, lam=0.3).settings.lam == 0.3  # arguments replace the tuned values
     tag = f"n1-k64-T34.51-l0.6-dt{DOC_TEMPERATURE}-st0.015-ct1.25-f0.4-named"
-    assert results_name(tuned, "full") == f"results-L{built.store.layer}-{tag}-full.jsonl"
+    assert results_name(tuned, "full") == f"results-L{built.store.manifest.layer}-{tag}-full.jsonl"
     with built.store.writing():
         built.store.writer.set_manifest(tuned={"hparams": {"lam": 7}})
     with pytest.raises(
@@ -235,7 +235,7 @@ def test_result_file_names_are_unchanged():
 
 
 def test_results_name_uses_the_settings(built):
-    assert results_name(built, "common") == f"results-L{built.store.layer}-{DEFAULT.file_tag()}-common.jsonl"
+    assert results_name(built, "common") == f"results-L{built.store.manifest.layer}-{DEFAULT.file_tag()}-common.jsonl"
     # other results, another file: calibrated probabilities rank the gold answer differently
     assert DEFAULT.file_tag() == f"n3-k128-T6.0-l{LAM}-dt{DOC_TEMPERATURE}-loglin-st0.015-ct1.25-f0.4-named"
 

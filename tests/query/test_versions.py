@@ -34,21 +34,21 @@ def test_dates_are_iso_8601_and_compare_as_strings():
 
 
 def test_the_title_shortcut_reads_every_document_of_the_subject_newest_first(built):
-    assert built.store.find_titles("ilsa varnhold") == [(0, None)]  # a corpus without dates
+    assert built.store.documents.find_titles("ilsa varnhold") == [(0, None)]  # a corpus without dates
     built.add_documents([{"id": "u1", "title": "Ilsa Varnhold", "text": "Ilsa Varnhold was born in Porto."}])
     built.add_documents([{"id": "u0", "title": "Ilsa  varnhold", "text": "She sang.", "date": "1990-01-01"}])
     built.add_documents([{"id": "u2", "title": "Ilsa Varnhold", "text": "She sings."}])
     built.add_documents([{"id": "u3", "title": "Ilsa Varnhold", "text": "She sang in Oslo.", "date": "1980-05-01"}])
-    titled = built.store.find_titles("ilsa varnhold")
+    titled = built.store.documents.find_titles("ilsa varnhold")
     # dated first, by date; an undated one as new as the newest date before it (u2: 1990, after u0); then the others
     # by the order they were added
     assert titled == [(7, "1990-01-01"), (6, "1990-01-01"), (8, "1980-05-01"), (5, None), (0, None)]
     found = built.search("ir").search(QUESTION, "Ilsa Varnhold", built.encoder.query([QUESTION])[1][0], KNN_ONLY)
     assert found.versions == [[7, 6, 8, 5, 0]] and found.documents == [7, 6, 8, 5, 0]
-    assert set(built.store.documents_of(found.entries).tolist()) == {0, 5, 6, 7, 8}
+    assert set(built.store.documents.of(found.entries).tolist()) == {0, 5, 6, 7, 8}
     built.remove_documents(["u1", "u2"])
-    assert [d for d, _ in built.store.find_titles("ilsa varnhold")] == [6, 8, 0]
-    assert built.store.find_titles("nobody") == []
+    assert [d for d, _ in built.store.documents.find_titles("ilsa varnhold")] == [6, 8, 0]
+    assert built.store.documents.find_titles("nobody") == []
 
 
 def test_a_newer_documents_fact_wins_and_both_are_in_the_evidence(built):

@@ -24,7 +24,7 @@ def test_the_retrieval_aware_vote_weighs_each_document_by_its_retrieval_score(bu
     found = paper.neighbours
     assert len(found.documents) > 1 and found.scores == sorted(found.scores, reverse=True) and found.scores[0] > 0
     aware = built.predict(nameless, **RAW, doc_temperature=0.1, mixture="linear", lm_words=0)
-    docs = built.store.documents_of(found.entries)
+    docs = built.store.documents.of(found.entries)
     groups = np.array([found.documents.index(int(d)) for d in docs])
     prior = document_prior(np.append(found.scores, 0.0), 0.1)
     values = built.words(found).index(found.values)  # words of several wordpieces follow the vocabulary

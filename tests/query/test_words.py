@@ -42,7 +42,7 @@ def _state(encoder: Encoder, ids: list[int], position: int) -> np.ndarray:
 
 def _entry_of(knn: BertKNN, word: str) -> int:
     """The entry whose evidence span is `word`."""
-    spans = knn.store.provenance(list(range(knn.store.size)))
+    spans = knn.store.documents.provenance(list(range(knn.store.size)))
     return next(e.entry for e in spans if e.sentence[e.span[0] : e.span[1]] == word)
 
 
@@ -57,7 +57,7 @@ def test_a_word_of_several_wordpieces_is_keyed_by_its_one_mask_context(tmp_path,
     np.testing.assert_allclose(np.asarray(knn.store.keys[entry], np.float32), hand, rtol=2e-3, atol=2e-3)
     value = int(knn.store.values[entry])
     assert value >= encoder.vocab_size
-    assert knn.store.words([value]) == {value: (" ".join(map(str, pieces)), "rakvere")}
+    assert knn.store.lexicon.words([value]) == {value: (" ".join(map(str, pieces)), "rakvere")}
     born = _entry_of(knn, "born")  # a word of one wordpiece: today's key, its vocabulary id as value
     where = ids.index(tokenizer.convert_tokens_to_ids("born"))
     hand = _state(encoder, [*ids[:where], tokenizer.mask_token_id, *ids[where + 1 :]], where)
@@ -147,7 +147,7 @@ def test_a_datastore_of_format_1_opens_and_answers_as_it_did(tmp_path, tiny_mode
     recorded = json.loads((DATA / "format1_answers.json").read_text(encoding="utf-8"))
     knn = BertKNN.load(store, str(tiny_model_dir))
     assert knn.predict("Dante was born in [MASK] .").documents == ["Dante Alighieri"]  # not Ilsa Varnhold's as well
-    assert knn.store.manifest["version"] == 1 and not knn.store.whole_words
+    assert knn.store.manifest["version"] == 1 and not knn.store.lexicon.whole_words
     for (question, subject), expected in zip(recorded["questions"], recorded["answers"]):
         got = knn.predict(question, subject=subject, top_k=5, entity_filter=False, **RAW).to_dict()  # as then
         assert got["documents"] == expected["documents"]
@@ -173,7 +173,7 @@ def test_a_datastore_of_format_1_opens_and_answers_as_it_did(tmp_path, tiny_mode
             np.testing.assert_allclose(weights, [n["weight"] for n in want], rtol=MODEL_RTOL, atol=DISTANCE_ATOL)
     knn.add_documents([EDDA])  # documents added to a format 1 store keep its rule: words of one wordpiece
     values = np.asarray(knn.store.values[: knn.store.size])
-    assert values.max() < knn.encoder.vocab_size and knn.store.words(None) == {}
+    assert values.max() < knn.encoder.vocab_size and knn.store.lexicon.words(None) == {}
 
 
 def _tokenizer(texts: list[str], special: list[str], mask: str, single: str):
@@ -275,12 +275,12 @@ def test_verify_names_a_value_that_is_no_word_of_the_store(tmp_path, encoder):
     assert verify(knn.store.path).problems == []
     entry = _entry_of(knn, "Rakvere")
     values = np.memmap(knn.store.path / "values.i32", np.int32, "r+")
-    values[entry] = max(knn.store.words(None)) + 7  # past the lexicon: a word the store never held
+    values[entry] = max(knn.store.lexicon.words(None)) + 7  # past the lexicon: a word the store never held
     values.flush()
     problems = verify(knn.store.path).problems
     assert f"values.i32: entries [{entry}] hold values that are no word of the store" in "\n".join(problems)
     with pytest.raises(DatastoreError, match=r"holds no word for values \[\d+\]: it is damaged"):
-        knn.store.words([int(values[entry])])
+        knn.store.lexicon.words([int(values[entry])])
 
 
 def test_multi_word_names_are_one_answer_besides_their_words(tmp_path, encoder):
@@ -288,7 +288,7 @@ def test_multi_word_names_are_one_answer_besides_their_words(tmp_path, encoder):
     doc = {"id": "m1", "title": "Maris Oldenvaart", "text": text}
     corpus = write_corpus(tmp_path / "c.jsonl", [doc])
     knn = BertKNN.build(corpus, tmp_path / "s", encoder, names=True)
-    words = {text for _, text in knn.store.words(None).values()}
+    words = {text for _, text in knn.store.lexicon.words(None).values()}
     assert {"maris oldenvaart", "port elsmere", "elsmere", "oldenvaart"} <= words
     found = knn.predict("Maris Oldenvaart was born in [MASK] .", subject="Maris Oldenvaart", top_k=3)
     assert found.neighbours.distances[0] < 1e-3  # the name's context is the question's (the tiny random model

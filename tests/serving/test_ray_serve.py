@@ -126,7 +126,7 @@ def test_ray_serve_health_counts_every_shard(served):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=60) as response:
         health = json.loads(response.read())
     local.refresh()
-    assert health["documents"] == local.store.live_documents() and health["contexts"] == local.store.size > 0
+    assert health["documents"] == local.store.documents.count_live() and health["contexts"] == local.store.size > 0
     assert health["datastore"] == "sharded"
 
 

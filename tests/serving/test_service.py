@@ -133,7 +133,7 @@ def test_health_counts_the_store(client, built):
     assert health["status"] == "ok" and health["writable"] is False
     assert health["documents"] == built.store.n_documents == 5
     assert health["contexts"] == built.store.size > 0
-    assert health["layer"] == built.store.layer and health["model"] == Path(built.encoder.name).name
+    assert health["layer"] == built.store.manifest.layer and health["model"] == Path(built.encoder.name).name
     assert health["hparams"] == built.hparams and health["datastore"] == built.store.path.name
 
 

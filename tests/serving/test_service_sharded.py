@@ -49,7 +49,11 @@ def test_every_endpoint_answers_on_a_sharded_store(client, sharded):
         return response
 
     health = call("GET", "/health").json()
-    assert health["status"] == "ok" and health["datastore"] == "sharded" and health["layer"] == sharded.store.layer
+    assert (
+        health["status"] == "ok"
+        and health["datastore"] == "sharded"
+        and health["layer"] == sharded.store.manifest.layer
+    )
     assert health["documents"] == 5 and health["contexts"] == sharded.store.size > 0 and health["writable"] is True
     answer = call("POST", "/predict", json={**ILSA, "top_k": 3})
     assert answer.status_code == 200 and answer.json()["documents"] == ["Ilsa Varnhold"]
@@ -112,4 +116,4 @@ def test_adding_other_text_under_an_id_of_an_earlier_shard_is_refused(sharded):
     assert sharded.add_documents([SMALL_DOCS[0]], skip_existing=True) == 0
     with pytest.raises(datastore.DatastoreError, match=r"\['d1'\] are in .* with other text; remove them first"):
         sharded.add_documents([{**SMALL_DOCS[0], "text": "Ilsa Varnhold sings."}], skip_existing=True)
-    assert sharded.store.size == size and sharded.store.states(["d1"]) == {"d1": "live"}
+    assert sharded.store.size == size and sharded.store.documents.states(["d1"]) == {"d1": "live"}

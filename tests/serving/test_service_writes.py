@@ -47,7 +47,7 @@ def test_another_process_commits_are_answered_and_writes_go_on(writable, built):
     body = writable.post("/predict", json=ASK).json()
     assert "Zorblat Quenmire" not in body["documents"]
     assert writable.delete("/documents/n2").status_code == 200
-    assert other.refresh() and other.store.states(["n2"]) == {}
+    assert other.refresh() and other.store.documents.states(["n2"]) == {}
 
 
 def test_an_add_does_not_stall_questions(writable, monkeypatch):

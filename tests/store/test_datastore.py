@@ -18,19 +18,19 @@ from ..conftest import SMALL_DOCS
 def test_evidence_of_many_entries_comes_in_the_order_asked(tmp_path, small_corpus, encoder):
     store = builder.build(small_corpus, tmp_path / "s", encoder)
     entries = [store.size - 1, 0, 7, 0]
-    together = store.provenance(entries)
+    together = store.documents.provenance(entries)
     assert [e.entry for e in together] == entries
-    assert together == [store.provenance([e])[0] for e in entries]
+    assert together == [store.documents.provenance([e])[0] for e in entries]
     assert together[0].doc_id != together[1].doc_id
 
 
 def test_documents_own_contiguous_ranges(tmp_path, small_corpus, encoder):
     store = builder.build(small_corpus, tmp_path / "s", encoder)
-    ranges = store.document_ranges(list(range(5)))
+    ranges = store.documents.ranges(list(range(5)))
     assert ranges[0][0] == 0 and ranges[-1][1] == store.size
     assert all(a[1] == b[0] for a, b in pairwise(ranges))
     for doc, (start, end) in enumerate(ranges):
-        titles = {e.title for e in store.provenance(list(range(start, end)))}
+        titles = {e.title for e in store.documents.provenance(list(range(start, end)))}
         assert titles == {SMALL_DOCS[doc]["title"]}
 
 
@@ -43,7 +43,7 @@ def _tables(path) -> dict:
 
 def assert_same_store(a, b) -> None:
     sa, sb = Datastore(a), Datastore(b)
-    assert sa.size == sb.size and sa.complete and sb.complete
+    assert sa.size == sb.size and sa.manifest.complete and sb.manifest.complete
     assert np.array_equal(np.asarray(sa.keys), np.asarray(sb.keys))
     assert np.array_equal(np.asarray(sa.values), np.asarray(sb.values))
     assert _tables(a) == _tables(b)

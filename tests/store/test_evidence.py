@@ -28,14 +28,14 @@ SUBJECTS = ["Ilsa Varnhold", "Dante Alighieri", "Quellbrook"]
 
 
 def _live(store: Datastore) -> list[int]:
-    hidden = store.hidden_documents()
+    hidden = store.documents.hidden()
     entries = np.arange(store.size)
-    return entries[~np.isin(store.documents_of(entries), hidden)].tolist()
+    return entries[~np.isin(store.documents.of(entries), hidden)].tolist()
 
 
 def _references(store: Datastore) -> Counter:
     """What the table must count: each text id once per live entry that uses it."""
-    return Counter(store.evidence_ids(_live(store)).ravel().tolist())
+    return Counter(store.evidence.ids(_live(store)).ravel().tolist())
 
 
 def _rows(store: Datastore) -> Counter:
@@ -68,12 +68,12 @@ def test_four_bits_with_a_scale_per_vector_round_each_value_by_at_most_half_a_st
 
 def test_a_build_stores_each_evidence_text_once_with_its_entries_counted(tmp_path, small_corpus, encoder):
     store = BertKNN.build(small_corpus, tmp_path / "s", encoder).store
-    assert store.evidence_model == SENTENCE_MODEL
+    assert store.evidence.model == SENTENCE_MODEL
     assert _rows(store) == _references(store)
-    rows = [(e.sentence, e.span, e.title) for e in store.provenance(list(range(store.size)))]
+    rows = [(e.sentence, e.span, e.title) for e in store.documents.provenance(list(range(store.size)))]
     texts = sorted(set(evidence.entry_texts(rows)))
     assert len(texts) < 3 * store.size  # sentences and words are shared by entries
-    stored = store.evidence_vectors(texts)
+    stored = store.evidence.vectors(texts)
     assert sorted(stored) == texts
     fresh = sentence_encoder(encoder.runtime).sentence_vectors(texts)
     step = np.abs(fresh).max(axis=1, keepdims=True) / evidence.LEVELS
@@ -83,12 +83,12 @@ def test_a_build_stores_each_evidence_text_once_with_its_entries_counted(tmp_pat
 
 def test_remove_releases_the_references_and_drops_the_texts_no_entry_uses(built):
     store = built.store
-    only_d1 = set(store.evidence_ids(list(range(*store.document_ranges([0])[0]))).ravel().tolist())
-    only_d1 -= set(store.evidence_ids(list(range(store.document_ranges([0])[0][1], store.size))).ravel().tolist())
-    assert only_d1 and only_d1 <= store.evidence_held(only_d1)
+    only_d1 = set(store.evidence.ids(list(range(*store.documents.ranges([0])[0]))).ravel().tolist())
+    only_d1 -= set(store.evidence.ids(list(range(store.documents.ranges([0])[0][1], store.size))).ravel().tolist())
+    assert only_d1 and only_d1 <= store.evidence.held(only_d1)
     built.remove_documents(["d1"])
     assert _rows(store) == _references(store)
-    assert not store.evidence_held(only_d1)
+    assert not store.evidence.held(only_d1)
 
 
 def test_an_append_that_lacks_the_evidence_the_store_holds_is_refused(built):
@@ -103,10 +103,10 @@ def test_prune_and_convert_keys_keep_the_evidence(tmp_path, encoder):
     corpus = write_corpus(tmp_path / "c.jsonl", [{"id": "a", "title": "Ode Lund", "text": text}])
     source = BertKNN.build(corpus, tmp_path / "s", encoder).store
     pruned = prune(source.path, tmp_path / "pruned", radius=1e9)  # a document's entries of one word merge
-    assert pruned.size < source.size and pruned.evidence_model == SENTENCE_MODEL
+    assert pruned.size < source.size and pruned.evidence.model == SENTENCE_MODEL
     assert _rows(pruned) == _references(pruned)
     ids = list(_rows(pruned))
-    assert pruned.evidence_blobs(ids) == source.evidence_blobs(ids)  # copied, not embedded again
+    assert pruned.evidence.blobs(ids) == source.evidence.blobs(ids)  # copied, not embedded again
     before = dict(source.db.execute("SELECT id, vector FROM evidence"))
     Writer(source).convert_keys("SQ8", train_size=source.size)
     assert dict(Datastore(source.path).db.execute("SELECT id, vector FROM evidence")) == before
@@ -115,7 +115,7 @@ def test_prune_and_convert_keys_keep_the_evidence(tmp_path, encoder):
 def test_verify_names_entries_without_their_vectors_and_vectors_of_the_wrong_size(built):
     store = built.store
     assert not verify(store.path).problems
-    (first,) = store.evidence_ids([0])[0][:1]
+    (first,) = store.evidence.ids([0])[0][:1]
     with store.writing(), store.db:
         store.db.execute("DELETE FROM evidence WHERE id = ?", (int(first),))
         store.db.execute("UPDATE evidence SET vector = x'0000' WHERE id = (SELECT max(id) FROM evidence)")
@@ -136,13 +136,13 @@ def test_a_store_made_before_answers_as_before_until_bertknn_sentences_fills_it(
     with caplog.at_level(logging.WARNING):
         old = BertKNN(encoder, Datastore(tmp_path / "s"))
         answered = old.predict_batch(QUESTIONS, SUBJECTS, top_k=3, evidence=0)
-    assert old.store.evidence_model is None and old.settings.sentence_temperature == 0
+    assert old.store.evidence.model is None and old.settings.sentence_temperature == 0
     assert caplog.text.count("bertknn sentences") == 1  # said once, not silently
     # the same store and inputs, the weights off: bit-identical answers
     assert [p.to_dict(encoder.tokenizer) for p in answered] == [p.to_dict(encoder.tokenizer) for p in plain]
     added = {"id": "d9", "title": "Orla Fenwick", "text": "Orla Fenwick was born in Tallinn in 1950."}
     old.add_documents([added])  # an add to it stores no vectors until it is filled
-    assert old.store.evidence_model is None
+    assert old.store.evidence.model is None
     monkeypatch.setattr(build_evidence, "FILL_ENTRIES", 7)
     fill, calls = DatastoreWriter.fill_evidence, []
 
@@ -156,9 +156,9 @@ def test_a_store_made_before_answers_as_before_until_bertknn_sentences_fills_it(
     with pytest.raises(KeyboardInterrupt):
         build_evidence.fill(old.store, encoder.runtime)
     monkeypatch.undo()
-    assert old.store.evidence_filled == 7 and old.store.evidence_model is None
+    assert old.store.evidence.filled == 7 and old.store.evidence.model is None
     assert build_evidence.fill(old.store, encoder.runtime) == old.store.size - 7  # goes on from there
-    assert old.store.evidence_model == SENTENCE_MODEL and _rows(old.store) == _references(old.store)
+    assert old.store.evidence.model == SENTENCE_MODEL and _rows(old.store) == _references(old.store)
     again = BertKNN(encoder, old.store).predict_batch(QUESTIONS, SUBJECTS, top_k=3, evidence=0)  # opened again
     # the first answers: vectors embedded in other batches than the build's may round to another 4-bit code (model
     # noise), which moves the weights' near-ties further down, not the answer each question's document states
@@ -176,7 +176,7 @@ def test_bertknn_sentences_fills_a_store_made_before(tmp_path, small_corpus, enc
     assert result.exit_code == 0, result.output
     assert "evidence vectors stored for" in result.output
     store = Datastore(tmp_path / "s")
-    assert store.evidence_model == SENTENCE_MODEL and _rows(store) == _references(store)
+    assert store.evidence.model == SENTENCE_MODEL and _rows(store) == _references(store)
     again = CliRunner().invoke(app, ["sentences", str(tmp_path / "s"), "--threads", "1"])
     assert again.exit_code == 0 and "nothing to do" in again.output
 
@@ -186,7 +186,7 @@ def test_a_document_added_to_a_store_with_evidence_brings_its_vectors(tmp_path, 
     knn = BertKNN.build(corpus, tmp_path / "s", encoder)
     knn.add_documents([{"id": "b", "title": "Ode Lund", "text": "Lund lived in Vienna and sang in Lyon."}])
     assert _rows(knn.store) == _references(knn.store)
-    assert knn.store.evidence_held(knn.store.evidence_ids([knn.store.size - 1]).ravel().tolist())
+    assert knn.store.evidence.held(knn.store.evidence.ids([knn.store.size - 1]).ravel().tolist())
 
 
 @settings(max_examples=200, deadline=None)

@@ -68,7 +68,7 @@ def test_a_store_made_before_is_read_without_upgrading_its_schema(tmp_path, tiny
     before = _files(path)
     knn = BertKNN.load(path, str(tiny_model_dir))
     _ask(knn)
-    assert [date for _, date in knn.store.find_titles("dante alighieri")] == [None]  # no date column: NULL
+    assert [date for _, date in knn.store.documents.find_titles("dante alighieri")] == [None]  # no date column: NULL
     assert _files(path) == before
     with knn.store.writing():
         pass
@@ -79,9 +79,9 @@ def test_a_store_made_before_is_read_without_upgrading_its_schema(tmp_path, tiny
 def test_a_hot_journal_left_by_a_killed_writer_is_rolled_back_and_the_committed_state_read(built, tmp_path):
     path = shutil.copytree(built.store.path, tmp_path / "copy")
     with Datastore(path) as store:
-        titles = store.titles(list(range(store.n_documents)))
+        titles = store.documents.titles(list(range(store.n_documents)))
     subprocess.run([sys.executable, "-c", KILLED_WRITER, str(path / "store.sqlite")], check=False)
     assert (path / "store.sqlite-journal").is_file()  # the writer died mid-transaction
     with Datastore(path) as store:  # its checksums hold too: the rollback restored the committed pages
-        assert store.titles(list(range(store.n_documents))) == titles
+        assert store.documents.titles(list(range(store.n_documents))) == titles
     assert not (path / "store.sqlite-journal").exists() or (path / "store.sqlite-journal").stat().st_size == 0

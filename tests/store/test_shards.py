@@ -52,11 +52,25 @@ def test_counts_and_offsets_are_the_shards_in_order(stores):
     assert sharded.doc_starts.tolist() == [0, 2, 3, 6]
     assert sharded.entry_starts.tolist() == [0, sizes[0], sizes[0] + sizes[1], sum(sizes)]
     assert (sharded.n_documents, sharded.size) == (6, single.size) and single.size == sum(sizes)
-    starts = [single.document_ranges([d])[0][0] for d in (0, 2, 3)]  # where each shard's first document begins
+    starts = [single.documents.ranges([d])[0][0] for d in (0, 2, 3)]  # where each shard's first document begins
     assert sharded.entry_starts[:3].tolist() == starts
-    assert sharded.live_documents() == single.live_documents() == 6
-    assert (sharded.complete, sharded.lazy, sharded.pending(), sharded.pending([0, 1])) == (True, False, [], [])
-    assert (sharded.layer, sharded.dim, sharded.key_dtype) == (single.layer, single.dim, single.key_dtype)
+    assert sharded.documents.count_live() == single.documents.count_live() == 6
+    assert (
+        sharded.manifest.complete,
+        sharded.manifest.lazy,
+        sharded.documents.pending(),
+        sharded.documents.pending([0, 1]),
+    ) == (
+        True,
+        False,
+        [],
+        [],
+    )
+    assert (sharded.manifest.layer, sharded.dim, sharded.manifest.key_dtype) == (
+        single.manifest.layer,
+        single.dim,
+        single.manifest.key_dtype,
+    )
     assert sharded.version == tuple(s.version for s in sharded.shards)
     assert sharded.keys.shape == (single.size, single.dim) and len(sharded.values) == single.size
 
@@ -64,19 +78,29 @@ def test_counts_and_offsets_are_the_shards_in_order(stores):
 def test_titles_evidence_ranges_and_owners_equal_one_datastore_s(stores):
     single, sharded = stores
     every = list(range(single.size))
-    assert sharded.titles([5, 0, 2, 3]) == single.titles([5, 0, 2, 3]) == [DOCS[i]["title"] for i in (5, 0, 2, 3)]
-    assert sharded.provenance(every) == single.provenance(every)
+    assert (
+        sharded.documents.titles([5, 0, 2, 3])
+        == single.documents.titles([5, 0, 2, 3])
+        == [DOCS[i]["title"] for i in (5, 0, 2, 3)]
+    )
+    assert sharded.documents.provenance(every) == single.documents.provenance(every)
     picked = [single.size - 1, 0, sharded.entry_starts[2], sharded.entry_starts[1] - 1, 0]
-    assert sharded.provenance(picked) == single.provenance(picked)  # in the order asked, across shards
-    assert [e.entry for e in sharded.provenance(picked)] == picked
-    assert sharded.document_ranges([5, 0, 3, 2]) == single.document_ranges([5, 0, 3, 2])
-    np.testing.assert_array_equal(sharded.documents_of(np.array(every)), single.documents_of(np.array(every)))
-    np.testing.assert_array_equal(sharded.documents_of(np.array(picked)), single.documents_of(np.array(picked)))
+    assert sharded.documents.provenance(picked) == single.documents.provenance(
+        picked
+    )  # in the order asked, across shards
+    assert [e.entry for e in sharded.documents.provenance(picked)] == picked
+    assert sharded.documents.ranges([5, 0, 3, 2]) == single.documents.ranges([5, 0, 3, 2])
+    np.testing.assert_array_equal(sharded.documents.of(np.array(every)), single.documents.of(np.array(every)))
+    np.testing.assert_array_equal(sharded.documents.of(np.array(picked)), single.documents.of(np.array(picked)))
     for title, doc in [("dante alighieri", 2), ("paris", 3), ("quellbrook varnhold", 5), ("ilsa varnhold", 0)]:
-        assert [d for d, _ in sharded.find_titles(title)] == [d for d, _ in single.find_titles(title)] == [doc]
-    assert sharded.find_titles("nobody at all") == []
+        assert (
+            [d for d, _ in sharded.documents.find_titles(title)]
+            == [d for d, _ in single.documents.find_titles(title)]
+            == [doc]
+        )
+    assert sharded.documents.find_titles("nobody at all") == []
     with pytest.raises(DatastoreError, match=rf"has no item {single.size} \(it holds {single.size}\)"):
-        sharded.provenance([0, single.size])
+        sharded.documents.provenance([0, single.size])
 
 
 def test_keys_and_renumbered_values_equal_one_datastore_s(stores):
@@ -87,18 +111,18 @@ def test_keys_and_renumbered_values_equal_one_datastore_s(stores):
     np.testing.assert_array_equal(sharded.keys[5:9], sharded.keys[np.arange(5, 9)])  # a slice reads the same rows
     np.testing.assert_array_equal(sharded.values[every], np.asarray(single.values))
     np.testing.assert_array_equal(sharded.values[3:20], np.asarray(single.values[3:20]))
-    assert sharded.words(None) == single.words(None)
+    assert sharded.lexicon.words(None) == single.lexicon.words(None)
     last = sharded.shards[2]
     local = np.asarray(last.values)
     renumbered = np.flatnonzero(local != sharded.values[sharded.entry_starts[2] + np.arange(last.size)])
     assert len(renumbered), "the last shard numbers its words of several wordpieces apart"
     for entry in renumbered:  # each renumbered value is the same word in the last shard's lexicon and the store's
         value = int(sharded.values[sharded.entry_starts[2] + entry : sharded.entry_starts[2] + entry + 1][0])
-        assert last.words([int(local[entry])])[int(local[entry])] == sharded.words([value])[value]
-    vocab = min(single.words(None))  # lexicon numbers follow the vocabulary; vocabulary ids stay as they are
+        assert last.lexicon.words([int(local[entry])])[int(local[entry])] == sharded.lexicon.words([value])[value]
+    vocab = min(single.lexicon.words(None))  # lexicon numbers follow the vocabulary; vocabulary ids stay as they are
     assert all(v == s for v, s in zip(local, sharded.values[sharded.entry_starts[2] :]) if v < vocab)
     with pytest.raises(DatastoreError, match=r"holds no word for values \[1\]"):
-        sharded.words([1])
+        sharded.lexicon.words([1])
 
 
 def test_split_documents_gives_each_shard_its_own_numbers():
@@ -115,8 +139,8 @@ def test_split_documents_of_the_store_s_hidden_documents(fresh):
     for store in (single, sharded):
         with store.writing() as writer:
             writer.remove(["d2", "d6"])
-    assert sharded.hidden_documents().tolist() == single.hidden_documents().tolist() == [1, 5]
-    assert [s.tolist() for s in sharded.split_documents(sharded.hidden_documents())] == [[1], [], [2]]
+    assert sharded.documents.hidden().tolist() == single.documents.hidden().tolist() == [1, 5]
+    assert [s.tolist() for s in sharded.split_documents(sharded.documents.hidden())] == [[1], [], [2]]
 
 
 def test_merge_nearest_merges_each_shard_s_nearest_by_global_entry(stores):
@@ -142,20 +166,24 @@ def test_merge_nearest_merges_each_shard_s_nearest_by_global_entry(stores):
 def test_states_and_removals_across_shards_equal_one_datastore_s(fresh):
     single, sharded = fresh
     ids = ["d1", "d3", "d5", "d6", "nope"]
-    assert sharded.states(ids) == single.states(ids) == {"d1": "live", "d3": "live", "d5": "live", "d6": "live"}
+    assert (
+        sharded.documents.states(ids)
+        == single.documents.states(ids)
+        == {"d1": "live", "d3": "live", "d5": "live", "d6": "live"}
+    )
     unknown = pytest.raises(DatastoreError, match=r"no document with id 'nope' in .*; nothing was removed")
     with unknown, sharded.writing() as writer:
         writer.remove(["d1", "nope"])
-    assert sharded.states(["d1"]) == {"d1": "live"}
+    assert sharded.documents.states(["d1"]) == {"d1": "live"}
     with sharded.writing() as writer:
         assert writer.remove(["d5", "d1"]) == (["d1", "d5"], [])  # shard by shard
     with single.writing() as writer:
         writer.remove(["d5", "d1"])
-    assert sharded.states(ids) == single.states(ids) == {"d3": "live", "d6": "live"}
-    assert sharded.hidden_documents().tolist() == single.hidden_documents().tolist() == [0, 4]
-    assert sharded.live_documents() == single.live_documents() == 4
-    assert sharded.find_titles("ilsa varnhold") == single.find_titles("ilsa varnhold") == []
-    assert sharded.live_digests(["d3", "d1"]) == single.live_digests(["d3", "d1"])
+    assert sharded.documents.states(ids) == single.documents.states(ids) == {"d3": "live", "d6": "live"}
+    assert sharded.documents.hidden().tolist() == single.documents.hidden().tolist() == [0, 4]
+    assert sharded.documents.count_live() == single.documents.count_live() == 4
+    assert sharded.documents.find_titles("ilsa varnhold") == single.documents.find_titles("ilsa varnhold") == []
+    assert sharded.documents.live_digests(["d3", "d1"]) == single.documents.live_digests(["d3", "d1"])
     with sharded.writing() as writer:
         assert writer.remove(["d1", "d3"]) == (["d3"], ["d1"])  # removed before: reported, not refused
     top = json.loads((sharded.path / SHARDS_FILE).read_text(encoding="utf-8"))
@@ -197,7 +225,7 @@ def test_a_failed_write_of_shards_json_leaves_the_shards_sealed(sharded, monkeyp
     monkeypatch.setattr(shards, "write_json", full)
     with pytest.raises(DiskFullError, match=r"no space left for .*shards\.json"):
         sharded.remove_documents(["d4"])
-    assert sharded.store.states(["d4"]) == {} and sharded.store.live_documents() == 4
+    assert sharded.store.documents.states(["d4"]) == {} and sharded.store.documents.count_live() == 4
     checked = [verify(shard.path) for shard in sharded.store.shards]
     assert [(c.problems, c.notes) for c in checked] == [([], [])] * 2  # no note of "an interrupted writer" either
     monkeypatch.undo()

@@ -16,7 +16,7 @@ import pytest
 from bertknn.query.pipeline import BertKNN
 from bertknn.store.datastore import DatastoreError
 from bertknn.store.shards import ShardedDatastore
-from bertknn.store.store import Store
+from bertknn.store.store import DocumentReads, Store
 
 from ..conftest import SMALL_DOCS, write_corpus
 from ..sharded_store import make_sharded
@@ -24,6 +24,7 @@ from ..sharded_store import make_sharded
 ROOT = Path(__file__).resolve().parents[2]
 MEMBERS = sorted(name for name in vars(Store) if not name.startswith("_"))
 METHODS = {name for name in MEMBERS if inspect.isfunction(vars(Store)[name])}
+READS = sorted(name for name in vars(DocumentReads) if not name.startswith("_"))  # all methods
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +41,9 @@ def _parameters(function) -> list[tuple]:
 
 
 def test_the_protocol_lists_what_the_service_needs():
-    assert {"live_documents", "size", "n_documents", "keys", "writing", "states", "writer", "manifest"} <= set(MEMBERS)
-    assert {"live_documents", "writing", "provenance", "close"} <= METHODS and "size" not in METHODS
+    assert {"documents", "size", "n_documents", "keys", "writing", "writer", "manifest"} <= set(MEMBERS)
+    assert {"writing", "close"} <= METHODS and not {"size", "documents"} & METHODS
+    assert {"count_live", "states", "provenance", "ranges", "of"} <= set(READS)
 
 
 @pytest.mark.parametrize("name", MEMBERS)
@@ -60,18 +62,29 @@ def test_both_datastores_have_every_member_of_the_protocol(stores, name):
             assert not inspect.ismethod(getattr(store, name)), f"{kind}.{name} is a method, the protocol's a value"
 
 
+@pytest.mark.parametrize("name", READS)
+def test_both_datastores_read_documents_alike(stores, name):
+    for kind, store in stores.items():
+        method = getattr(store.documents, name, None)
+        assert inspect.ismethod(method), f"{kind}.documents has no {name}"
+        assert _parameters(method) == _parameters(vars(DocumentReads)[name])[1:], f"{kind}.documents.{name}"
+
+
 # every module of the service that uses a store (ray_serve.py is left out: it serves a ShardedDatastore's shards)
 @pytest.mark.parametrize("module", ["serving/service.py", "serving/errors.py", "query/search.py"])
 def test_the_service_and_the_search_use_only_the_protocol(module):
-    used = set(re.findall(r"(?<![\w.])store\.(\w+)", (ROOT / "src" / "bertknn" / module).read_text(encoding="utf-8")))
+    text = (ROOT / "src" / "bertknn" / module).read_text(encoding="utf-8")
+    used = set(re.findall(r"(?<![\w.])store\.(\w+)", text))
     assert used and used <= set(MEMBERS), sorted(used - set(MEMBERS))
+    reads = set(re.findall(r"(?<![\w.])store\.documents\.(\w+)", text))
+    assert reads <= set(READS), sorted(reads - set(READS))
 
 
 CHECKED = textwrap.dedent(
     """\
     from bertknn.store.datastore import Datastore
     from bertknn.store.shards import ShardedDatastore
-    from bertknn.store.store import Store
+    from bertknn.store.store import DocumentReads, Store
 
 
     def stores(single: Datastore, sharded: ShardedDatastore) -> list[Store]:

@@ -47,7 +47,7 @@ def test_a_document_without_targets_does_not_brick_the_store(built):
 def test_a_corpus_of_stopwords_builds_and_answers(tmp_path, encoder):
     corpus = write_corpus(tmp_path / "c.jsonl", [STOPWORDS_ONLY, {"id": "it-2", "title": "Was", "text": "Was it?"}])
     knn = BertKNN.build(corpus, tmp_path / "s", encoder)
-    assert knn.store.size == 0 and knn.store.complete
+    assert knn.store.size == 0 and knn.store.manifest.complete
     prediction = knn.predict("It is [MASK] .", top_k=3)
     assert prediction.knn == [] and len(prediction.bert) == 3
 
@@ -56,7 +56,7 @@ def test_an_id_that_looks_like_a_removed_one_does_not_block_removal(built):
     built.add_documents([{**FRESH, "id": "d1#removed-0"}])
     built.remove_document("d1")
     built.remove_document("d1#removed-0")
-    assert built.store.states(["d1", "d1#removed-0"]) == {}
+    assert built.store.documents.states(["d1", "d1#removed-0"]) == {}
     built.add_documents([{**FRESH, "id": "d1"}])  # both ids are free again
     assert _top(built) == "tallinn"
 
@@ -64,10 +64,10 @@ def test_an_id_that_looks_like_a_removed_one_does_not_block_removal(built):
 def test_removing_several_ids_is_all_or_nothing_and_a_rerun_finishes(built):
     with pytest.raises(DatastoreError, match=r"no document with id 'nope'.*nothing was removed"):
         built.remove_documents(["d1", "nope"])
-    assert built.store.states(["d1"]) == {"d1": "live"}
+    assert built.store.documents.states(["d1"]) == {"d1": "live"}
     assert built.remove_documents(["d1", "d2"]) == (["d1", "d2"], [])
     assert built.remove_documents(["d1", "d2"]) == ([], ["d1", "d2"])  # the same command again: nothing left to do
-    assert built.store.live_documents() == 3
+    assert built.store.documents.count_live() == 3
 
 
 def test_a_killed_add_rerun_with_corrected_text_keeps_the_new_text(built, monkeypatch):
@@ -98,12 +98,12 @@ def test_a_build_killed_before_its_first_manifest_resumes(tmp_path, small_corpus
     out.mkdir()
     (out / "manifest.tmp").write_text('{"format": "bertk')  # what a kill during the first manifest write leaves
     store = builder.build(small_corpus, out, encoder)
-    assert store.complete and store.n_documents == 5
+    assert store.manifest.complete and store.n_documents == 5
 
 
 def test_a_build_that_registered_nothing_accepts_a_corrected_corpus(tmp_path, small_corpus, encoder):
     builder.create(tmp_path / "s", encoder, {"path": "bad.jsonl", "sha256": "0" * 64, "documents": 5})
-    assert builder.build(small_corpus, tmp_path / "s", encoder).complete
+    assert builder.build(small_corpus, tmp_path / "s", encoder).manifest.complete
 
 
 def test_build_into_a_file_is_refused(tmp_path, small_corpus, encoder):
@@ -256,8 +256,8 @@ def test_verify_reports_the_damaged_block_and_passes_a_sound_store(built, tmp_pa
 
 def test_non_finite_keys_and_foreign_values_never_reach_an_answer(built, tmp_path):
     path = shutil.copytree(built.store.path, tmp_path / "s")
-    [(docs, _)] = Datastore(path).find_titles("dante alighieri")
-    start, _ = Datastore(path).document_ranges([docs])[0]
+    [(docs, _)] = Datastore(path).documents.find_titles("dante alighieri")
+    start, _ = Datastore(path).documents.ranges([docs])[0]
     _damage(path / "keys.f16", start * 2 * 32, np.float16(np.nan).tobytes())
     checks.record_checksums(path)  # damage the checksums cannot see: it happened before they were recorded
     with pytest.raises(DatastoreError, match=rf"entries \[{start}\] hold a non-finite key"):
@@ -290,7 +290,7 @@ def test_a_writer_never_records_damage_as_sound(built, tmp_path):
     writer = BertKNN(built.encoder, Datastore(path, check=False))
     with pytest.raises(DatastoreError, match=r"keys.f16 block 0 .*checksum mismatch"):
         writer.add_documents([FRESH])
-    assert writer.store.states(["n1"]) == {}  # refused before anything was written
+    assert writer.store.documents.states(["n1"]) == {}  # refused before anything was written
 
 
 def test_a_rebuilt_faiss_index_is_taken_in_after_damage(indexed, built):

@@ -126,10 +126,10 @@ def check_encoder(store: Datastore, encoder: Encoder) -> None:
 
 def check_key_dtype(store: Datastore, encoder: Encoder) -> None:
     """Refuse to add keys computed in another precision than the store's (its keys would not be comparable)."""
-    if encoder.runtime.dtype != store.key_dtype:
+    if encoder.runtime.dtype != store.manifest.key_dtype:
         raise DatastoreError(
-            f"the keys of {store.path} were computed in {store.key_dtype}: embed its documents with --dtype "
-            f"{store.key_dtype} (this model runs in {encoder.runtime.dtype})"
+            f"the keys of {store.path} were computed in {store.manifest.key_dtype}: embed its documents with --dtype "
+            f"{store.manifest.key_dtype} (this model runs in {encoder.runtime.dtype})"
         )
 
 
@@ -159,16 +159,20 @@ def create(
             )
         with store.writing():
             store.writer.set_manifest(corpus=corpus)  # nothing was read from the other corpus: start over with this one
-    if store.pack != pack:
+    if store.manifest.pack != pack:
         raise DatastoreError(
-            f"{path} holds keys computed with pack={store.pack}; resume it with the same --pack, or choose "
+            f"{path} holds keys computed with pack={store.manifest.pack}; resume it with the same --pack, or choose "
             "another --out directory"
         )
-    if store.int8_keys != int8_keys:
-        have, flag = ("int8", "with --int8-keys") if store.int8_keys else ("float32", "without --int8-keys")
+    if store.manifest.int8_keys != int8_keys:
+        have, flag = ("int8", "with --int8-keys") if store.manifest.int8_keys else ("float32", "without --int8-keys")
         raise DatastoreError(f"{path} holds {have} keys; resume it {flag}, or choose another --out directory")
-    if (store.whole_words, store.names) != (whole_words, names):
-        have = ("whole words" + " and names" * store.names) if store.whole_words else "words of one token (format 1)"
+    if (store.lexicon.whole_words, store.lexicon.names) != (whole_words, names):
+        have = (
+            ("whole words" + " and names" * store.lexicon.names)
+            if store.lexicon.whole_words
+            else "words of one token (format 1)"
+        )
         raise DatastoreError(f"{path} holds {have}: resume it with the same targets, or choose another --out directory")
     return store
 
@@ -183,7 +187,7 @@ def copy_registration(
 ) -> Datastore:
     """A new, empty datastore for `encoder` at `path` with the documents, sentences and IR index of `source`."""
     with Datastore(source) as known:  # its sentences are copied: so is the splitter that made them
-        made = manifest(encoder, known.manifest.get("corpus"), pack, int8_keys, known.splitter)
+        made = manifest(encoder, known.manifest.get("corpus"), pack, int8_keys, known.manifest.splitter)
         listed = known.parts(tfidf_files.KIND)
         listed = tfidf_files.listing(known.path) if listed is None else listed
     return copy_store(source, path, made, {tfidf_files.KIND: listed}, tfidf_files.top_names(listed))
@@ -208,12 +212,12 @@ def embed(
     a lazy store embeds its documents on demand, and shows nothing of it) the progress is logged at INFO instead.
     In a lazy store a reader embeds on demand: it waits for another writer to finish first.
     """
-    todo = store.pending(docs)
+    todo = store.documents.pending(docs)
     if not todo:
         return 0
     check_key_dtype(store, encoder)
     with store.writing(wait=LAZY_WAIT_S):
-        todo = store.pending(todo)  # what another writer did meanwhile is not redone
+        todo = store.documents.pending(todo)  # what another writer did meanwhile is not redone
         chunks: list[list[int]] = [[]]
         words = 0
         for doc in todo:
@@ -221,7 +225,7 @@ def embed(
                 chunks.append([])
                 words = 0
             chunks[-1].append(doc)
-            words += store.text_length(doc) // CHARS_PER_WORD
+            words += store.documents.text_length(doc) // CHARS_PER_WORD
         added, done = 0, 0
         logged = None if progress else _log_progress(store, len(todo))
         if prefetch is None:
@@ -274,11 +278,11 @@ def _prepare(
 ) -> Callable[[], tuple[list, list[Sentence]]]:
     """The CPU stages of a chunk: its sentences (read here: SQLite stays in this thread) and their contexts,
     made in `pool` when there is one; returns a function that gives (rows, contexts) when they are ready."""
-    rows = store.sentences(docs)
+    rows = store.documents.sentences(docs)
     texts = [text for _, _, text in rows]
     if pool is None:
-        return lambda: (rows, contexts(encoder, texts, store.whole_words, store.names))
-    future = pool.submit(contexts, encoder, texts, store.whole_words, store.names)
+        return lambda: (rows, contexts(encoder, texts, store.lexicon.whole_words, store.lexicon.names))
+    future = pool.submit(contexts, encoder, texts, store.lexicon.whole_words, store.lexicon.names)
     return lambda: (rows, future.result())
 
 
@@ -287,10 +291,10 @@ def _embed_chunk(
 ) -> int:
     """The stages for whole documents: their sentences -> masked contexts -> keys (and, in a store with evidence
     vectors, the sentence encoder's vectors of their evidence texts: build/evidence.py) -> appended to the store."""
-    found = keys(encoder, sentences, store.pack, store.int8_keys, token_budget)
+    found = keys(encoder, sentences, store.manifest.pack, store.manifest.int8_keys, token_budget)
     held, words = values(store, encoder, sentences)
     spans = [s.spans for s in sentences]
-    said = evidence.chunk(store, rows, spans, encoder.runtime) if store.evidence_model else None
+    said = evidence.chunk(store, rows, spans, encoder.runtime) if store.evidence.model else None
     return store.writer.append(docs, rows, found, held, spans, words, evidence=said)
 
 
@@ -334,7 +338,7 @@ def _register(store: Datastore, chunk: list[tuple[str, Record]]) -> None:
     """Register whole documents in one transaction; CorpusError naming where a document was read when its id is
     taken (by a registered document or one before it in `chunk`): the store's index finds it, not a set in memory.
     """
-    taken = set(store.states([rec.id for _, rec in chunk]))
+    taken = set(store.documents.states([rec.id for _, rec in chunk]))
     for where, rec in chunk:
         if rec.id in taken:
             raise CorpusError(f"{where}: duplicate document id {rec.id!r}")
@@ -386,7 +390,7 @@ def build(
     with store.writing():
         _register_all(store, source, n_docs, report, n_workers)
         if not lazy:
-            todo = store.pending()
+            todo = store.documents.pending()
             done = n_docs - len(todo)
             report("embedding", done, n_docs)
             embed(store, todo, encoder, chunk_entries, token_budget, lambda d: report("embedding", done + d, n_docs))
@@ -396,13 +400,13 @@ def build(
 
 def require_built(store: Datastore) -> None:
     """DatastoreError unless the store's build finished (every document embedded, or registered for a lazy one)."""
-    if not (store.complete or store.lazy):
+    if not (store.manifest.complete or store.manifest.lazy):
         raise DatastoreError(f"the datastore at {store.path} is incomplete: rerun `bertknn build` to finish it")
 
 
 def finish(store: Datastore) -> None:
     """Record in the manifest what a build made: documents, how many are embedded ("complete" when all), entries."""
-    embedded = store.n_documents - len(store.pending())
+    embedded = store.n_documents - len(store.documents.pending())
     status = "complete" if embedded == store.n_documents else "lazy"
     store.writer.set_manifest(status=status, documents=store.n_documents, embedded=embedded, entries=store.size)
 
@@ -414,8 +418,8 @@ def _register_all(
     report("reading", store.n_documents, n_docs)
     chunk: list[tuple[str, Record]] = []
     todo = islice(source.located(), store.n_documents, None)
-    processes = workers.count(n_workers, n_docs) if store.splitter in SLOW_SPLITTERS else 1
-    recorded = workers.ordered_map(partial(record_located, splitter=store.splitter), todo, processes)
+    processes = workers.count(n_workers, n_docs) if store.manifest.splitter in SLOW_SPLITTERS else 1
+    recorded = workers.ordered_map(partial(record_located, splitter=store.manifest.splitter), todo, processes)
     for i, (where, rec) in enumerate(recorded, store.n_documents):
         chunk.append((where, rec))
         if len(chunk) == REGISTER_DOCS or i == n_docs - 1:

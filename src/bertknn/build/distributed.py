@@ -98,7 +98,7 @@ class KeyStage:
         entries = []
         for path in batch["out"]:
             store = Datastore(str(path))
-            Writer(store, self.encoder).embed(store.pending())
+            Writer(store, self.encoder).embed(store.documents.pending())
             with store.writing():
                 builder.finish(store)
             entries.append(store.size)

@@ -25,7 +25,7 @@ def chunk(
     """The evidence of a chunk's entries (`rows`: (sentence index, document, text); `spans[i]`: the character spans
     of `rows[i]`'s targets), the texts new to the store embedded on `runtime`."""
     docs = sorted({doc for _, doc, _ in rows})
-    title = dict(zip(docs, store.titles(docs)))
+    title = dict(zip(docs, store.documents.titles(docs)))
     found = ((text, (int(a), int(b)), title[doc]) for (_, doc, text), where in zip(rows, spans) for a, b in where)
     return _embedded(store, table.entry_texts(found), runtime)
 
@@ -33,7 +33,7 @@ def chunk(
 def _embedded(store: Datastore, texts: list[str], runtime: Runtime) -> table.Evidence:
     """Evidence of entries whose texts are `texts` (VIEWS per entry): their ids, and the new ones embedded."""
     ids = [table.text_id(t) for t in texts]
-    known = store.evidence_held(ids)
+    known = store.evidence.held(ids)
     todo = {i: t for i, t in zip(ids, texts) if i not in known}
     blobs = {}
     if todo:
@@ -47,13 +47,17 @@ def fill(store: Datastore, runtime: Runtime, progress: Callable[[int, int], None
     questions weigh their neighbours' sentences. Entries of removed documents are skipped. Returns the entries
     filled now (0 for a store that has them)."""
     with store.writing():
-        if store.evidence_model:
+        if store.evidence.model:
             return 0
-        first, size = store.evidence_filled, store.size
+        first, size = store.evidence.filled, store.size
         progress(first, size)
         for start in range(first, size, FILL_ENTRIES):
             stop = min(start + FILL_ENTRIES, size)
-            rows = [e for e in store.provenance(list(range(start, stop))) if not e.doc_id.startswith(REMOVED_PREFIX)]
+            rows = [
+                e
+                for e in store.documents.provenance(list(range(start, stop)))
+                if not e.doc_id.startswith(REMOVED_PREFIX)
+            ]
             texts = table.entry_texts((e.sentence, e.span, e.title) for e in rows)
             store.writer.fill_evidence(stop, _embedded(store, texts, runtime))
             progress(stop, size)

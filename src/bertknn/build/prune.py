@@ -80,14 +80,14 @@ def prune(
         return _prune_shards(Path(source), Path(out), radius, progress)
     with Datastore(source) as src, src.writing():
         require_built(src)
-        if src.adding():
+        if src.documents.adding():
             raise DatastoreError(f"{source} has documents half-added: rerun that `bertknn add` first, then prune")
         with _target(src, Path(out), radius) as dst, dst.writing():
-            todo = dst.pending()
-            held = set(src.pending())  # not embedded in a lazy source: stay to be embedded on demand
+            todo = dst.documents.pending()
+            held = set(src.documents.pending())  # not embedded in a lazy source: stay to be embedded on demand
             todo, total = [d for d in todo if d not in held], dst.n_documents - len(held)
             done = total - len(todo)
-            hidden = set(src.hidden_documents().tolist())  # read once: no writer changes the source meanwhile
+            hidden = set(src.documents.hidden().tolist())  # read once: no writer changes the source meanwhile
             for chunk in _chunks(src, todo):
                 _copy_chunk(src, dst, chunk, radius, hidden)
                 done += len(chunk)
@@ -119,7 +119,9 @@ def _target(src: Datastore, out: Path, radius: float) -> Datastore:
     documents, sentences, words, IR index and key codec."""
     if (out / "manifest.json").exists():
         dst = Datastore(out)
-        if (dst.pruned or {}).get("radius") != radius or dst.manifest["model_hash"] != src.manifest["model_hash"]:
+        if (dst.manifest.pruned or {}).get("radius") != radius or dst.manifest["model_hash"] != src.manifest[
+            "model_hash"
+        ]:
             dst.close()
             raise DatastoreError(
                 f"{out} holds another datastore (not a pruning of {src.path} with radius {radius}); choose a new "
@@ -138,7 +140,7 @@ def _chunks(src: Datastore, docs: list[int]) -> list[list[int]]:
     """`docs` in index order, cut where a chunk holds about CHUNK_ENTRIES source entries."""
     chunks: list[list[int]] = [[]]
     held = 0
-    for doc, (a, b) in zip(docs, src.document_ranges(docs)):
+    for doc, (a, b) in zip(docs, src.documents.ranges(docs)):
         if held >= CHUNK_ENTRIES:
             chunks.append([])
             held = 0
@@ -154,7 +156,7 @@ def _copy_chunk(src: Datastore, dst: Datastore, docs: list[int], radius: float, 
     sentences: list[tuple[int, int, str]] = []
     spans: list[np.ndarray] = []
     sources: list[np.ndarray] = []  # the source entries kept, whose evidence vectors the copies carry
-    for doc, (a, b) in zip(docs, src.document_ranges(docs)):
+    for doc, (a, b) in zip(docs, src.documents.ranges(docs)):
         rows: list[tuple[int, int, int]] = []
         if doc not in hidden and a < b:
             doc_keys, doc_values = np.asarray(src.keys[a:b], np.float32), np.asarray(src.values[a:b])
@@ -163,12 +165,12 @@ def _copy_chunk(src: Datastore, dst: Datastore, docs: list[int], radius: float, 
             keys.append(mean)
             values.append(doc_values[kept])
             counts.append(count)
-            rows = src.entry_rows(a + kept)
+            rows = src.documents.entry_rows(a + kept)
             sources.append(a + kept)
         sentences_of, spans_of = _by_sentence(doc, rows)
         sentences += sentences_of
         spans += spans_of
-    evidence = _evidence(src, dst, np.concatenate([np.zeros(0, np.int64), *sources])) if dst.evidence_model else None
+    evidence = _evidence(src, dst, np.concatenate([np.zeros(0, np.int64), *sources])) if dst.evidence.model else None
     keys, values, counts = np.concatenate(keys), np.concatenate(values), np.concatenate(counts)
     dst.writer.append(docs, sentences, keys, values, spans, counts=counts, evidence=evidence)
 
@@ -176,8 +178,8 @@ def _copy_chunk(src: Datastore, dst: Datastore, docs: list[int], radius: float, 
 def _evidence(src: Datastore, dst: Datastore, entries: np.ndarray) -> Evidence:
     """The evidence of the kept `entries` of `src`, as `dst` commits it: their text ids, and the vectors `dst` lacks,
     copied (not embedded again)."""
-    ids = src.evidence_ids(entries.tolist())
-    return Evidence(ids, src.evidence_blobs(set(ids.ravel().tolist()) - dst.evidence_held(ids.ravel().tolist())))
+    ids = src.evidence.ids(entries.tolist())
+    return Evidence(ids, src.evidence.blobs(set(ids.ravel().tolist()) - dst.evidence.held(ids.ravel().tolist())))
 
 
 def _by_sentence(doc: int, rows: list[tuple[int, int, int]]) -> tuple[list[tuple[int, int, str]], list[np.ndarray]]:

@@ -64,7 +64,7 @@ class Writer:
         """A writer of the datastore at `datastore`, with the model it was built with (or `model`, the same
         weights) loaded as `runtime` says."""
         store = open_store(datastore)
-        return cls(store, Encoder.load(model or store.manifest["model"], store.layer, runtime))
+        return cls(store, Encoder.load(model or store.manifest["model"], store.manifest.layer, runtime))
 
     @classmethod
     def build(
@@ -122,7 +122,7 @@ class Writer:
         if first > store.n_documents:
             raise DatastoreError(f"the IR index of {store.path} covers {first} documents but the store has fewer")
         ranges = [(a, min(a + segment_docs, store.n_documents)) for a in range(first, store.n_documents, segment_docs)]
-        texts = (text for a, b in ranges for text in store.iter_document_texts(a, b))
+        texts = (text for a, b in ranges for text in store.documents.texts(a, b))
         hashed = workers.ordered_map(feature_array, texts, workers.count(n_workers, store.n_documents - first))
         forget = lambda names: store.writer.rewriting(*names)  # noqa: E731
         for start, stop in ranges:
@@ -190,10 +190,12 @@ class Writer:
             store.reload()
             return done
         with store.writing():
-            if store.key_codec == name:
+            if store.manifest.key_codec == name:
                 return 0
-            if store.key_codec != FLOAT16:
-                raise DatastoreError(f"{store.path} holds its keys as {store.key_codec}; only float16 keys convert")
+            if store.manifest.key_codec != FLOAT16:
+                raise DatastoreError(
+                    f"{store.path} holds its keys as {store.manifest.key_codec}; only float16 keys convert"
+                )
             codec = self._pending_codec(name, train_size, seed)
             written = (store.path / CODES).stat().st_size if (store.path / CODES).exists() else 0
             done = start = min(written // codec.code_size, store.size)
@@ -276,21 +278,21 @@ class Writer:
         builder.check_key_dtype(store, self._encoder())  # before anything is staged
         with store.writing(wait):
             store.reload()
-            live = [i for i, state in store.states(ids).items() if state == "live"]
+            live = [i for i, state in store.documents.states(ids).items() if state == "live"]
             if live and not (skip_existing or replace):
                 raise DatastoreError(
                     f"document id(s) already in the datastore: {live[:5]}; remove them first, or replace them "
                     "(`bertknn add --replace`)"
                 )
-            store.writer.stage([record(d, store.splitter) for d in parsed], replace)
-            if not store.lazy:
-                builder.embed(store, store.adding(), self._encoder(), progress=progress)
+            store.writer.stage([record(d, store.manifest.splitter) for d in parsed], replace)
+            if not store.manifest.lazy:
+                builder.embed(store, store.documents.adding(), self._encoder(), progress=progress)
             listed = {"tfidf": self._extend_index(SEGMENT_DOCS, 1, commit=False)}
             faiss = self._faiss_or_none()
             if faiss is not None:
                 faiss.update(commit=False)
                 listed["faiss"] = faiss.listed()
-            ranges = store.document_ranges(store.adding())  # also those an interrupted add embedded
+            ranges = store.documents.ranges(store.documents.adding())  # also those an interrupted add embedded
             store.writer.publish(**listed)  # the documents and the index parts that hold them, in one transaction
             tfidf_files.retire(store)
             faiss_files.retire(store)
@@ -316,12 +318,12 @@ class Writer:
         last = store.shards[-1]
         with store.writing(wait):
             ids = [d.id for d in docs]
-            elsewhere = set(store.states(ids)) - set(last.states(ids))
+            elsewhere = set(store.documents.states(ids)) - set(last.documents.states(ids))
             if elsewhere and not skip_existing:
                 raise DatastoreError(
                     f"document id(s) already in the datastore: {sorted(elsewhere)[:5]}; remove them first"
                 )
-            held = store.live_digests(sorted(elsewhere))
+            held = store.documents.live_digests(sorted(elsewhere))
             changed = sorted(d.id for d in docs if d.id in elsewhere and held.get(d.id) not in (None, digest(d)))
             if changed:  # as one store refuses a live id given other text (`DatastoreWriter.stage`)
                 raise DatastoreError(

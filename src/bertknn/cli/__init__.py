@@ -190,9 +190,10 @@ def _build(corpus: Path, out: Path, model: str | Encoder, layer: int | None, **o
     with phase_progress() as report:
         knn = BertKNN.build(corpus, out, model, layer, progress=report, **options)
     store = knn.store
+    embedded = store.n_documents - len(store.documents.pending())
     console.print(
-        f"datastore {out}: {store.n_documents:,} documents ({store.n_documents - len(store.pending()):,} embedded), "
-        f"{store.size:,} contexts, model {knn.encoder.name}, layer {store.layer} ({time.time() - began:,.0f}s)"
+        f"datastore {out}: {store.n_documents:,} documents ({embedded:,} embedded), "
+        f"{store.size:,} contexts, model {knn.encoder.name}, layer {store.manifest.layer} ({time.time() - began:,.0f}s)"
     )
     return knn
 

@@ -373,8 +373,8 @@ def add(
     _note_skipped(source)
     docs = list(source)  # the whole corpus is read first: a bad line changes nothing
     writer = Writer.open(datastore, runtime=backend)
-    known = writer.store.states([d.id for d in docs])
-    held = writer.store.live_digests([i for i, state in known.items() if state == "live"]) if replace else {}
+    known = writer.store.documents.states([d.id for d in docs])
+    held = writer.store.documents.live_digests([i for i, state in known.items() if state == "live"]) if replace else {}
     replaced = sum(held.get(d.id) not in (None, digest(d)) for d in docs)
     with _writer_wait(datastore, wait), phase_progress() as report:
         added = writer.add_documents(

@@ -313,8 +313,8 @@ def _setting(reader, rows: dict[str, Settings], lm: bool) -> dict:
     return {
         "datastore": str(reader.store.path),
         "model": reader.encoder.name,
-        "layer": reader.store.layer,
-        "lazy": bool(reader.store.lazy),
+        "layer": reader.store.manifest.layer,
+        "lazy": bool(reader.store.manifest.lazy),
         "rows": {name: s.as_dict() for name, s in rows.items()} | ({LM: None} if lm else {}),
     }
 

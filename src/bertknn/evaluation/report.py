@@ -287,16 +287,16 @@ def lama_setting(
         origin = f" (bertknn's defaults; the paper's: {paper})"
     return {
         "model": f"{encoder.name} ({kind})",
-        "layer": f"{store.layer} of {encoder.model.config.num_hidden_layers}",
+        "layer": f"{store.manifest.layer} of {encoder.model.config.num_hidden_layers}",
         "corpus": f"{corpus} ({store.n_documents:,} documents; {store.size:,} contexts embedded so far). "
         "Results depend on the corpus: the paper used full English Wikipedia",
         "datastore": str(store.path),
         "keys": (
             "exact (one masked target per pass)"
-            if store.pack == 1
-            else f"approximate: up to {store.pack} non-adjacent targets masked per pass (--pack)"
+            if store.manifest.pack == 1
+            else f"approximate: up to {store.manifest.pack} non-adjacent targets masked per pass (--pack)"
         )
-        + ("; computed in int8 (--int8-keys)" if store.int8_keys else ""),
+        + ("; computed in int8 (--int8-keys)" if store.manifest.int8_keys else ""),
         "facts": f"{rows:,} evaluated of {facts:,} ({sample}"
         f"{', subjects held out from head training only' if heldout_only else ''})"
         + ("" if rows == facts else "; PARTIAL: a random subset, rerun the same command to complete it"),

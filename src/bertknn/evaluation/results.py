@@ -30,7 +30,7 @@ OPTION_TAGS = {
 def results_name(reader, vocab: str, with_subject: bool = True) -> str:
     """File name of a run's per-fact results: one file per layer, settings, ranking vocabulary and subject use."""
     tag = reader.settings.file_tag()
-    return f"results-L{reader.store.layer}-{tag}-{vocab}{'' if with_subject else '-nosubject'}.jsonl"
+    return f"results-L{reader.store.manifest.layer}-{tag}-{vocab}{'' if with_subject else '-nosubject'}.jsonl"
 
 
 def results_run(name: str) -> dict[str, str] | None:

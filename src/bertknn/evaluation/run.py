@@ -29,7 +29,7 @@ def _top3(ranked_list) -> list[list]:
 def _embed_batch(reader, queries: list, embedded: int, report: Callable[[str, int, int], None]) -> int:
     """Embed the documents of a batch's questions first, in a lazy datastore, in view (`report("embedding", ...)`:
     one bar over the run, which had embedded `embedded` documents before); the run's documents embedded after it."""
-    if not reader.store.lazy:
+    if not reader.store.manifest.lazy:
         return embedded
 
     def shown(done: int, total: int) -> None:

@@ -146,7 +146,7 @@ class DevSplit:
         held = {fact_key(f) for f in sample_per_relation(facts, self.exclude_per_relation, self.seed)}
         rest = [f for f in facts if fact_key(f) not in held and f.group in TUNED_GROUPS]
         if self.embedded_only:
-            rest = [f for f in rest if not reader.store.pending(_documents(reader, f))]
+            rest = [f for f in rest if not reader.store.documents.pending(_documents(reader, f))]
         dev = sample_per_relation([f for f in rest if f.group != "SQuAD"], self.per_relation, self.seed + 1)
         dev += [f for f in rest if f.group == "SQuAD"][: self.squad]
         if not dev:

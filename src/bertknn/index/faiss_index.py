@@ -214,7 +214,7 @@ class FaissIndex:
         take those of the index being resumed. Keys are added in parts of `chunk`, each saved as it is done; when all
         are in, the parts are merged into faiss.index.
         """
-        if not store.complete:
+        if not store.manifest.complete:
             raise DatastoreError(f"the datastore at {store.path} is not fully embedded; a FAISS index needs all keys")
         with store.writing():
             built = cls._build(store, factory, train_size, nprobe, chunk, seed, progress, trained)
@@ -276,7 +276,7 @@ class FaissIndex:
         the committed list does not hold and committed in one transaction in place of the listed ones, which are then
         deleted; so readers open the damaged index or the new one, never a part of it, and a crash leaves one of the
         two (a rerun of the repair finds the damage again, or finds none). Under the writer lock."""
-        if not store.complete:
+        if not store.manifest.complete:
             raise DatastoreError(f"the datastore at {store.path} is not fully embedded; a FAISS index needs all keys")
         settings = dict(settings)
         with store.writing():
@@ -372,7 +372,7 @@ class FaissIndex:
         keep = (ids[0] >= 0) & (ids[0] < self.store.size)
         ids, dist = ids[0][keep].astype(np.int64), dist[0][keep]
         if hidden is not None and len(hidden) and len(ids):
-            visible = ~np.isin(self.store.documents_of(ids), hidden)
+            visible = ~np.isin(self.store.documents.of(ids), hidden)
             ids, dist = ids[visible], dist[visible]
         if rerank:
             return nearest(self.store.keys, ids, query, k)

@@ -291,7 +291,7 @@ def rebuilt(store: Datastore, part: Part, segment_docs: int = SEGMENT_DOCS, chun
         segments, end = [], part.first
         for first in range(part.first, part.stop, segment_docs):
             stop = min(first + segment_docs, part.stop)
-            piece = TfidfIndex.build(store.iter_document_texts(first, stop), first)
+            piece = TfidfIndex.build(store.documents.texts(first, stop), first)
             end = piece.n_docs
             if piece.n_docs != stop:
                 break
@@ -351,11 +351,11 @@ def select_documents(
     The query is the subject for knowledge-base questions, else the question without mask and punctuation.
     """
     if subject:
-        titled = [doc for doc, _ in store.find_titles(normalize_title(subject))]
+        titled = [doc for doc, _ in store.documents.find_titles(normalize_title(subject))]
         if titled:
             return Selected(titled, [1.0] * len(titled), [titled], subject if named else None)
-    hidden = store.hidden_documents()
+    hidden = store.documents.hidden()
     docs, scores = index.ranked(subject or question_query(question), n_docs, hidden)
     about = index.about(docs, names(question, subject) if named else [], hidden)  # another entity's never answers
     docs, scores = [d for d, a in zip(docs, about) if a], [s for s, a in zip(scores, about) if a]
-    return Selected(docs, scores, versions(docs, store.dated_titles(docs)))
+    return Selected(docs, scores, versions(docs, store.documents.dated_titles(docs)))

@@ -76,10 +76,10 @@ BACKGROUND = tuple(
 
 
 class StoredEvidence(Protocol):
-    """Where the vectors of evidence texts were stored ahead (`store.datastore.Datastore` is one: its entries'
-    evidence vectors, store/evidence.py)."""
+    """Where the vectors of evidence texts were stored ahead (`Datastore.evidence` is one: its entries' evidence
+    vectors, store/evidence.py)."""
 
-    def evidence_vectors(self, texts: Sequence[str]) -> dict[str, np.ndarray]: ...
+    def vectors(self, texts: Sequence[str]) -> dict[str, np.ndarray]: ...
 
 
 @lru_cache(maxsize=4)
@@ -155,7 +155,7 @@ class SentenceMatch:
         (emptied when the new ones would not fit)."""
         coming = {text for texts_ahead, _ in self._ahead for text in texts_ahead}
         todo = list(dict.fromkeys(t for t in texts if t not in self._vectors and t not in coming))
-        new = self.stored.evidence_vectors(todo) if self.stored is not None and todo else {}
+        new = self.stored.vectors(todo) if self.stored is not None and todo else {}
         rest = [t for t in todo if t not in new]
         new.update(zip(rest, self.encoder.sentence_vectors(rest)) if rest else ())
         for texts_ahead, future in self._ahead:

@@ -115,14 +115,14 @@ def vote(
         log_weights = np.log(counts) if log_weights is None else log_weights + np.log(counts)
     versions = found.versions or [[d] for d in found.documents]
     if s.conflicts == "newest" and any(len(group) > 1 for group in versions):  # an article and its updates
-        owners = store.documents_of(found.entries)
+        owners = store.documents.of(found.entries)
         newer = version_weights(owners, found.distances, versions, NEWER, s.temperature)
         log_weights = newer if log_weights is None else log_weights + newer
     if s.doc_temperature and found.scores is not None:
         # the versions of one article vote as one document, with its best retrieval score
         position = {doc: i for i, group in enumerate(versions) for doc in group}
         extra = len(versions)  # a neighbour from a document IR did not retrieve (ir+faiss): score 0
-        groups = np.array([position.get(int(d), extra) for d in store.documents_of(found.entries)])
+        groups = np.array([position.get(int(d), extra) for d in store.documents.of(found.entries)])
         score = dict(zip(found.documents, found.scores))
         best = [max(score[d] for d in group) for group in versions]
         prior = document_prior(np.append(best, 0.0), s.doc_temperature)
@@ -134,7 +134,7 @@ def _check(store: Datastore, found: Neighbours, vocab: int) -> None:
     """A damaged key (NaN) or value (outside the vocabulary, in a store of words of one token) must never reach an
     answer (a value outside the lexicon is found when its word is read)."""
     values = found.values
-    bad = ~np.isfinite(found.distances) | (values < 0) | ((values >= vocab) & (not store.whole_words))
+    bad = ~np.isfinite(found.distances) | (values < 0) | ((values >= vocab) & (not store.lexicon.whole_words))
     if bad.any():
         raise DatastoreError(
             f"{store.path} is damaged: entries {found.entries[bad][:5].tolist()} hold a non-finite key or a value "

@@ -88,7 +88,7 @@ class BertKNN:
         builder.require_built(store)
         builder.check_encoder(store, encoder)
         self.encoder, self.store = encoder, store
-        self.sentence_match = SentenceMatch(encoder.runtime, stored=store)  # the store's evidence vectors
+        self.sentence_match = SentenceMatch(encoder.runtime, stored=store.evidence)  # the store's evidence vectors
         self._told_no_evidence = False
         self.settings = self._within_store(settings.replace(**hparams))
         self._writer: Writer | None = None
@@ -117,7 +117,7 @@ class BertKNN:
             index = TfidfIndex.load(store)
         except FileNotFoundError:
             return self.writer.index_documents()
-        return index if index.n_docs >= store.live_end() else self.writer.index_documents()
+        return index if index.n_docs >= store.documents.live_end() else self.writer.index_documents()
 
     @property
     def hparams(self) -> dict:
@@ -171,7 +171,9 @@ class BertKNN:
         `runtime` (a `Runtime` or a `--backend` name): where and how the model runs (`Encoder`).
         """
         store = open_store(datastore)
-        encoder = Encoder.load(model or store.manifest["model"], store.layer if layer is None else layer, runtime)
+        encoder = Encoder.load(
+            model or store.manifest["model"], store.manifest.layer if layer is None else layer, runtime
+        )
         return cls(encoder, store, **hparams)  # the model and layer are checked against the store's here
 
     @classmethod
@@ -302,7 +304,7 @@ class BertKNN:
         return Prediction(
             question=f.query.text,
             subject=f.query.subject,
-            documents=self.store.titles(f.found.documents),
+            documents=self.store.documents.titles(f.found.documents),
             retrieval=s.retrieval,
             bert=ranked(f.p_bert, tok, top_k),
             knn=knn_top,
@@ -329,7 +331,7 @@ class BertKNN:
             if docs is None:
                 return
             ids = sorted({d for chosen in docs for d in chosen})
-            titles = dict(zip(ids, self.store.titles(ids)))
+            titles = dict(zip(ids, self.store.documents.titles(ids)))
         match = self.sentence_match  # a question without documents has no neighbours to weigh
         match.embed_ahead([match.question_text(q.text, [titles[d] for d in c]) for q, c in zip(batch, docs) if c])
 
@@ -353,7 +355,7 @@ class BertKNN:
     def _within_store(self, s: Settings) -> Settings:
         """`s`, without sentence weights where the datastore has no evidence vectors (made before them, or built
         without): said once, in a warning that names the command that stores them."""
-        if not s.sentence_temperature or self.store.evidence_model:
+        if not s.sentence_temperature or self.store.evidence.model:
             return s
         if not self._told_no_evidence:
             self._told_no_evidence = True
@@ -391,7 +393,7 @@ class BertKNN:
         long wait is seen rather than spent inside a question."""
         search = self.search("ir")
         docs = [search.documents(q.text, q.subject, n_docs) for q in queries]
-        pending = self.store.pending(sorted({d for chosen in docs for d in chosen}))
+        pending = self.store.documents.pending(sorted({d for chosen in docs for d in chosen}))
         if pending:
             report = progress or (lambda done, total: None)
             report(0, len(pending))
@@ -400,7 +402,7 @@ class BertKNN:
 
     def search(self, retrieval: str = "ir") -> Search:
         """The searcher of a retrieval setting ("ir", "faiss" or "ir+faiss"), over the datastore as loaded now."""
-        embed = self.writer.embed if self.store.lazy else None
+        embed = self.writer.embed if self.store.manifest.lazy else None
         documents = DocumentSearch(self.store, self.index, embed, self.remote_shards)
         if retrieval == "ir":
             return documents

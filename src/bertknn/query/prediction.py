@@ -136,7 +136,7 @@ def evidence(
     dist, counts = found.distances, store.counts_of(found.entries)
     weights = neighbour_weights(dist, temperature, None if counts is None else np.log(counts))
     picks = [np.flatnonzero(found.values == w.id)[:n_evidence] for w in answers]
-    rows = iter(store.provenance(found.entries[np.concatenate(picks)].tolist()))  # one query for all words
+    rows = iter(store.documents.provenance(found.entries[np.concatenate(picks)].tolist()))  # one query for all words
     return {
         word.token: [
             Neighbour(word.token, float(dist[i]), float(weights[i]), *_source(e))
@@ -152,7 +152,7 @@ def superseded(store: Datastore, tokenizer, found: Neighbours, words: Words, tem
     groups = [group for group in found.versions or [] if len(group) > 1]
     if not groups:
         return []
-    owners = store.documents_of(found.entries)
+    owners = store.documents.of(found.entries)
     nearest = {doc: int(np.flatnonzero(owners == doc)[0]) for doc in found.documents if (owners == doc).any()}
     picks = []
     for group in groups:
@@ -162,7 +162,7 @@ def superseded(store: Datastore, tokenizer, found: Neighbours, words: Words, tem
     if not picks:
         return []
     weights = neighbour_weights(found.distances, temperature)
-    rows = store.provenance(found.entries[picks].tolist())
+    rows = store.documents.provenance(found.entries[picks].tolist())
     described = words.describe(words.index(found.values[picks]).tolist(), tokenizer)
     return [
         Neighbour(text, float(found.distances[i]), float(weights[i]), *_source(e))

@@ -133,14 +133,14 @@ class DocumentSearch:
         docs = chosen.documents
         if self.embed is not None:
             self.embed(docs)  # first: the key memmap grows
-        searched = candidates(self.store.document_ranges(docs))
+        searched = candidates(self.store.documents.ranges(docs))
         wanted = 2 * int(k) if chosen.entity else int(k)  # room for the entity's own name, dropped below
         if self.shards is not None:
             entries, dist = self.shards.nearest(docs, state, wanted)
         else:
             entries, dist = nearest(self.store.keys, searched, state, wanted)
         if chosen.entity:
-            kept = ~in_mentions(self.store.provenance(entries.tolist()), chosen.entity)
+            kept = ~in_mentions(self.store.documents.provenance(entries.tolist()), chosen.entity)
             entries, dist = entries[kept][: int(k)], dist[kept][: int(k)]
         values = _values(self.store, entries)
         return Neighbours(docs, entries, dist, values, searched, chosen.scores, chosen.versions)
@@ -187,8 +187,8 @@ class FaissSearch:
     def search(self, question: str, subject: str | None, state: np.ndarray, settings: Settings) -> Neighbours:
         """The neighbours of one question; documents are those they come from, nearest first."""
         k = int(settings.k)
-        entries, dist = _nearest_first(*self.faiss.search(state, k, self.store.hidden_documents()), k)
-        documents = list(dict.fromkeys(self.store.documents_of(entries).tolist()))
+        entries, dist = _nearest_first(*self.faiss.search(state, k, self.store.documents.hidden()), k)
+        documents = list(dict.fromkeys(self.store.documents.of(entries).tolist()))
         return Neighbours(documents, entries, dist, _values(self.store, entries), np.zeros(0, np.int64))
 
     def batch_search(

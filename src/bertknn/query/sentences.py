@@ -64,7 +64,7 @@ def weights(
     if lm is not None:
         parts = zip(chosen, found, words, votes, lm, questions)
         chosen = [c if v is None else _by_lm(c, f, w, v, p, w.prior(s.word_bonus, q)) for c, f, w, v, p, q in parts]
-    rows = store.provenance(np.concatenate([f.entries[c] for f, c in zip(found, chosen)]).tolist())
+    rows = store.documents.provenance(np.concatenate([f.entries[c] for f, c in zip(found, chosen)]).tolist())
     at = np.cumsum([0, *(int(c.sum()) for c in chosen)])
     asked = [[(q, e.sentence, e.span, e.title) for e in rows[a:b]] for q, a, b in zip(questions, at[:-1], at[1:])]
     out = []

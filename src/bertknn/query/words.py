@@ -115,7 +115,7 @@ def lexicon(store: Datastore, vocab: int, found: Neighbours) -> Words:
     values = np.unique(found.values[found.values >= vocab]).astype(np.int64)
     if not len(values):
         return Words(vocab)
-    rows = store.words(values.tolist())
+    rows = store.lexicon.words(values.tolist())
     pieces = tuple(tuple(int(t) for t in rows[v][0].split()) for v in values.tolist())
     texts = tuple(rows[v][1] for v in values.tolist())
     return Words(vocab, values, pieces, texts, np.zeros(len(values)))

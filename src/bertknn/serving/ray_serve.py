@@ -54,7 +54,7 @@ class ShardServer:
         """The k entries of the shard's documents `docs` (its own numbers) nearest to `state`, nearest first."""
         with self.lock:
             self._fresh()
-            return nearest(self.store.keys, candidates(self.store.document_ranges(docs.tolist())), state, k)
+            return nearest(self.store.keys, candidates(self.store.documents.ranges(docs.tolist())), state, k)
 
     def search(self, query: np.ndarray, k: int, hidden: np.ndarray, rerank: int) -> tuple[np.ndarray, np.ndarray]:
         """`FaissIndex.search` over the shard (its own entry numbers)."""

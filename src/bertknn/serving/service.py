@@ -222,7 +222,9 @@ class _Writes:
         store = writer.store
         with write_errors(store, status.HTTP_409_CONFLICT), store.writing(SERVICE_WAIT_S):
             # under the writer lock: nobody adds or removes it between the look and the add
-            there = store.states([document.id]).get(document.id) == "live"  # other text: a conflict in the add
+            there = (
+                store.documents.states([document.id]).get(document.id) == "live"
+            )  # other text: a conflict in the add
             return writer.add_documents([document], skip_existing=there, wait=SERVICE_WAIT_S), there
 
     def remove(self, doc_id: str) -> None:
@@ -295,7 +297,7 @@ def _add_info_routes(app: FastAPI, batcher: MicroBatcher, writable: bool) -> Non
         return {
             "status": "ok",
             "model": public_name(reader.encoder.name),
-            "layer": reader.store.layer,
+            "layer": reader.store.manifest.layer,
             "datastore": public_name(reader.store.path),
             **_counts(reader, batcher.lock),
             "hparams": reader.settings.hparams,
@@ -340,4 +342,4 @@ def _is_demo(reader: BertKNN) -> bool:
 def _counts(reader: BertKNN, lock: threading.Lock) -> dict:
     with lock:
         reader.refresh()
-        return {"documents": reader.store.live_documents(), "contexts": reader.store.size}
+        return {"documents": reader.store.documents.count_live(), "contexts": reader.store.size}

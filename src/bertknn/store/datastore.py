@@ -22,7 +22,10 @@ A document's state is 'live' (searched), 'adding' (registered by `bertknn add` b
 live in one transaction once its keys and index entries are all written) or 'removed' (hidden from every path; its
 id moves to `removed_id`, so the id is free again).
 
-`Datastore` is the reader: its SQLite connection is read-only (schema.py), and it never writes. One process writes
+`Datastore` is the reader: its SQLite connection is read-only (schema.py), and it never writes. Its reads go by
+concept: `manifest` (manifest.py: what the manifest says), `documents` (documents.py: documents, sentences,
+provenance), `lexicon` (lexicon.py: words of several tokens), `evidence` (evidence.py: evidence vectors); it keeps
+the memory maps, the commit point of the indexes (`parts`) and the integrity checks. One process writes
 at a time: `Datastore.writing` takes the writer lock (lock.py), opens the writer's connection, re-reads what others
 committed and gives the `DatastoreWriter` (writer.py), which appends, publishes and commits; when it is done, the
 per-block checksums of every data file are recorded (integrity.py). The committed entry count is the truth: a reader
@@ -40,7 +43,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,19 +52,19 @@ import numpy as np
 from bertknn.store import atomic, schema
 from bertknn.store import evidence as evidence_table
 from bertknn.store.codec import FLOAT16, Decoded, KeyCodec
+from bertknn.store.documents import Documents
 from bertknn.store.integrity import ChecksumError, Checksums, Damage
+from bertknn.store.lexicon import Lexicon
 from bertknn.store.lock import LOCK_FILE, LOCK_WAIT, BusyError, acquire_lock
 from bertknn.store.manifest import DatastoreError, read_manifest
-from bertknn.store.records import Part, Provenance, newest_first
-from bertknn.text import FORMER_SPLITTER
+from bertknn.store.records import Part
+from bertknn.store.schema import SQLITE
 
 if TYPE_CHECKING:
     from bertknn.store.writer import DatastoreWriter
 
 REMOVED_PREFIX = "\x1f"  # a control character, which document ids may not hold (text.parse_document)
 REPLACING_PREFIX = "\x1e"  # the id of a staged document that replaces the live one with its id when published
-SQL_PARAMS = 900  # SQLite caps the number of parameters of one statement (999 in old builds)
-SQLITE = "store.sqlite"
 RECHECK_S = 0.2  # pause before damage found on opening is looked at again
 SAMPLE_BLOCKS = 16  # checksum blocks checked at random when a store is opened (besides each file's last block)
 KEYS, CODES, CODEC = "keys.f16", "keys.codes", "keys.codec"  # float16 keys; or their codes and the codec (codec.py)
@@ -156,7 +159,9 @@ class Datastore:
         with self.sqlite_errors():
             self.db = self._reader = self._read_only()  # the connection in use: the writer's while writing
             self._check_identity()
-        self._owners: tuple | None = None  # (entry count, range starts, documents) cached by `documents_of`
+        self.documents = Documents(self)  # the documents' reads (documents.py)
+        self.evidence = evidence_table.EvidenceReads(self)  # the evidence vectors' reads (evidence.py)
+        self.lexicon = Lexicon(self)  # the words of several tokens (lexicon.py)
         self._codec: KeyCodec | None = None  # loaded by `codec` for compressed keys
         self.remap()
         self.version = self.data_version()
@@ -239,25 +244,20 @@ class Datastore:
         if self.size:
             self.keys = self._map_keys()
             self.values = np.memmap(self.path / VALUES, np.int32, "r", shape=(self.size,))
-            if self.pruned:
+            if self.manifest.pruned:
                 self.counts = np.memmap(self.path / COUNTS, np.int32, "r", shape=(self.size,))
         else:
             self.keys = np.zeros((0, self.dim), np.float16)
             self.values = np.zeros(0, np.int32)
 
     @property
-    def key_codec(self) -> str:
-        """How keys are stored: "float16", or the FAISS factory string of their codec (`bertknn convert-keys`)."""
-        return str(self.manifest.get("key_codec", FLOAT16))
-
-    @property
     def codec(self) -> KeyCodec | None:
         """The trained codec of compressed keys (keys.codec), None for float16 keys."""
-        if self.key_codec == FLOAT16:
+        if self.manifest.key_codec == FLOAT16:
             return None
-        if self._codec is None or self._codec.name != self.key_codec:
+        if self._codec is None or self._codec.name != self.manifest.key_codec:
             try:
-                self._codec = KeyCodec.load(self.path / CODEC, self.key_codec)
+                self._codec = KeyCodec.load(self.path / CODEC, self.manifest.key_codec)
             except RuntimeError as err:
                 raise DatastoreError(
                     f"{self.path / CODEC} is damaged or missing ({str(err).splitlines()[-1]})"
@@ -269,14 +269,9 @@ class Datastore:
         codec = self.codec
         return (KEYS, 2 * self.dim) if codec is None else (CODES, codec.code_size)
 
-    @property
-    def pruned(self) -> dict | None:
-        """How the store was pruned (`build/prune.py`: radius, contexts before), None for an unpruned one."""
-        return self.manifest.get("pruned")
-
     def entry_files(self) -> list[tuple[str, int]]:
         """The files that hold one row per entry (keys, values; counts in a pruned store) and their bytes per entry."""
-        return [self.keys_file(), (VALUES, 4), *([(COUNTS, 4)] if self.pruned else [])]
+        return [self.keys_file(), (VALUES, 4), *([(COUNTS, 4)] if self.manifest.pruned else [])]
 
     def counts_of(self, entries: np.ndarray) -> np.ndarray | None:
         """How many contexts each of `entries` stands for (`Provenance.count`), None in an unpruned store (all 1)."""
@@ -423,41 +418,6 @@ class Datastore:
             finally:
                 self.db.execute("ROLLBACK")
 
-    @property
-    def complete(self) -> bool:
-        """True once every document of the corpus is embedded."""
-        return self.manifest.get("status") == "complete"
-
-    @property
-    def lazy(self) -> bool:
-        """True for a datastore whose documents are embedded on demand (`bertknn build --lazy`)."""
-        return self.manifest.get("status") == "lazy"
-
-    @property
-    def pack(self) -> int:
-        """How many non-adjacent targets of a sentence were masked per pass when its keys were computed (1 = exact)."""
-        return int(self.manifest.get("pack", 1))
-
-    @property
-    def splitter(self) -> str:
-        """The sentence splitter its documents were split with (`text.FORMER_SPLITTER` for stores that do not say)."""
-        return str(self.manifest.get("splitter", FORMER_SPLITTER))
-
-    @property
-    def key_dtype(self) -> str:
-        """The precision the model ran in when the keys were computed ("float32" for stores that do not say)."""
-        return str(self.manifest.get("key_dtype", "float32"))
-
-    @property
-    def int8_keys(self) -> bool:
-        """True when keys were computed by the encoder quantised to int8 (`--int8-keys`), not in float32."""
-        return bool(self.manifest.get("int8", False))
-
-    @property
-    def layer(self) -> int:
-        """The block whose states are the keys."""
-        return int(self.manifest["layer"])
-
     def check_model(self, name: str, weights_hash: str, dim: int, layer: int) -> None:
         """Refuse to query or extend with a model or layer other than the one the keys were made with."""
         want = self.manifest
@@ -467,115 +427,11 @@ class Datastore:
                 f"{want['model_hash'][:12]}), but the given model {name!r} has weights "
                 f"{weights_hash[:12]}; use the same model or build a new datastore"
             )
-        if layer != self.layer:
+        if layer != self.manifest.layer:
             raise DatastoreError(
-                f"the datastore at {self.path} holds layer-{self.layer} keys, but the model reads layer "
-                f"{layer}; use layer={self.layer} or build a datastore for layer {layer}"
+                f"the datastore at {self.path} holds layer-{self.manifest.layer} keys, but the model reads layer "
+                f"{layer}; use layer={self.manifest.layer} or build a datastore for layer {layer}"
             )
-
-    def document_ranges(self, docs: list[int]) -> list[tuple[int, int]]:
-        """The contiguous entry range [start, end) of each document index."""
-        if not docs:
-            return []
-        rows = dict(
-            (r[0], (r[1], r[2]))
-            for r in self.db.execute(
-                f"SELECT idx, start, end FROM documents WHERE idx IN ({','.join('?' * len(docs))})", docs
-            )
-        )
-        if len(rows) < len(set(docs)):
-            raise DatastoreError(f"{self.path / SQLITE} lacks documents {sorted(set(docs) - set(rows))[:5]}: damaged")
-        return [rows[d] for d in docs]
-
-    def find_titles(self, norm_title: str) -> list[tuple[int, str | None]]:
-        """The live documents whose normalised title (`text.normalize_title`) is `norm_title`, newest first
-        (`newest_first`), each with its date (its own, else the newest registered before it)."""
-        query = "SELECT idx, coalesce(date, since) FROM documents WHERE norm_title = ? AND state = 'live'"
-        return newest_first(self.db.execute(query, (norm_title,)).fetchall())
-
-    def dated_titles(self, docs: list[int]) -> list[tuple[str, str | None]]:
-        """(normalised title, date: its own, else the newest registered before it) of documents, by index: what
-        orders versions of one article (`versions`)."""
-        return [tuple(row) for row in self._by_index("norm_title, coalesce(date, since)", docs)]
-
-    def titles(self, docs: list[int]) -> list[str]:
-        """The titles of documents, by index."""
-        return [row[0] for row in self._by_index("title", docs)]
-
-    def _by_index(self, columns: str, docs: list[int]) -> list[tuple]:
-        """`columns` of documents in the order of `docs` (one query, as `provenance`); a missing one is damage."""
-        sql = f"SELECT idx, {columns} FROM documents WHERE idx IN (SELECT value FROM json_each(?))"
-        found = {row[0]: row[1:] for row in self.db.execute(sql, (json.dumps([int(d) for d in docs]),))}
-        if len(found) < len(set(map(int, docs))):
-            raise DatastoreError(f"{self.path / SQLITE} lacks documents the IR index returns: damaged")
-        return [found[int(d)] for d in docs]
-
-    def provenance(self, entries: list[int]) -> list[Provenance]:
-        """Provenance of stored entries (one query for all): document, sentence, the target's span and, in a pruned
-        store, how many contexts the entry stands for."""
-        counts = self.counts_of(np.asarray(entries, np.int64))
-        count = dict(zip(map(int, entries), counts.tolist())) if counts is not None else {}
-        found = {
-            idx: Provenance(idx, doc_id, title, sentence, (start, end), count.get(idx, 1), date)
-            for idx, doc_id, title, sentence, start, end, date in self.db.execute(
-                "SELECT e.idx, d.id, d.title, s.text, e.start, e.end, d.date FROM entries e "
-                "JOIN sentences s ON s.idx = "
-                "e.sentence JOIN documents d ON d.idx = s.doc WHERE e.idx IN (SELECT value FROM json_each(?))",
-                (json.dumps([int(e) for e in entries]),),
-            )
-        }
-        missing = [int(e) for e in entries if int(e) not in found]
-        if missing:
-            raise DatastoreError(
-                f"{self.path / SQLITE} has no provenance for entries {missing[:5]}: it is damaged; `bertknn verify`"
-            )
-        return [found[int(e)] for e in entries]
-
-    def entry_rows(self, entries: np.ndarray) -> list[tuple[int, int, int]]:
-        """(sentence, start, end) of each of `entries`, in their order: what `append` stored for them."""
-        with self.sqlite_errors():
-            found = {
-                idx: (sentence, start, end)
-                for idx, sentence, start, end in self.db.execute(
-                    "SELECT idx, sentence, start, end FROM entries WHERE idx IN (SELECT value FROM json_each(?))",
-                    (json.dumps([int(e) for e in entries]),),
-                )
-            }
-        return [found[int(e)] for e in entries]
-
-    def iter_document_texts(self, first: int = 0, stop: int | None = None) -> Iterator[str]:
-        """Each document's sentences joined, for documents first..stop-1 in order (what the IR index is built from)."""
-        query = (
-            "SELECT group_concat(text, ' ') FROM (SELECT doc, text FROM sentences WHERE doc >= ? AND doc < ? "
-            "ORDER BY idx) GROUP BY doc ORDER BY doc"
-        )
-        for (text,) in self.db.execute(query, (first, self.n_documents if stop is None else stop)):
-            yield text
-
-    def document_rows(self, column: str, values: list) -> list[tuple]:
-        """(value, idx, state, digest) of the documents whose `column` is one of `values`."""
-        found = []
-        for i in range(0, len(values), SQL_PARAMS):
-            part = values[i : i + SQL_PARAMS]
-            marks = ",".join("?" * len(part))
-            query = f"SELECT {column}, idx, state, digest FROM documents WHERE {column} IN ({marks})"
-            found += self.db.execute(query, part).fetchall()
-        return found
-
-    def live_digests(self, ids: list[str]) -> dict[str, str | None]:
-        """The text digest (`corpus.digest`) of each of the given ids that is live; None for a document stored
-        before digests were kept."""
-        with self.sqlite_errors():
-            return {doc_id: digest for doc_id, _, state, digest in self.document_rows("id", ids) if state == "live"}
-
-    def states(self, ids: list[str]) -> dict[str, str]:
-        """The state of each of the given document ids that the datastore holds (removed ones are not held)."""
-        with self.sqlite_errors():
-            return {doc_id: state for doc_id, _, state, _ in self.document_rows("id", ids)}
-
-    def adding(self) -> list[int]:
-        """Documents registered by an add that has not been published yet."""
-        return [r[0] for r in self.db.execute("SELECT idx FROM documents WHERE state = 'adding' ORDER BY idx")]
 
     def parts(self, kind: str) -> list[Part] | None:
         """The committed live parts of an index (`kind`: "tfidf", "faiss"), in order; None for a datastore made
@@ -585,129 +441,3 @@ class Datastore:
                 return None
             rows = self.db.execute("SELECT name, first, stop FROM parts WHERE kind = ? ORDER BY first", (kind,))
             return [Part(*row) for row in rows]
-
-    def removed_ids(self, ids: list[str]) -> set[str]:
-        """Those of the given ids whose documents were removed (and not added again since)."""
-        with self.sqlite_errors():
-            return {doc_id for doc_id, *_ in self.document_rows("removed_id", ids)}
-
-    def live_end(self) -> int:
-        """One past the last live document (0 when none is): what an IR index must cover."""
-        return self.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents WHERE state = 'live'").fetchone()[0]
-
-    def live_documents(self) -> int:
-        """How many documents searches can return."""
-        return self.db.execute("SELECT count(*) FROM documents WHERE state = 'live'").fetchone()[0]
-
-    def hidden_documents(self) -> np.ndarray:
-        """Indices of the documents no search may return (being added, or removed)."""
-        rows = self.db.execute("SELECT idx FROM documents WHERE state != 'live'").fetchall()
-        return np.asarray([r[0] for r in rows], dtype=np.int64)
-
-    def documents_of(self, entries: np.ndarray) -> np.ndarray:
-        """The document index of each entry (entries must be committed)."""
-        if self._owners is None or self._owners[0] != self.size:  # ranges only change when entries are committed
-            rows = self.db.execute("SELECT start, idx FROM documents WHERE end > start ORDER BY start").fetchall()
-            self._owners = (self.size, *np.asarray(rows, dtype=np.int64).reshape(-1, 2).T)
-        _, starts, docs = self._owners
-        return docs[np.searchsorted(starts, np.asarray(entries, np.int64), side="right") - 1]
-
-    def pending(self, docs: list[int] | None = None) -> list[int]:
-        """The documents (of `docs`, or all) whose entries are not embedded yet, in index order."""
-        query = "SELECT idx FROM documents WHERE start IS NULL"
-        if docs is None:
-            return [r[0] for r in self.db.execute(f"{query} ORDER BY idx")]
-        docs = sorted(set(docs))
-        found: set[int] = set()
-        for i in range(0, len(docs), SQL_PARAMS):
-            part = docs[i : i + SQL_PARAMS]
-            found |= {r[0] for r in self.db.execute(f"{query} AND idx IN ({','.join('?' * len(part))})", part)}
-        return [d for d in docs if d in found]
-
-    def sentences(self, docs: list[int]) -> list[tuple[int, int, str]]:
-        """(sentence index, document, text) of the sentences of the given documents, in document and text order."""
-        with self.sqlite_errors():
-            return self.db.execute(
-                f"SELECT idx, doc, text FROM sentences WHERE doc IN ({','.join('?' * len(docs))}) ORDER BY doc, idx",
-                docs,
-            ).fetchall()
-
-    def text_length(self, doc: int) -> int:
-        """Characters of a document's sentences (what a build sizes its chunks by)."""
-        with self.sqlite_errors():
-            return self.db.execute("SELECT sum(length(text)) FROM sentences WHERE doc = ?", (doc,)).fetchone()[0] or 0
-
-    @property
-    def evidence_model(self) -> str | None:
-        """The sentence encoder whose vectors every entry's evidence texts have (evidence.py); None in a store made
-        before them until `bertknn sentences` fills them."""
-        return self.manifest.get(evidence_table.FIELD)
-
-    @property
-    def evidence_filled(self) -> int:
-        """Entries [0, n) whose evidence is stored: all of a store with evidence; of one being filled, how far."""
-        return self.size if self.evidence_model else int(self._meta(evidence_table.FILLED, "0"))
-
-    def evidence_ids(self, entries: list[int]) -> np.ndarray:
-        """The text ids ([n, evidence.VIEWS]) of entries' evidence texts (`text.evidence_texts`)."""
-        rows = ((e.sentence, e.span, e.title) for e in self.provenance(entries))
-        ids = [evidence_table.text_id(t) for t in evidence_table.entry_texts(rows)]
-        return np.asarray(ids, np.int64).reshape(-1, evidence_table.VIEWS)
-
-    def evidence_held(self, ids: Iterable[int]) -> set[int]:
-        """Those of the text ids whose vectors the store holds."""
-        with self.sqlite_errors():
-            return evidence_table.held(self.db, ids)
-
-    def evidence_blobs(self, ids: Iterable[int]) -> dict[int, bytes]:
-        """The stored vectors (encoded) of those of the text ids the store holds: what a copy of entries carries."""
-        with self.sqlite_errors():
-            return evidence_table.blobs(self.db, ids)
-
-    def evidence_vectors(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        """The stored vectors of those of the evidence `texts` the store holds (what the sentence weights read)."""
-        with self.sqlite_errors():
-            return evidence_table.read(self.db, texts)
-
-    @property
-    def whole_words(self) -> bool:
-        """Whether this store's targets are whole words (format 2) rather than words of one token (format 1)."""
-        return self.manifest["version"] >= 2
-
-    @property
-    def names(self) -> bool:
-        """Whether multi-word names are targets too (besides their words)."""
-        return bool(self.manifest.get("names"))
-
-    def words(self, values: Iterable[int] | None) -> dict[int, tuple[str, str]]:
-        """(tokens' ids as text, word) of the given lexicon numbers (values of words of several tokens; None: all)."""
-        if values is None:
-            return self.word_rows()
-        wanted = sorted({int(v) for v in values})
-        if not wanted:
-            return {}
-        rows = self.word_rows("value", wanted)
-        missing = [v for v in wanted if v not in rows]
-        if missing:
-            raise DatastoreError(
-                f"{self.path / SQLITE} holds no word for values {missing[:5]}: it is damaged; `bertknn verify`"
-            )
-        return rows
-
-    def word_rows(self, column: str | None = None, keys: list | None = None) -> dict[int, tuple[str, str]]:
-        """value -> (pieces, word) of the `words` table: the rows whose `column` ("value" or "pieces") is one of
-        `keys`, or all."""
-        query, args = "SELECT value, pieces, word FROM words", ()
-        if column is not None:
-            query, args = f"{query} WHERE {column} IN (SELECT value FROM json_each(?))", (json.dumps(keys),)
-        return {value: (pieces, word) for value, pieces, word in self.select_words(query, args)}
-
-    def select_words(self, query: str, args: tuple = ()) -> list[tuple]:
-        """The rows of a query of the `words` table; none in a store without it (format 1, or no long word yet)."""
-        with self.sqlite_errors():
-            try:
-                return self.db.execute(query, args).fetchall()
-            except sqlite3.OperationalError as err:
-                if "no such table" in str(err):
-                    return []
-                raise

@@ -26,10 +26,14 @@ import sqlite3
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bertknn.text import evidence_texts
+
+if TYPE_CHECKING:
+    from bertknn.store.datastore import Datastore
 
 TABLE = "CREATE TABLE IF NOT EXISTS evidence (id INTEGER PRIMARY KEY, vector BLOB NOT NULL, refs INTEGER NOT NULL)"
 FIELD = "evidence"  # manifest: the sentence encoder whose vectors every entry's evidence texts have
@@ -127,3 +131,41 @@ def release(db: sqlite3.Connection, ids: np.ndarray) -> None:
     if counts and exists(db):
         db.executemany("UPDATE evidence SET refs = refs - ? WHERE id = ?", [(n, i) for i, n in counts.items()])
         db.execute("DELETE FROM evidence WHERE refs <= 0")
+
+
+class EvidenceReads:
+    """The evidence vectors of one datastore read (`Datastore.evidence`), through its connection of the moment."""
+
+    def __init__(self, store: Datastore) -> None:
+        self.store = store
+
+    @property
+    def model(self) -> str | None:
+        """The sentence encoder whose vectors every entry's evidence texts have; None in a store made before them
+        until `bertknn sentences` fills them."""
+        return self.store.manifest.get(FIELD)
+
+    @property
+    def filled(self) -> int:
+        """Entries [0, n) whose evidence is stored: all of a store with evidence; of one being filled, how far."""
+        return self.store.size if self.model else int(self.store.read_meta(FILLED) or "0")
+
+    def ids(self, entries: list[int]) -> np.ndarray:
+        """The text ids ([n, VIEWS]) of entries' evidence texts (`text.evidence_texts`)."""
+        rows = ((e.sentence, e.span, e.title) for e in self.store.documents.provenance(entries))
+        return np.asarray([text_id(t) for t in entry_texts(rows)], np.int64).reshape(-1, VIEWS)
+
+    def held(self, ids: Iterable[int]) -> set[int]:
+        """Those of the text ids whose vectors the store holds."""
+        with self.store.sqlite_errors():
+            return held(self.store.db, ids)
+
+    def blobs(self, ids: Iterable[int]) -> dict[int, bytes]:
+        """The stored vectors (encoded) of those of the text ids the store holds: what a copy of entries carries."""
+        with self.store.sqlite_errors():
+            return blobs(self.store.db, ids)
+
+    def vectors(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        """The stored vectors of those of the evidence `texts` the store holds (what the sentence weights read)."""
+        with self.store.sqlite_errors():
+            return read(self.store.db, texts)

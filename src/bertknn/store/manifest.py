@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bertknn.store.codec import FLOAT16
+from bertknn.text import FORMER_SPLITTER
+
 FORMAT = "bertknn-datastore"
 VERSION = 2  # new datastores' format: whole words (1: words of exactly one token)
 VERSIONS = (1, 2)  # the formats this code opens
@@ -32,7 +35,56 @@ class DatastoreError(ValueError):
     """A datastore that is missing, corrupt, incomplete, or made with another model or layer."""
 
 
-def read_manifest(path: Path) -> dict:
+class Manifest(dict):
+    """A datastore's manifest as read (a dict of its fields), with what its fields mean read as properties."""
+
+    @property
+    def complete(self) -> bool:
+        """True once every document of the corpus is embedded."""
+        return self.get("status") == "complete"
+
+    @property
+    def lazy(self) -> bool:
+        """True for a datastore whose documents are embedded on demand (`bertknn build --lazy`)."""
+        return self.get("status") == "lazy"
+
+    @property
+    def layer(self) -> int:
+        """The block whose states are the keys."""
+        return int(self["layer"])
+
+    @property
+    def pack(self) -> int:
+        """How many non-adjacent targets of a sentence were masked per pass when its keys were computed (1 = exact)."""
+        return int(self.get("pack", 1))
+
+    @property
+    def splitter(self) -> str:
+        """The sentence splitter its documents were split with (`text.FORMER_SPLITTER` for stores that do not say)."""
+        return str(self.get("splitter", FORMER_SPLITTER))
+
+    @property
+    def key_dtype(self) -> str:
+        """The precision the model ran in when the keys were computed ("float32" for stores that do not say)."""
+        return str(self.get("key_dtype", "float32"))
+
+    @property
+    def int8_keys(self) -> bool:
+        """True when keys were computed by the encoder quantised to int8 (`--int8-keys`), not in float32."""
+        return bool(self.get("int8", False))
+
+    @property
+    def key_codec(self) -> str:
+        """How keys are stored: "float16", or the FAISS factory string of their codec (`bertknn convert-keys`)."""
+        return str(self.get("key_codec", FLOAT16))
+
+    @property
+    def pruned(self) -> dict | None:
+        """How the store was pruned (`build/prune.py`: radius, contexts before), None for an unpruned one."""
+        return self.get("pruned")
+
+
+def read_manifest(path: Path) -> Manifest:
     """The manifest, checked: format, version and the fields every command needs, with their types."""
     file = path / "manifest.json"
     if not file.is_file():
@@ -55,4 +107,4 @@ def read_manifest(path: Path) -> dict:
             raise DatastoreError(f"{file} is damaged: field {field!r} has the wrong type; restore it or rebuild")
     if manifest["dim"] < 1 or manifest["layer"] < 0:
         raise DatastoreError(f"{file} is damaged: dim {manifest['dim']} / layer {manifest['layer']} are impossible")
-    return manifest
+    return Manifest(manifest)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+SQLITE = "store.sqlite"  # the file of a datastore directory that holds these tables
 WORDS = """CREATE TABLE IF NOT EXISTS words (value INTEGER PRIMARY KEY, pieces TEXT NOT NULL UNIQUE, word TEXT NOT NULL)
 """  # made by the first writer that stores a word of several tokens (a read-only format 1 store has none)
 SCHEMA = """

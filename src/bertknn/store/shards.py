@@ -24,6 +24,7 @@ import numpy as np
 
 from bertknn.store.atomic import write_json
 from bertknn.store.datastore import Datastore, DatastoreError, sqlite_errors
+from bertknn.store.manifest import Manifest
 from bertknn.store.records import Provenance, newest_first
 from bertknn.store.store import Store
 
@@ -111,8 +112,11 @@ class ShardedDatastore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         top = self._read_top()
-        self.manifest = {**top, "status": "complete"}
+        self.manifest = Manifest({**top, "status": "complete"})
         self.shards = [Datastore(self.path / row["path"]) for row in top["shards"]]
+        self.documents = ShardedDocuments(self)  # the documents' reads, by global numbers
+        self.evidence = ShardedEvidence(self)  # the evidence vectors' reads
+        self.lexicon = ShardedLexicon(self)  # the shards' words of several tokens as one lexicon
         self._depth = 0  # `writing` contexts entered by the thread that holds the shards' locks
         self._offsets()
 
@@ -124,62 +128,11 @@ class ShardedDatastore:
         self.doc_starts = np.cumsum([0] + [s.n_documents for s in self.shards])
         self.entry_starts = np.cumsum([0] + [s.size for s in self.shards])
         self.keys = _Rows([s.keys for s in self.shards], self.entry_starts)
-        self.values = _Rows([s.values for s in self.shards], self.entry_starts, self._lexicon())
-
-    def _lexicon(self) -> list[Callable[[np.ndarray], np.ndarray]]:
-        """The shards' lexicons as one (a word held by several shards is one word: it keeps the number of the first
-        shard that holds it, and the words new in a later shard are numbered on), and for each shard the map of its
-        numbers to these."""
-        self._words: dict[int, tuple[str, str]] = {}
-        number: dict[str, int] = {}
-        maps = []
-        for shard in self.shards:
-            rows = shard.words(None)
-            table = {}
-            for value, (pieces, word) in sorted(rows.items()):
-                if pieces not in number:  # numbered on in the order the shard numbered them, as one store would
-                    number[pieces] = max(self._words) + 1 if self._words else value
-                    self._words[number[pieces]] = (pieces, word)
-                table[value] = number[pieces]
-            maps.append(_renumbering(table))
-        return maps
-
-    @property
-    def whole_words(self) -> bool:
-        return self.shards[0].whole_words
-
-    @property
-    def names(self) -> bool:
-        return self.shards[0].names
-
-    def words(self, values: Iterable[int] | None) -> dict[int, tuple[str, str]]:
-        """(tokens' ids as text, word) of the given lexicon numbers (None: all), across shards."""
-        if values is None:
-            return dict(self._words)
-        wanted = {int(v) for v in values}
-        missing = sorted(wanted - set(self._words))
-        if missing:
-            raise DatastoreError(f"{self.path} holds no word for values {missing[:5]}: it is damaged; `bertknn verify`")
-        return {v: self._words[v] for v in wanted}
-
-    # -- what the manifest says --
-    complete, lazy = True, False
-
-    @property
-    def layer(self) -> int:
-        return self.shards[0].layer
+        self.values = _Rows([s.values for s in self.shards], self.entry_starts, self.lexicon.renumbering())
 
     @property
     def dim(self) -> int:
         return self.shards[0].dim
-
-    @property
-    def splitter(self) -> str:
-        return self.shards[0].splitter
-
-    @property
-    def key_dtype(self) -> str:
-        return self.shards[0].key_dtype
 
     @property
     def size(self) -> int:
@@ -217,14 +170,6 @@ class ShardedDatastore:
     def faiss_damage(self) -> list:
         """Damage confined to the shards' FAISS files (IR questions still work)."""
         return [damage for shard in self.shards for damage in shard.faiss_damage]
-
-    def live_documents(self) -> int:
-        """How many documents searches can return, over all shards."""
-        return sum(shard.live_documents() for shard in self.shards)
-
-    def pending(self, docs: list[int] | None = None) -> list[int]:
-        """No document is pending: the shards of a sharded build are complete."""
-        return []
 
     @property
     def writer(self) -> ShardedWriter:
@@ -266,10 +211,11 @@ class ShardedDatastore:
             {**row, "first_document": int(doc), "first_entry": int(at), "documents": s.n_documents, "entries": s.size}
             for row, s, doc, at in zip(top["shards"], self.shards, self.doc_starts, self.entry_starts)
         ]
-        now = {**top, "documents": self.n_documents, "entries": self.size, "live_documents": self.live_documents()}
+        live = self.documents.count_live()
+        now = {**top, "documents": self.n_documents, "entries": self.size, "live_documents": live}
         if {**now, "shards": rows} != top:
             write_json(self.path / SHARDS_FILE, {**now, "shards": rows})
-            self.manifest = {**now, "shards": rows, "status": "complete"}
+            self.manifest = Manifest({**now, "shards": rows, "status": "complete"})
 
     def sqlite_errors(self) -> contextlib.AbstractContextManager[None]:
         """SQLite's errors about a damaged shard as a DatastoreError naming the shards' directory."""
@@ -277,75 +223,16 @@ class ShardedDatastore:
             f"the SQLite file of a shard under {self.path}", f"`bertknn verify {self.path}` locates it"
         )
 
-    # -- reads, by global numbers --
-    def _by_shard(self, items: list[int], starts: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """(shard, positions in `items`, local numbers) for each shard holding some of `items`."""
-        items = np.asarray(items, np.int64)
-        shard = np.searchsorted(starts, items, side="right") - 1
-        if len(items) and (items.min() < 0 or items.max() >= starts[-1]):
-            raise DatastoreError(f"{self.path} has no item {int(items.max())} (it holds {int(starts[-1])})")
-        for s in np.unique(shard):
-            where = np.flatnonzero(shard == s)
-            yield int(s), where, items[where] - starts[s]
-
-    def _gather(self, items: list[int], starts: np.ndarray, read: Callable[[Datastore, list[int], int], list]) -> list:
-        out: list = [None] * len(items)
-        for s, where, local in self._by_shard(items, starts):
-            for i, value in zip(where, read(self.shards[s], local.tolist(), s)):
-                out[i] = value
-        return out
-
-    def document_ranges(self, docs: list[int]) -> list[tuple[int, int]]:
-        def read(shard: Datastore, local: list[int], s: int) -> list:
-            base = int(self.entry_starts[s])
-            return [(a + base, b + base) for a, b in shard.document_ranges(local)]
-
-        return self._gather(docs, self.doc_starts, read)
-
-    def titles(self, docs: list[int]) -> list[str]:
-        return self._gather(docs, self.doc_starts, lambda shard, local, s: shard.titles(local))
-
-    def dated_titles(self, docs: list[int]) -> list[tuple[str, str | None]]:
-        return self._gather(docs, self.doc_starts, lambda shard, local, s: shard.dated_titles(local))
-
-    def provenance(self, entries: list[int]) -> list[Provenance]:
-        def read(shard: Datastore, local: list[int], s: int) -> list:
-            base = int(self.entry_starts[s])
-            return [dataclasses.replace(e, entry=e.entry + base) for e in shard.provenance(local)]
-
-        return self._gather(entries, self.entry_starts, read)
-
-    @property
-    def evidence_model(self) -> str | None:
-        """The sentence encoder of the evidence vectors (`Datastore.evidence_model`) when every shard has them."""
-        models = {shard.evidence_model for shard in self.shards}
-        return models.pop() if len(models) == 1 else None
-
-    def evidence_vectors(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        """The stored vectors of those of the evidence `texts` any shard holds (`Datastore.evidence_vectors`)."""
-        found: dict[str, np.ndarray] = {}
-        for shard in self.shards:
-            rest = [t for t in texts if t not in found]
-            if rest:
-                found.update(shard.evidence_vectors(rest))
-        return found
-
     def counts_of(self, entries: np.ndarray) -> np.ndarray | None:
         """The contexts each entry stands for (`Datastore.counts_of`), None when no shard is pruned."""
-        if not any(shard.pruned for shard in self.shards):
+        if not any(shard.manifest.pruned for shard in self.shards):
             return None
 
         def read(shard: Datastore, local: list[int], s: int) -> list:
             counts = shard.counts_of(np.asarray(local, np.int64))
             return [1] * len(local) if counts is None else counts.tolist()
 
-        return np.asarray(self._gather(list(entries), self.entry_starts, read), np.int64)
-
-    def documents_of(self, entries: np.ndarray) -> np.ndarray:
-        def read(shard: Datastore, local: list[int], s: int) -> list:
-            return (shard.documents_of(np.asarray(local, np.int64)) + self.doc_starts[s]).tolist()
-
-        return np.asarray(self._gather(list(entries), self.entry_starts, read), np.int64)
+        return np.asarray(self.documents.gather(list(entries), self.entry_starts, read), np.int64)
 
     def split_documents(self, docs: np.ndarray | None) -> list[np.ndarray]:
         """Global document numbers as each shard's own numbers, shard by shard."""
@@ -360,27 +247,155 @@ class ShardedDatastore:
         order = np.lexsort((entries, dist))[:k]
         return entries[order], dist[order]
 
+
+class ShardedLexicon:
+    """The shards' lexicons read as one (`lexicon.Lexicon` of one store), by the sharded store's numbers."""
+
+    def __init__(self, store: ShardedDatastore) -> None:
+        self.store = store
+        self._words: dict[int, tuple[str, str]] = {}  # filled by `renumbering`, when the shards are (re)read
+
+    def renumbering(self) -> list[Callable[[np.ndarray], np.ndarray]]:
+        """The shards' lexicons as one (a word held by several shards is one word: it keeps the number of the first
+        shard that holds it, and the words new in a later shard are numbered on), and for each shard the map of its
+        numbers to these."""
+        self._words: dict[int, tuple[str, str]] = {}
+        number: dict[str, int] = {}
+        maps = []
+        for shard in self.store.shards:
+            rows = shard.lexicon.words(None)
+            table = {}
+            for value, (pieces, word) in sorted(rows.items()):
+                if pieces not in number:  # numbered on in the order the shard numbered them, as one store would
+                    number[pieces] = max(self._words) + 1 if self._words else value
+                    self._words[number[pieces]] = (pieces, word)
+                table[value] = number[pieces]
+            maps.append(_renumbering(table))
+        return maps
+
+    @property
+    def whole_words(self) -> bool:
+        return self.store.shards[0].lexicon.whole_words
+
+    @property
+    def names(self) -> bool:
+        return self.store.shards[0].lexicon.names
+
+    def words(self, values: Iterable[int] | None) -> dict[int, tuple[str, str]]:
+        """(tokens' ids as text, word) of the given lexicon numbers (None: all), across shards."""
+        if values is None:
+            return dict(self._words)
+        wanted = {int(v) for v in values}
+        missing = sorted(wanted - set(self._words))
+        if missing:
+            raise DatastoreError(
+                f"{self.store.path} holds no word for values {missing[:5]}: it is damaged; `bertknn verify`"
+            )
+        return {v: self._words[v] for v in wanted}
+
+
+class ShardedDocuments:
+    """The documents of a sharded datastore read by global numbers (`documents.Documents` of one store): each shard
+    is asked once for what it holds."""
+
+    def __init__(self, store: ShardedDatastore) -> None:
+        self.store = store
+
+    def count_live(self) -> int:
+        """How many documents searches can return, over all shards."""
+        return sum(shard.documents.count_live() for shard in self.store.shards)
+
+    def pending(self, docs: list[int] | None = None) -> list[int]:
+        """No document is pending: the shards of a sharded build are complete."""
+        return []
+
+    def _by_shard(self, items: list[int], starts: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """(shard, positions in `items`, local numbers) for each shard holding some of `items`."""
+        items = np.asarray(items, np.int64)
+        shard = np.searchsorted(starts, items, side="right") - 1
+        if len(items) and (items.min() < 0 or items.max() >= starts[-1]):
+            raise DatastoreError(f"{self.store.path} has no item {int(items.max())} (it holds {int(starts[-1])})")
+        for s in np.unique(shard):
+            where = np.flatnonzero(shard == s)
+            yield int(s), where, items[where] - starts[s]
+
+    def gather(self, items: list[int], starts: np.ndarray, read: Callable[[Datastore, list[int], int], list]) -> list:
+        out: list = [None] * len(items)
+        for s, where, local in self._by_shard(items, starts):
+            for i, value in zip(where, read(self.store.shards[s], local.tolist(), s)):
+                out[i] = value
+        return out
+
+    def ranges(self, docs: list[int]) -> list[tuple[int, int]]:
+        def read(shard: Datastore, local: list[int], s: int) -> list:
+            base = int(self.store.entry_starts[s])
+            return [(a + base, b + base) for a, b in shard.documents.ranges(local)]
+
+        return self.gather(docs, self.store.doc_starts, read)
+
+    def titles(self, docs: list[int]) -> list[str]:
+        return self.gather(docs, self.store.doc_starts, lambda shard, local, s: shard.documents.titles(local))
+
+    def dated_titles(self, docs: list[int]) -> list[tuple[str, str | None]]:
+        return self.gather(docs, self.store.doc_starts, lambda shard, local, s: shard.documents.dated_titles(local))
+
+    def provenance(self, entries: list[int]) -> list[Provenance]:
+        def read(shard: Datastore, local: list[int], s: int) -> list:
+            base = int(self.store.entry_starts[s])
+            return [dataclasses.replace(e, entry=e.entry + base) for e in shard.documents.provenance(local)]
+
+        return self.gather(entries, self.store.entry_starts, read)
+
+    def of(self, entries: np.ndarray) -> np.ndarray:
+        def read(shard: Datastore, local: list[int], s: int) -> list:
+            return (shard.documents.of(np.asarray(local, np.int64)) + self.store.doc_starts[s]).tolist()
+
+        return np.asarray(self.gather(list(entries), self.store.entry_starts, read), np.int64)
+
     def find_titles(self, norm_title: str) -> list[tuple[int, str | None]]:
         found = [
             (d + int(start), date)
-            for shard, start in zip(self.shards, self.doc_starts)
-            for d, date in shard.find_titles(norm_title)
+            for shard, start in zip(self.store.shards, self.store.doc_starts)
+            for d, date in shard.documents.find_titles(norm_title)
         ]
         return newest_first(found)
 
-    def hidden_documents(self) -> np.ndarray:
-        return np.concatenate([s.hidden_documents() + self.doc_starts[i] for i, s in enumerate(self.shards)])
+    def hidden(self) -> np.ndarray:
+        starts = self.store.doc_starts
+        return np.concatenate([s.documents.hidden() + starts[i] for i, s in enumerate(self.store.shards)])
 
     def states(self, ids: list[str]) -> dict[str, str]:
         found: dict[str, str] = {}
-        for shard in self.shards:
-            found |= shard.states(ids)
+        for shard in self.store.shards:
+            found |= shard.documents.states(ids)
         return found
 
     def live_digests(self, ids: list[str]) -> dict[str, str | None]:
         found: dict[str, str | None] = {}
-        for shard in self.shards:
-            found |= shard.live_digests(ids)
+        for shard in self.store.shards:
+            found |= shard.documents.live_digests(ids)
+        return found
+
+
+class ShardedEvidence:
+    """The evidence vectors of a sharded datastore read (`evidence.EvidenceReads` of one store)."""
+
+    def __init__(self, store: ShardedDatastore) -> None:
+        self.store = store
+
+    @property
+    def model(self) -> str | None:
+        """The sentence encoder of the evidence vectors (`EvidenceReads.model`) when every shard has them."""
+        models = {shard.evidence.model for shard in self.store.shards}
+        return models.pop() if len(models) == 1 else None
+
+    def vectors(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        """The stored vectors of those of the evidence `texts` any shard holds (`EvidenceReads.vectors`)."""
+        found: dict[str, np.ndarray] = {}
+        for shard in self.store.shards:
+            rest = [t for t in texts if t not in found]
+            if rest:
+                found.update(shard.evidence.vectors(rest))
         return found
 
 
@@ -396,8 +411,9 @@ class ShardedWriter:
         DatastoreError before anything changes. Each shard removes its part in one transaction; a crash between
         shards leaves some removed, and a rerun finishes (reporting those as removed before)."""
         ids = list(dict.fromkeys(str(i) for i in ids))
-        owners = {i: shard for shard in self.store.shards for i in shard.states(ids)}
-        before = set().union(*(shard.removed_ids([i for i in ids if i not in owners]) for shard in self.store.shards))
+        owners = {i: shard for shard in self.store.shards for i in shard.documents.states(ids)}
+        unowned = [i for i in ids if i not in owners]
+        before = set().union(*(shard.documents.removed_ids(unowned) for shard in self.store.shards))
         unknown = [i for i in ids if i not in owners and i not in before]
         if unknown:
             raise DatastoreError(

@@ -92,7 +92,7 @@ def _entry_problems(store: Datastore, rows: int = 1 << 16) -> list[str]:
     """Non-finite keys, values that are no word (negative, or a lexicon number the lexicon lacks), counts under 1 (a
     pruned store), and document ranges that point past the committed entries."""
     problems = []
-    lexicon = np.asarray(list(store.words(None)), np.int64)
+    lexicon = np.asarray(list(store.lexicon.words(None)), np.int64)
     first = store.manifest.get("words_from", np.iinfo(np.int32).max)  # format 1: no lexicon
     for start in range(0, store.size, rows):
         finite = np.isfinite(store.keys[start : start + rows]).all(axis=1)
@@ -123,12 +123,12 @@ def _evidence_problems(store: Datastore, sample: int = EVIDENCE_SAMPLE) -> list[
     not removed (a remove releases its entries'; those of an add not yet published count), vectors of another size
     than the others, and, of `sample` such entries drawn at random (all of a smaller store), those whose texts have no
     vector."""
-    if not store.evidence_model:
+    if not store.evidence.model:
         return []
     live = np.arange(store.size)
     with store.sqlite_errors():
         removed = [r[0] for r in store.db.execute("SELECT idx FROM documents WHERE state = 'removed'")]
-    live = live[~np.isin(store.documents_of(live), removed)] if removed and len(live) else live
+    live = live[~np.isin(store.documents.of(live), removed)] if removed and len(live) else live
     problems, where = [], store.path / SQLITE
     refs, sizes = 0, {}
     with store.sqlite_errors():
@@ -141,8 +141,8 @@ def _evidence_problems(store: Datastore, sample: int = EVIDENCE_SAMPLE) -> list[
         usual = max(sizes, key=sizes.get)
         problems.append(f"{where}: {sum(sizes.values()) - sizes[usual]:,} evidence vectors have the wrong size")
     chosen = np.sort(np.random.default_rng(0).choice(live, sample, replace=False)) if len(live) > sample else live
-    ids = store.evidence_ids(chosen.tolist())
-    lacking = chosen[~np.isin(ids, list(store.evidence_held(ids.ravel().tolist()))).all(axis=1)]
+    ids = store.evidence.ids(chosen.tolist())
+    lacking = chosen[~np.isin(ids, list(store.evidence.held(ids.ravel().tolist()))).all(axis=1)]
     if len(lacking):
         problems.append(
             f"{where}: {len(lacking):,} of {len(chosen):,} entries checked lack their evidence vectors (the first: "

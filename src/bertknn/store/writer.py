@@ -115,7 +115,7 @@ class DatastoreWriter:
         """
         ids = [d.id for d in docs]
         with self.store.sqlite_errors():
-            rows = self.store.document_rows("id", ids + [REPLACING_PREFIX + i for i in ids])
+            rows = self.store.documents.rows("id", ids + [REPLACING_PREFIX + i for i in ids])
         held = {doc_id: (idx, state, digest) for doc_id, idx, state, digest in rows if doc_id[:1] != REPLACING_PREFIX}
         staged = {
             doc_id[1:]: (idx, state, digest) for doc_id, idx, state, digest in rows if doc_id[:1] == REPLACING_PREFIX
@@ -142,14 +142,14 @@ class DatastoreWriter:
     def _hide(self, docs: list[int]) -> None:
         """Mark documents removed, free their ids and release their entries' evidence (inside the caller's
         transaction)."""
-        filled = self.store.evidence_filled
+        filled = self.store.evidence.filled
         ranges = self.db.execute(
             "SELECT start, end FROM documents WHERE start IS NOT NULL AND idx IN (SELECT value FROM json_each(?))",
             (json.dumps([int(d) for d in docs]),),
         )
         entries = [e for a, b in ranges for e in range(a, min(b, filled))]
         if entries:
-            evidence_table.release(self.db, self.store.evidence_ids(entries))
+            evidence_table.release(self.db, self.store.evidence.ids(entries))
         self.db.executemany(
             "UPDATE documents SET state = 'removed', removed_id = id, id = ? || idx WHERE idx = ?",
             [(REMOVED_PREFIX, d) for d in docs],
@@ -164,7 +164,7 @@ class DatastoreWriter:
                 (REPLACING_PREFIX,),
             ).fetchall()
             if replacing:  # the documents they replace are hidden, their ids taken over, in this one transaction
-                old = self.store.document_rows("id", [doc_id for _, doc_id in replacing])
+                old = self.store.documents.rows("id", [doc_id for _, doc_id in replacing])
                 self._hide([idx for _, idx, state, _ in old if state == "live"])
                 self.db.executemany("UPDATE documents SET id = ? WHERE idx = ?", [(i, x) for x, i in replacing])
             self.db.execute("UPDATE documents SET state = 'live' WHERE state = 'adding'")
@@ -186,10 +186,10 @@ class DatastoreWriter:
         with self.store.sqlite_errors():
             held = {
                 doc_id: idx
-                for doc_id, idx, state, _ in self.store.document_rows("id", ids)
+                for doc_id, idx, state, _ in self.store.documents.rows("id", ids)
                 if state in ("live", "adding")
             }
-        before = self.store.removed_ids([i for i in ids if i not in held])
+        before = self.store.documents.removed_ids([i for i in ids if i not in held])
         unknown = [i for i in ids if i not in held and i not in before]
         if unknown:
             raise DatastoreError(
@@ -222,9 +222,9 @@ class DatastoreWriter:
                 "of them was stored. Check the model, or choose another --layer"
             )
         start, codec = self.store.size, self.store.codec
-        if (evidence is None) == bool(self.store.evidence_model):
+        if (evidence is None) == bool(self.store.evidence.model):
             raise DatastoreError(
-                f"{self.store.path} {'holds' if self.store.evidence_model else 'lacks'} evidence vectors, and this "
+                f"{self.store.path} {'holds' if self.store.evidence.model else 'lacks'} evidence vectors, and this "
                 "append "
                 f"{'lacks' if evidence is None else 'holds'} them: nothing was stored"
             )
@@ -285,13 +285,11 @@ class DatastoreWriter:
         """The values of words of several tokens, each given as (its tokens' ids as text, the word): those the store
         holds, and new ones numbered on from the manifest's `words_from`, returned also as rows for `append` to
         commit with the entries that use them. Only a writer asks (numbers are given out under the writer lock)."""
-        held = self.store.word_rows(
-            "pieces", sorted({pieces for pieces, _ in words})
-        )  # these words only, not the lexicon
+        held = self.store.lexicon.rows("pieces", sorted({pieces for pieces, _ in words}))  # these words only
         known = {pieces: value for value, (pieces, _) in held.items()}
         new: list[tuple[int, str, str]] = []
-        last = self.store.select_words("SELECT max(value) FROM words")
-        after = self.store.manifest["words_from"] - 1 if not last or last[0][0] is None else last[0][0]
+        last = self.store.lexicon.last()
+        after = self.store.manifest["words_from"] - 1 if last is None else last
         values = []
         for pieces, word in words:
             if pieces not in known:
