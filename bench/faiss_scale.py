@@ -27,6 +27,7 @@ from evidence import SMOKE
 
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.query.settings import PAPER
+from bertknn.store.manifest import Manifest
 
 DIM, K, PAPER_CONTEXTS = 768, PAPER.k, 900_000_000
 
@@ -38,7 +39,7 @@ class KeysOnly:
 
     def __init__(self, path: Path, keys: np.ndarray) -> None:
         self.path, self.keys, self.size, self.dim = path, keys, len(keys), keys.shape[1]
-        self.complete, self.faiss_damage, self._parts, self._meta = True, [], {}, {}
+        self.manifest, self.faiss_damage, self._parts, self._meta = Manifest(status="complete"), [], {}, {}
 
     def read_meta(self, key: str) -> str | None:
         return self._meta.get(key)
