@@ -275,7 +275,7 @@ class DatastoreWriter:
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('entries', ?)", (str(end),))
 
     def fill_evidence(self, stop: int, evidence: evidence_table.Evidence) -> None:
-        """A store made before evidence vectors: store those of entries [`evidence_filled`, stop) in one
+        """A store made before evidence vectors: store those of entries [`evidence.filled`, stop) in one
         transaction and record how far that got (`bertknn sentences`, build/evidence.py)."""
         with self.store.sqlite_errors(), self.db:
             evidence_table.commit(self.db, evidence)
