@@ -72,7 +72,7 @@ def test_storage_imports_neither_the_model_nor_the_tokenizer():
     assert not any(name.startswith(("bertknn.model", "bertknn.text")) for name in _imports("store.writer"))
     assert _imports("store.lock") == {"bertknn.store.manifest"}
     assert _imports("store.records") == _imports("store.schema") == set()
-    assert _imports("store.manifest") == {"bertknn.store.codec", "bertknn.text"}  # FLOAT16, FORMER_SPLITTER: names
+    assert _imports("store.manifest") == {"bertknn.text"}  # FORMER_SPLITTER: a name
     # the evidence texts: string functions, no tokenizer (the store: for type hints)
     assert _imports("store.evidence") == {"bertknn.text", "bertknn.store.datastore"}
     assert _imports("store.codec") == {"bertknn.store.atomic"}

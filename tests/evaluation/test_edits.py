@@ -23,6 +23,7 @@ from bertknn.query.prediction import Prediction, ranked
 from bertknn.query.search import Neighbours
 from bertknn.query.settings import DEFAULT, PAPER
 from bertknn.query.words import Words
+from bertknn.store.manifest import Manifest
 
 FLAT = {
     "case_id": 2,
@@ -157,7 +158,7 @@ class ScriptedReader:
 
     def __init__(self, tokenizer, path: Path, leak: bool = False) -> None:
         self.encoder = type("E", (), {"tokenizer": tokenizer, "vocab_size": len(tokenizer), "name": "scripted"})()
-        self.store = type("S", (), {"path": path, "layer": 0, "lazy": False})()
+        self.store = type("S", (), {"path": path, "manifest": Manifest(layer=0, status="complete")})()
         self.settings, self.live, self.asked, self.leak, self.removed = DEFAULT, set(), [], leak, False
         self.lexicon: dict[int, tuple[tuple[int, ...], str]] = {}  # lexicon number -> (tokens, word)
 

@@ -14,6 +14,7 @@ from bertknn.evaluation.results import results_name, results_run
 from bertknn.evaluation.run import evaluate_facts, lama_reader
 from bertknn.evaluation.tune import FactCache, cache_facts, grid_search
 from bertknn.query.settings import PAPER
+from bertknn.store.manifest import Manifest
 
 
 @pytest.fixture()
@@ -107,7 +108,7 @@ def test_results_names_read_back_as_what_the_run_did():
 
     class Run:  # what results_name reads of a BertKNN
         def __init__(self, settings):
-            self.settings, self.store = settings, type("Store", (), {"layer": 11})()
+            self.settings, self.store = settings, type("Store", (), {"manifest": Manifest(layer=11)})()
 
     paper = results_name(Run(PAPER), "full")
     assert results_run(paper) == {

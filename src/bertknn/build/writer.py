@@ -28,9 +28,10 @@ from bertknn.index.tfidf_files import compact
 from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime
 from bertknn.store import atomic
-from bertknn.store.codec import FLOAT16, KeyCodec
+from bertknn.store.codec import KeyCodec
 from bertknn.store.datastore import CODEC, CODES, KEYS, DatastoreError
 from bertknn.store.lock import LAZY_WAIT_S
+from bertknn.store.manifest import FLOAT16
 from bertknn.store.records import Part
 from bertknn.store.shards import ShardedDatastore, open_store
 from bertknn.store.store import Store

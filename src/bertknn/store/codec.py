@@ -17,7 +17,6 @@ import numpy as np
 
 from bertknn.store import atomic
 
-FLOAT16 = "float16"  # the keys as they are stored today: no codec
 FORMS = ("SQ8", "SQ4", "PCA{d},SQ8", "PQ{m}")  # the factory strings the help names ({d}, {m}: numbers)
 
 

@@ -51,12 +51,12 @@ import numpy as np
 
 from bertknn.store import atomic, schema
 from bertknn.store import evidence as evidence_table
-from bertknn.store.codec import FLOAT16, Decoded, KeyCodec
+from bertknn.store.codec import Decoded, KeyCodec
 from bertknn.store.documents import Documents
 from bertknn.store.integrity import ChecksumError, Checksums, Damage
 from bertknn.store.lexicon import Lexicon
 from bertknn.store.lock import LOCK_FILE, LOCK_WAIT, BusyError, acquire_lock
-from bertknn.store.manifest import DatastoreError, read_manifest
+from bertknn.store.manifest import FLOAT16, DatastoreError, read_manifest
 from bertknn.store.records import Part
 from bertknn.store.schema import SQLITE
 

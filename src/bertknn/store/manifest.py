@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bertknn.store.codec import FLOAT16
 from bertknn.text import FORMER_SPLITTER
 
 FORMAT = "bertknn-datastore"
 VERSION = 2  # new datastores' format: whole words (1: words of exactly one token)
 VERSIONS = (1, 2)  # the formats this code opens
+FLOAT16 = "float16"  # `key_codec` of keys stored as they are, uncompressed (codec.py has the others)
 IDENTITY = ("model_hash", "layer", "dim", "pack", "int8")  # manifest fields SQLite keeps a copy of
 REQUIRED = {"model": str, "model_hash": str, "layer": int, "dim": int, "status": str}
 OPTIONAL = {
