@@ -131,7 +131,7 @@ def fresh(args) -> None:
     for mode in ("subject", "no subject"):
         subjects = [q["subject"] if mode == "subject" else None for q in questions]
         for label, t, stored in _runs(args):
-            knn.sentence_match.stored = knn.store if stored else None
+            knn.sentence_match.stored = knn.store.evidence if stored else None
             knn.sentence_match.clear()
             found = knn.predict_batch(
                 [q["question"] for q in questions], subjects, top_k=1, evidence=0, sentence_temperature=t
@@ -152,7 +152,7 @@ def fresh(args) -> None:
                 ece = [100 * calibration(shown[(name, s)], hits[(name, s, "bert_knn")])["ece"] for s in ("dev", "test")]
                 cells.append(" / ".join(f"{e:.1f}" for e in ece))
                 print(f"| {name} | {mode} | {label} | " + " | ".join(cells) + " |", flush=True)
-    knn.sentence_match.stored = knn.store
+    knn.sentence_match.stored = knn.store.evidence
     if not args.skip_judge:
         judge(knn, [q for q in questions if q["set"] == "several"], _temperatures(args)[1])
     print("\nBERT-kNN P@1 per relation, dev / test\n")
@@ -282,7 +282,7 @@ def lama(args) -> None:
         subjects = [ir_subject(f) if mode == "subject" else None for f in dev]
         for label, t, stored in _runs(args):
             began = time.perf_counter()
-            reader.sentence_match.stored = reader.store if stored else None
+            reader.sentence_match.stored = reader.store.evidence if stored else None
             found = reader.predict_batch(
                 [f.question for f in dev], subjects, top_k=1, evidence=0, batch_size=32, sentence_temperature=t
             )
@@ -379,13 +379,13 @@ def _timed(knn, questions: list[str], runs: dict, streams: dict, repeats: int) -
         for i, text in enumerate(questions):
             for name in names[i % len(names) :] + names[: i % len(names)]:  # each run first as often as the others
                 options, cold, stored = runs[name]
-                match.stored = knn.store if stored else None
+                match.stored = knn.store.evidence if stored else None
                 if cold:
                     match.clear()
                 start = time.perf_counter()
                 knn.predict(text, top_k=5, evidence=3, **options)
                 times[name].append(time.perf_counter() - start)
-    match.stored = knn.store
+    match.stored = knn.store.evidence
     return times
 
 

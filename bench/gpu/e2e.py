@@ -141,7 +141,7 @@ def timed_stages(stages: Stages):
     from bertknn.build import builder
     from bertknn.build import corpus as corpus_module
     from bertknn.build.writer import Writer
-    from bertknn.store.datastore import Datastore
+    from bertknn.store.documents import Documents
     from bertknn.store.writer import DatastoreWriter
 
     plan = [
@@ -150,7 +150,7 @@ def timed_stages(stages: Stages):
         (corpus_module, "split_sentences", SPLIT, stages.wrap),
         (builder, "_register", COMMIT_REG, stages.wrap),
         (builder, "embed", EMBED, stages.wrap),
-        (Datastore, "sentences", READ, stages.wrap),
+        (Documents, "sentences", READ, stages.wrap),
         (builder, "contexts", TOKENS, stages.wrap),
         (builder, "_prepare", WAIT, stages.waited),
         (builder, "keys", KEYS, stages.wrap),
