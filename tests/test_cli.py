@@ -22,7 +22,7 @@ from bertknn import BertKNN, cli
 from bertknn.cli import app
 from bertknn.model.runtime import Runtime
 from bertknn.query.settings import DEFAULT, PAPER
-from bertknn.store.datastore import Datastore
+from bertknn.store.datastore import Datastore, read_committed
 
 from .tolerances import assert_ranking_close
 
@@ -337,7 +337,7 @@ def test_build_with_a_key_codec_stores_codes_and_refuses_a_lazy_one(tmp_path, sm
     base = ["build", str(small_corpus), "--model", str(tiny_model_dir), "--threads", "1", "--key-codec", "SQ8"]
     result = runner.invoke(app, [*base, "--out", str(tmp_path / "c")])
     assert result.exit_code == 0, result.output
-    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text(encoding="utf-8"))
+    manifest = read_committed(tmp_path / "c")  # manifest.json with the fields committed since over it
     assert manifest["key_codec"] == "SQ8" and "key_codec_pending" not in manifest
     assert (tmp_path / "c" / "keys.codes").stat().st_size == manifest["entries"] * 32  # tiny BERT: 32 dimensions
     asked = runner.invoke(app, ["ask", str(tmp_path / "c"), "Quellbrook is a town in [MASK] .", "--threads", "1"])

@@ -29,6 +29,8 @@ from bertknn.build import distributed  # noqa: E402
 from bertknn.index.retrieval import TfidfIndex  # noqa: E402
 from bertknn.query.pipeline import BertKNN  # noqa: E402
 from bertknn.store import evidence  # noqa: E402
+from bertknn.store.datastore import DatastoreError, read_committed  # noqa: E402
+from bertknn.store.manifest import Manifest  # noqa: E402
 from bertknn.store.shards import SHARDS_FILE, ShardedDatastore  # noqa: E402
 
 from .. import ray_cluster  # noqa: E402
@@ -141,9 +143,10 @@ def test_a_key_stage_worker_killed_mid_shard_is_retried_and_nothing_is_lost(clus
     def kill_one_mid_shard() -> None:  # until the build returns: a loaded machine may take minutes to register
         while not built.is_set() and not killed:
             for shard in sorted((out / "shards").glob("shard-*")) if (out / "shards").is_dir() else []:
-                manifest = (
-                    json.loads((shard / "manifest.json").read_text()) if (shard / "manifest.json").is_file() else {}
-                )
+                try:  # the status is committed to the shard's SQLite (`read_committed`)
+                    manifest = read_committed(shard)
+                except (OSError, DatastoreError):
+                    manifest = Manifest()
                 keys = shard / "keys.f16"
                 if manifest.get("status") == "lazy" and keys.is_file() and keys.stat().st_size > 0:  # keys coming
                     alive = key_stage_processes()

@@ -6,7 +6,6 @@ after the suite."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from bertknn.build import distributed  # noqa: E402
 from bertknn.index.faiss_index import ShardedFaiss  # noqa: E402
 from bertknn.model.runtime import Runtime  # noqa: E402
 from bertknn.serving import ray_serve  # noqa: E402
+from bertknn.store.datastore import read_committed  # noqa: E402
 from bertknn.store.shards import ShardedDatastore  # noqa: E402
 
 from .. import ray_cluster  # noqa: E402
@@ -46,8 +46,8 @@ WAIT_S = 240
 def _complete_shards(out: Path) -> int:
     done = 0
     for manifest in (out / "shards").glob("shard-*/manifest.json"):
-        try:
-            done += json.loads(manifest.read_text(encoding="utf-8")).get("status") == "complete"
+        try:  # the status is committed to the shard's SQLite (`read_committed`)
+            done += read_committed(manifest.parent).complete
         except (OSError, ValueError):
             continue
     return done

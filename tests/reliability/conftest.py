@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bertknn.store.datastore import read_committed
+
 from ..conftest import write_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -404,7 +406,7 @@ def dim(store: Path) -> int:
 def keys_values(store: Path) -> tuple[np.ndarray, bytes]:
     """The committed keys (a float16 memmap, or the codes of compressed keys) and the committed bytes of values.i32."""
     n, d = committed(store), dim(store)
-    if json.loads((store / "manifest.json").read_text(encoding="utf-8")).get("key_codec", "float16") != "float16":
+    if read_committed(store).key_codec != "float16":
         import faiss
 
         size = faiss.read_index(str(store / "keys.codec")).sa_code_size()

@@ -19,7 +19,7 @@ from bertknn.cli import app
 from bertknn.index import faiss_files, retrieval, tfidf_files
 from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
 from bertknn.store import verify as checks
-from bertknn.store.datastore import Datastore
+from bertknn.store.datastore import Datastore, read_committed
 from bertknn.store.shards import ShardedDatastore
 
 from ..conftest import SMALL_DOCS
@@ -140,7 +140,7 @@ def test_damage_to_what_the_store_keeps_is_refused_with_the_build_that_makes_it_
         Writer(Datastore(indexed, check=False)).repair()
     assert any("values.i32 block 0" in problem for problem in err.value.problems)
     message = str(err.value)
-    manifest = json.loads((indexed / "manifest.json").read_text())
+    manifest = read_committed(indexed)
     assert (
         f"bertknn build {manifest['corpus']['path']} --out {indexed} --model {manifest['model']} --layer 3" in message
     )
@@ -154,11 +154,13 @@ def test_damage_to_what_the_store_keeps_is_refused_with_the_build_that_makes_it_
 
 
 def test_a_lost_manifest_is_refused_with_the_settings_sqlite_keeps(indexed):
+    corpus = read_committed(indexed)["corpus"]["path"]
     (indexed / "manifest.json").write_text("{broken")
     message = rebuild_commands(indexed)
     assert "--model MODEL --layer 3" in message and "MODEL: the model whose weights have sha256" in message
+    assert f"bertknn build {corpus} " in message  # the corpus, from the commit record SQLite keeps
     result = CliRunner().invoke(app, ["repair", str(indexed)])
-    assert result.exit_code == 2 and "manifest.json" in result.output and "bertknn build CORPUS" in result.output
+    assert result.exit_code == 2 and "manifest.json" in result.output and "bertknn build" in result.output
 
 
 def test_repair_waits_for_another_writer(indexed):

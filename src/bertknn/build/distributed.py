@@ -31,7 +31,7 @@ from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime
 from bertknn.store import atomic
 from bertknn.store.atomic import write_json
-from bertknn.store.datastore import Datastore, DatastoreError
+from bertknn.store.datastore import Datastore, DatastoreError, read_committed
 from bertknn.store.shards import SHARDS_FILE, shard_name
 
 SHARD_DOCS = 50_000  # documents per shard by default: ~100 shards for English Wikipedia's 5.07M articles
@@ -50,8 +50,8 @@ def plan(n_docs: int, shard_docs: int) -> list[tuple[int, int]]:
 def _complete(path: Path, documents: int) -> bool:
     """True when the shard at `path` holds all its documents, embedded."""
     try:
-        manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        manifest = read_committed(path)
+    except (OSError, DatastoreError):
         return False
     return manifest.get("status") == "complete" and manifest.get("documents") == documents
 
@@ -265,7 +265,7 @@ def _run_stages(
 def _check_existing(out: Path, manifest: dict, shard_docs: int) -> None:
     """Refuse to go on with shards begun for another corpus, model or shard size (a rerun must be the same build)."""
     for path in sorted((out / "shards").glob("shard-*")):
-        try:
+        try:  # the fields compared are fixed when a shard is created: manifest.json as it was written
             known = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue  # not begun: it is built anew
@@ -282,7 +282,7 @@ def _top_manifest(manifest: dict, dirs: list[Path]) -> dict:
     """The shards in order with their document and entry offsets, from their own manifests."""
     rows, docs, entries = [], 0, 0
     for path in dirs:
-        shard = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+        shard = read_committed(path)
         if shard.get("status") != "complete":
             raise DatastoreError(f"shard {path} is not complete; rerun the build")
         rows.append({"path": str(path.relative_to(path.parents[1])), "first_document": docs, "first_entry": entries})

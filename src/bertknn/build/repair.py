@@ -28,6 +28,7 @@ from bertknn.index import NPROBE, faiss_files, faiss_index, retrieval, tfidf_fil
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.index.retrieval import SEGMENT_DOCS
 from bertknn.store.datastore import CODEC, CODES, COUNTS, KEYS, SQLITE, VALUES, Datastore, DatastoreError, is_index_file
+from bertknn.store.manifest import RECORD
 from bertknn.store.records import Part
 from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, is_sharded, shard_paths
 from bertknn.store.verify import verify
@@ -328,6 +329,8 @@ def _recorded(path: Path) -> dict:
         try:
             meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
             made = {**json.loads(meta.get("identity", "{}")), **made}
+            if "shards" not in made:  # what was committed after the manifest was written (manifest.RECORD)
+                made |= {k: v for k, v in json.loads(meta.get(RECORD, "{}")).items() if v is not None}
             if faiss_files.SETTINGS_COPY in meta and not isinstance(made.get("faiss"), dict):
                 made["faiss"] = json.loads(meta[faiss_files.SETTINGS_COPY])
             documents = int((made.get("corpus") or {}).get("documents") or 0)

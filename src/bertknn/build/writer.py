@@ -207,8 +207,7 @@ class Writer:
                 done = stop
                 if progress:
                     progress(done, store.size)
-            store.manifest.pop("key_codec_pending", None)
-            store.writer.set_manifest(key_codec=name)  # the switch
+            store.writer.set_manifest(key_codec=name, key_codec_pending=None)  # the switch
             store.writer.rewriting(KEYS)
             (store.path / KEYS).unlink(missing_ok=True)
             return done - start

@@ -2,7 +2,9 @@
 the model or the tokenizer (builder.py turns a corpus into what is stored here).
 
 Layout of a datastore directory:
-- manifest.json: format version, model name and weights hash, layer, dimension, dtype, counts, build status;
+- manifest.json: format version, model name and weights hash, layer, dimension, dtype, written once at creation;
+  what changes after (build status, counts, key codec, evidence model, tuned settings) is committed to store.sqlite
+  (manifest.py: the commit record);
 - keys.f16: float16 keys, one row of `dim` values per entry, append-only (read through a numpy memmap); or, in a
   store whose keys are compressed (manifest `key_codec`), keys.codes (one code per entry, append-only) and the
   trained codec keys.codec (codec.py), read as keys through the codec;
@@ -56,7 +58,7 @@ from bertknn.store.documents import Documents
 from bertknn.store.integrity import ChecksumError, Checksums, Damage
 from bertknn.store.lexicon import Lexicon
 from bertknn.store.lock import LOCK_FILE, LOCK_WAIT, BusyError, acquire_lock
-from bertknn.store.manifest import FLOAT16, DatastoreError, read_manifest
+from bertknn.store.manifest import FLOAT16, RECORD, DatastoreError, Manifest, read_manifest, with_record
 from bertknn.store.records import Part
 from bertknn.store.schema import SQLITE
 
@@ -115,6 +117,20 @@ def data_files(path: Path) -> list[str]:
     )
 
 
+def read_committed(path: Path) -> Manifest:
+    """The manifest of the datastore at `path` as committed (what `Datastore.manifest` holds), read without opening
+    the store: none of its checks (a distributed build asks its shards how far they got)."""
+    manifest, file = read_manifest(path), path / SQLITE
+    if not file.is_file() or file.stat().st_size == 0:
+        return manifest
+    with (
+        sqlite_errors(str(file), f"`bertknn verify {path}` locates the damage"),
+        contextlib.closing(schema.reading(file)) as db,
+    ):
+        row = db.execute("SELECT value FROM meta WHERE key = ?", (RECORD,)).fetchone()
+    return with_record(manifest, row[0] if row else None, f"{file} (its manifest record)")
+
+
 INDEX_PREFIXES = ("faiss", "tfidf")  # the indexes' files (index/): made from the documents and keys kept here
 
 
@@ -150,14 +166,16 @@ class Datastore:
         self._writer: DatastoreWriter | None = None  # the writes, while the lock is held
         self._threads = threading.RLock()  # one writing thread per object; the flock is taken once per object
         db_file = self.path / SQLITE
-        if (not db_file.is_file() or db_file.stat().st_size == 0) and self.manifest["status"] != "building":
+        written = self.manifest["status"] != "building" or (self.path / "checksums.json").is_file()
+        if (not db_file.is_file() or db_file.stat().st_size == 0) and written:  # a writer had sealed it
             raise DatastoreError(
-                f"{db_file} is missing or empty but the manifest says the datastore is {self.manifest['status']}: "
-                "restore it from a copy, or rebuild the datastore"
+                f"{db_file} is missing or empty but the datastore was written to: restore it from a copy, or rebuild "
+                "the datastore"
             )
         self._writer_db: sqlite3.Connection | None = None  # made by the first `writing`, used only under the lock
         with self.sqlite_errors():
             self.db = self._reader = self._read_only()  # the connection in use: the writer's while writing
+            self.manifest = self._committed(self.manifest)
             self._check_identity()
         self.documents = Documents(self)  # the documents' reads (documents.py)
         self.evidence = evidence_table.EvidenceReads(self)  # the evidence vectors' reads (evidence.py)
@@ -214,6 +232,11 @@ class Datastore:
             if self.db.in_transaction:
                 self.db.rollback()
             raise
+
+    def _committed(self, manifest: Manifest) -> Manifest:
+        """manifest.json's fields with those committed since over them (`manifest.with_record`)."""
+        with self.sqlite_errors():
+            return with_record(manifest, self._meta(RECORD, None), f"{self.path / SQLITE} (its manifest record)")
 
     def _check_identity(self) -> None:
         """Refuse a manifest whose model, layer or key settings disagree with the copy kept in SQLite."""
@@ -305,7 +328,7 @@ class Datastore:
         if version == self.version:
             return
         self.version = version
-        self.manifest = read_manifest(self.path)
+        self.manifest = self._committed(read_manifest(self.path))
         self.remap()
         if self.faiss_damage:  # a rebuilt index is no longer damaged
             self.faiss_damage = self.check(only=self.faiss_damage)

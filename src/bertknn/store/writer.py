@@ -32,7 +32,7 @@ from bertknn.store.datastore import (
     sqlite_errors,
 )
 from bertknn.store.integrity import ChecksumError, Checksums, seal
-from bertknn.store.manifest import IDENTITY, DatastoreError
+from bertknn.store.manifest import COMMITTED, IDENTITY, RECORD, DatastoreError, Manifest
 from bertknn.store.records import Part, Record
 
 
@@ -305,9 +305,15 @@ class DatastoreWriter:
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(self.store.manifest),))
 
     def set_manifest(self, **changes: object) -> None:
-        """Update the manifest atomically (a change of `key_codec` re-maps the keys)."""
-        self.store.manifest.update(changes)
-        write_json(self.store.path / "manifest.json", self.store.manifest)
+        """Commit changes of the fields that change after creation (`manifest.COMMITTED`; None removes one) in one
+        transaction: the commit record then holds every such field (a change of `key_codec` re-maps the keys)."""
+        fixed = sorted(set(changes) - set(COMMITTED))
+        if fixed:
+            raise ValueError(f"manifest fields {fixed} are fixed when a datastore is created")
+        record = {field: self.store.manifest.get(field) for field in COMMITTED} | changes
+        with self.store.sqlite_errors(), self.db:
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (RECORD, json.dumps(record)))
+        self.store.manifest = Manifest({k: v for k, v in {**self.store.manifest, **changes}.items() if v is not None})
         if "key_codec" in changes:
             self.store.remap()
 
