@@ -127,8 +127,13 @@ def read_committed(path: Path) -> Manifest:
         sqlite_errors(str(file), f"`bertknn verify {path}` locates the damage"),
         contextlib.closing(schema.reading(file)) as db,
     ):
-        row = db.execute("SELECT value FROM meta WHERE key = ?", (RECORD,)).fetchone()
-    return with_record(manifest, row[0] if row else None, f"{file} (its manifest record)")
+        return committed(path, manifest, db)
+
+
+def committed(path: Path, manifest: Manifest, db: sqlite3.Connection) -> Manifest:
+    """manifest.json's fields with those committed since over them, as `db` holds them (`manifest.with_record`)."""
+    row = db.execute("SELECT value FROM meta WHERE key = ?", (RECORD,)).fetchone()
+    return with_record(manifest, row[0] if row else None, f"{path / SQLITE} (its manifest record)")
 
 
 INDEX_PREFIXES = ("faiss", "tfidf")  # the indexes' files (index/): made from the documents and keys kept here
@@ -236,7 +241,7 @@ class Datastore:
     def _committed(self, manifest: Manifest) -> Manifest:
         """manifest.json's fields with those committed since over them (`manifest.with_record`)."""
         with self.sqlite_errors():
-            return with_record(manifest, self._meta(RECORD, None), f"{self.path / SQLITE} (its manifest record)")
+            return committed(self.path, manifest, self.db)
 
     def _check_identity(self) -> None:
         """Refuse a manifest whose model, layer or key settings disagree with the copy kept in SQLite."""
