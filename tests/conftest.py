@@ -81,6 +81,15 @@ def write_corpus(path: Path, docs: list[dict]) -> Path:
     return path
 
 
+def writable(encoder, store, **options):
+    """A `BertKNN` over `store` with the writer side that `BertKNN.load` supplies (adds, removes, a lazy store's
+    embedding): a `BertKNN` made without one only reads."""
+    from bertknn import BertKNN
+    from bertknn.build.writer import Writer
+
+    return BertKNN(encoder, store, writer=Writer(store, encoder), **options)
+
+
 class CountingSentences:
     """A sentence encoder that records the texts each call embeds (`calls`) and its options (`options`), then embeds
     them with `encoder`."""

@@ -26,14 +26,16 @@ def make_sharded(out: Path, encoder: Encoder, groups: list[list[dict]]) -> Path:
     return out
 
 
-def recorded_counts(top: dict) -> tuple:
-    """The counts shards.json records: documents, entries, live documents, and per shard its offsets and sizes."""
-    rows = [(r["first_document"], r["first_entry"], r["documents"], r["entries"]) for r in top["shards"]]
-    return top["documents"], top["entries"], top.get("live_documents"), rows
+def reader_counts(store: ShardedDatastore) -> tuple:
+    """The counts a sharded datastore's manifest shows: documents, entries, live documents, and per shard its offsets
+    and sizes."""
+    manifest = store.manifest
+    rows = [(r["first_document"], r["first_entry"], r["documents"], r["entries"]) for r in manifest["shards"]]
+    return manifest["documents"], manifest["entries"], manifest["live_documents"], rows
 
 
 def true_counts(store: ShardedDatastore) -> tuple:
-    """The same counts as the shards themselves hold them."""
+    """The same counts as the shards themselves hold them (each read from the shard's own store)."""
     rows = [
         (int(d), int(e), s.n_documents, s.size) for d, e, s in zip(store.doc_starts, store.entry_starts, store.shards)
     ]

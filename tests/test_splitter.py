@@ -10,6 +10,8 @@ from bertknn import BertKNN
 from bertknn.store.datastore import Datastore
 from bertknn.text import SPLITTER, split_sentences
 
+from .conftest import writable
+
 TONY = (
     "Tony was born, June 25, 1975, in San Diego, CA. He's the eldest of 5 children and moved to Hillsboro, Texas "
     "after high school."
@@ -39,7 +41,7 @@ def test_a_store_splits_its_documents_with_its_own_splitter(small_corpus, encode
     (old / "manifest.json").write_text(json.dumps(manifest))
     store = Datastore(old, check=False)
     assert store.manifest.splitter == "pysbd"
-    BertKNN(encoder, store).add_documents([doc])
+    writable(encoder, store).add_documents([doc])
     assert _last_document_sentences(store) == split_sentences(TONY, "pysbd")
 
 

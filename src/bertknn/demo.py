@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import RenderableType
 from rich.markup import escape
 
+from bertknn.build.writer import Writer
 from bertknn.console import prob, render
 from bertknn.model.default_model import DEFAULT_MODEL
 from bertknn.model.encoder import Encoder, cache_dir
@@ -91,7 +92,7 @@ def fresh_facts(knn: BertKNN) -> tuple[list[tuple[str, list[Prediction]]], tuple
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(knn.store.path, Path(tmp) / "store")
         store = Datastore(Path(tmp) / "store")
-        fresh = BertKNN(knn.encoder, store, settings=knn.settings)
+        fresh = BertKNN(knn.encoder, store, settings=knn.settings, writer=Writer(store, knn.encoder))
 
         def ask(**options: float) -> list[Prediction]:
             questions, subjects = [q["question"] for q in FRESH_QUESTIONS], [q["subject"] for q in FRESH_QUESTIONS]

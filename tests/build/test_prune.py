@@ -18,7 +18,7 @@ from bertknn.store.datastore import Datastore
 from bertknn.store.shards import ShardedDatastore
 from bertknn.store.verify import verify
 
-from ..conftest import SMALL_DOCS, write_corpus
+from ..conftest import SMALL_DOCS, writable, write_corpus
 from ..sharded_store import make_sharded
 from ..tolerances import assert_ranking_close
 
@@ -133,7 +133,7 @@ def test_a_radius_of_zero_keeps_distinct_keys_and_answers_as_the_source(built, t
 def test_adds_and_removes_on_a_pruned_store(built, tmp_path):
     path = tmp_path / "pruned"
     prune(built.store.path, path, np.inf).close()
-    reader = BertKNN(built.encoder, Datastore(path))
+    reader = writable(built.encoder, Datastore(path))
     size = reader.store.size
     added = reader.add_documents([FRESH])
     assert reader.store.size == size + added

@@ -24,7 +24,7 @@ from bertknn.store.verify import verify
 from bertknn.store.writer import DatastoreWriter
 from bertknn.text import CorpusError
 
-from ..conftest import SMALL_DOCS, write_corpus
+from ..conftest import SMALL_DOCS, writable, write_corpus
 from ..sharded_store import make_sharded
 
 FRESH = {"id": "n1", "title": "Zorblat Quenmire", "text": "Zorblat Quenmire was born in Tallinn. He sells boats."}
@@ -41,7 +41,7 @@ def _answers(knn: BertKNN, retrieval: str) -> tuple[str, list[str]]:
 @pytest.mark.parametrize("retrieval", ["ir", "faiss"])
 def test_fresh_fact_answerable_after_add_and_gone_after_remove(built, retrieval):
     FaissIndex.build(built.store, "Flat")
-    knn = BertKNN(built.encoder, built.store)
+    knn = writable(built.encoder, built.store)
     before, docs_before = _answers(knn, retrieval)
     assert before != "tallinn" and "Zorblat Quenmire" not in docs_before
     size = knn.store.size
@@ -61,7 +61,7 @@ def test_fresh_fact_answerable_after_add_and_gone_after_remove(built, retrieval)
 @pytest.mark.parametrize("crash_at", ["embed", "ir_segment", "faiss", "publish"])
 def test_a_crash_mid_add_leaves_the_old_state_and_a_rerun_completes(built, monkeypatch, crash_at):
     FaissIndex.build(built.store, "Flat")
-    knn = BertKNN(built.encoder, built.store)
+    knn = writable(built.encoder, built.store)
     reference = knn.predict(QUESTION, subject=SUBJECT, top_k=3)
     targets = {
         "embed": (builder, "embed"),

@@ -15,6 +15,7 @@ from bertknn.index.faiss_index import FaissIndex
 from bertknn.query.knn import knn_distribution
 from bertknn.store.datastore import Datastore
 
+from ..conftest import writable
 from ..tolerances import assert_neighbours_close
 
 FRESH = {"id": "n1", "title": "Zorblat Quenmire", "text": "Zorblat Quenmire was born in Tallinn. He sells boats."}
@@ -123,7 +124,7 @@ def test_an_add_appends_a_part_and_leaves_faiss_index_as_it_was(built):
     FaissIndex.build(built.store, "IVF4,Flat", train_size=built.store.size, nprobe=4)
     base = built.store.path / INDEX_FILE
     before = base.stat()
-    knn = BertKNN(built.encoder, built.store)
+    knn = writable(built.encoder, built.store)
     knn.add_documents([FRESH])
     knn.add_documents([{"id": "n2", "title": "Vel Arbo", "text": "Vel Arbo was born in Riga. He sells maps."}])
     after = base.stat()

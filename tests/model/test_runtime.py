@@ -10,6 +10,7 @@ from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime, cuda_devices
 from bertknn.text import tokenize_sentences
 
+from ..conftest import writable
 from ..tolerances import MODEL_RTOL
 
 GPU = cuda_devices() > 0
@@ -96,7 +97,7 @@ def test_a_store_records_the_dtype_of_its_keys_and_is_extended_only_in_it(bf16, 
     assert exact.store.manifest.key_dtype == "float32"
     keys, want = np.asarray(knn.store.keys, np.float32), np.asarray(exact.store.keys, np.float32)
     assert cosine_rows(keys, want).min() > 0.99
-    float32_reader = BertKNN(encoder, knn.store)  # questions in float32 over bf16 keys: fine
+    float32_reader = writable(encoder, knn.store)  # questions in float32 over bf16 keys: fine
     assert float32_reader.predict("Ilsa Varnhold was born in [MASK] .", "Ilsa Varnhold").documents == ["Ilsa Varnhold"]
     doc = {"id": "n1", "title": "Tamsin Orwhey", "text": "Tamsin Orwhey was born in Tallinn."}
     with pytest.raises(DatastoreError, match="computed in bfloat16: embed its documents with --dtype bfloat16"):

@@ -1,9 +1,7 @@
-"""The service over a sharded datastore: every endpoint answers as over one datastore (no 5xx), and shards.json's
-counts follow the adds and removes made through it."""
+"""The service over a sharded datastore: every endpoint answers as over one datastore (no 5xx), and its counts
+follow the adds and removes made through it."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 from fastapi.testclient import TestClient
@@ -11,10 +9,10 @@ from fastapi.testclient import TestClient
 from bertknn import BertKNN
 from bertknn.serving.service import create_app
 from bertknn.store import datastore
-from bertknn.store.shards import SHARDS_FILE, ShardedDatastore
+from bertknn.store.shards import ShardedDatastore
 
-from ..conftest import SMALL_DOCS
-from ..sharded_store import make_sharded, recorded_counts, true_counts
+from ..conftest import SMALL_DOCS, writable
+from ..sharded_store import make_sharded, reader_counts, true_counts
 from ..tolerances import assert_ranking_close
 
 BASE = "http://localhost"
@@ -27,7 +25,7 @@ FRESH = {"id": "n1", "title": "Zorblat Quenmire", "text": "Zorblat Quenmire was 
 def sharded(tmp_path, encoder) -> BertKNN:
     """The small corpus in two shards: d1-d3, then d4-d5."""
     path = make_sharded(tmp_path / "sharded", encoder, [SMALL_DOCS[:3], SMALL_DOCS[3:]])
-    return BertKNN(encoder, ShardedDatastore(path))
+    return writable(encoder, ShardedDatastore(path))
 
 
 @pytest.fixture()
@@ -93,19 +91,17 @@ def test_every_endpoint_answers_on_a_sharded_store(client, sharded):
     assert all(code < 500 for *_, code, _ in answered), [a for a in answered if a[2] >= 500]
 
 
-def test_shards_json_counts_follow_adds_and_removes(client, sharded):
+def test_counts_follow_adds_and_removes(client, sharded):
     path = sharded.store.path
     assert client.post("/documents", json=FRESH).status_code == 201
     assert client.delete("/documents/d1").status_code == 200  # a document of the first shard
-    after = recorded_counts(json.loads((path / SHARDS_FILE).read_text(encoding="utf-8")))
+    after = reader_counts(ShardedDatastore(path))
     assert after == true_counts(ShardedDatastore(path))
     assert after[:3] == (6, sharded.store.size, 5) and after[3][1][2] == 3  # d1 is hidden, not renumbered
     assert client.get("/health").json()["documents"] == 5
     sharded.remove_documents(["d2"])  # the library's (and `bertknn remove`'s) path
     sharded.add_documents([{"id": "n2", "title": "Ruxana Pell", "text": "Ruxana Pell was born in Riga."}])
-    assert recorded_counts(json.loads((path / SHARDS_FILE).read_text(encoding="utf-8"))) == true_counts(
-        ShardedDatastore(path)
-    )
+    assert reader_counts(ShardedDatastore(path)) == true_counts(ShardedDatastore(path))
     assert ShardedDatastore(path).manifest["live_documents"] == 5
 
 

@@ -23,6 +23,8 @@ from bertknn.store.writer import DatastoreWriter
 from tests.conftest import write_corpus
 from tests.tolerances import MODEL_ATOL
 
+from ..conftest import writable
+
 QUESTIONS = ["Ilsa Varnhold was born in [MASK] .", "Dante was born in [MASK] .", "Quellbrook lies near [MASK] ."]
 SUBJECTS = ["Ilsa Varnhold", "Dante Alighieri", "Quellbrook"]
 
@@ -134,7 +136,7 @@ def test_a_store_made_before_answers_as_before_until_bertknn_sentences_fills_it(
     built.store.close()
     _made_before(tmp_path / "s")
     with caplog.at_level(logging.WARNING):
-        old = BertKNN(encoder, Datastore(tmp_path / "s"))
+        old = writable(encoder, Datastore(tmp_path / "s"))
         answered = old.predict_batch(QUESTIONS, SUBJECTS, top_k=3, evidence=0)
     assert old.store.evidence.model is None and old.settings.sentence_temperature == 0
     assert caplog.text.count("bertknn sentences") == 1  # said once, not silently

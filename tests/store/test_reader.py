@@ -85,3 +85,25 @@ def test_a_hot_journal_left_by_a_killed_writer_is_rolled_back_and_the_committed_
     with Datastore(path) as store:  # its checksums hold too: the rollback restored the committed pages
         assert store.documents.titles(list(range(store.n_documents))) == titles
     assert not (path / "store.sqlite-journal").exists() or (path / "store.sqlite-journal").stat().st_size == 0
+
+
+def test_a_bertknn_opened_read_only_never_writes_and_says_how_to_write(tmp_path, small_corpus, encoder, tiny_model_dir):
+    """`BertKNN.load(..., read_only=True)` supplies no writer side: a lazy store's questions that retrieve documents
+    not embedded yet, adds and removes are refused with what to do, every file as it was; `load` embeds them."""
+    path = tmp_path / "lazy"
+    BertKNN.build(small_corpus, path, encoder, lazy=True).store.close()
+    before = _files(path)
+    reader = BertKNN.load(path, str(tiny_model_dir), read_only=True)
+    assert reader.writer is None and reader.store.documents.pending([0]) == [0]
+    refused = [
+        (lambda: reader.predict("Ilsa Varnhold was born in [MASK] .", subject="Ilsa Varnhold"), "embedding the doc"),
+        (lambda: reader.add_documents([{"id": "n", "title": "N", "text": "N was born in Riga."}]), "adding documents"),
+        (lambda: reader.remove_documents(["d1"]), "removing documents"),
+    ]
+    for call, what in refused:
+        with pytest.raises(DatastoreError, match=rf"{what}.* this BertKNN only reads it: open it with `BertKNN.load"):
+            call()
+    assert _files(path) == before
+    writer = BertKNN.load(path, str(tiny_model_dir))
+    assert writer.predict("Ilsa Varnhold was born in [MASK] .", subject="Ilsa Varnhold").knn
+    assert writer.store.documents.pending([0]) == []  # Ilsa's document (d1) was embedded on demand

@@ -1,6 +1,7 @@
 """A sharded datastore read as one (src/bertknn/store/shards.py): `ShardedDatastore` answers every read with global
 document and entry numbers as one datastore of the same documents does (titles, evidence, documents_of, find_titles,
-keys, renumbered values, states), splits and merges per shard, and keeps shards.json's counts."""
+keys, renumbered values, states), splits and merges per shard, and takes its counts from the shards (shards.json
+holds none)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,11 @@ import numpy as np
 import pytest
 
 from bertknn import BertKNN
-from bertknn.store import shards
-from bertknn.store.atomic import DiskFullError
 from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, is_sharded, open_store
-from bertknn.store.verify import verify
 
-from ..conftest import SMALL_DOCS, write_corpus
-from ..sharded_store import make_sharded, recorded_counts, true_counts
+from ..conftest import SMALL_DOCS, writable, write_corpus
+from ..sharded_store import make_sharded, reader_counts, true_counts
 
 # a sixth document in the last shard holds words of several wordpieces that the first shard holds too: the shards
 # number them apart, the sharded datastore as one
@@ -186,7 +184,7 @@ def test_states_and_removals_across_shards_equal_one_datastore_s(fresh):
     assert sharded.documents.live_digests(["d3", "d1"]) == single.documents.live_digests(["d3", "d1"])
     with sharded.writing() as writer:
         assert writer.remove(["d1", "d3"]) == (["d3"], ["d1"])  # removed before: reported, not refused
-    top = json.loads((sharded.path / SHARDS_FILE).read_text(encoding="utf-8"))
+    top = ShardedDatastore(sharded.path).manifest  # a new reader's counts are the shards'
     assert (top["documents"], top["live_documents"]) == (6, 3)
 
 
@@ -204,32 +202,36 @@ def test_open_store_tells_a_sharded_datastore_from_one(stores, tmp_path):
         assert problem in str(err.value)
 
 
-# --- shards.json written by ShardedDatastore.writing (moved from tests/serving/test_service_sharded.py) ---
+# --- shards.json is written once; the counts are the shards' ---
 
 
 @pytest.fixture()
 def sharded(tmp_path, encoder) -> BertKNN:
     """The small corpus in two shards: d1-d3, then d4-d5."""
     path = make_sharded(tmp_path / "sharded", encoder, [SMALL_DOCS[:3], SMALL_DOCS[3:]])
-    return BertKNN(encoder, ShardedDatastore(path))
+    return writable(encoder, ShardedDatastore(path))
 
 
-def test_a_failed_write_of_shards_json_leaves_the_shards_sealed(sharded, monkeypatch):
-    """The counts are written after the shards' own write: a full disk then fails the call, but the removal stands
-    and every shard's checksums record it."""
+def test_writes_leave_shards_json_as_built_and_readers_count_from_the_shards(sharded):
+    """Adds and removes commit to the shards only: shards.json keeps its bytes, and every reader (the writer's own,
+    a new one) shows the shards' counts and offsets."""
     path = sharded.store.path
+    built = (path / SHARDS_FILE).read_bytes()
+    assert set(json.loads(built)["shards"][0]) == {"path"} and "documents" not in json.loads(built)
+    sharded.remove_documents(["d4"])
+    sharded.add_documents([{"id": "n2", "title": "Ruxana Pell", "text": "Ruxana Pell was born in Riga."}])
+    assert (path / SHARDS_FILE).read_bytes() == built
+    for store in (sharded.store, ShardedDatastore(path)):
+        assert reader_counts(store) == true_counts(store)
+        assert reader_counts(store)[:3] == (6, store.size, 5) and reader_counts(store)[3][1][2] == 3  # d4 hidden
 
-    def full(file, obj):
-        raise DiskFullError(file, 100)
 
-    monkeypatch.setattr(shards, "write_json", full)
-    with pytest.raises(DiskFullError, match=r"no space left for .*shards\.json"):
-        sharded.remove_documents(["d4"])
-    assert sharded.store.documents.states(["d4"]) == {} and sharded.store.documents.count_live() == 4
-    checked = [verify(shard.path) for shard in sharded.store.shards]
-    assert [(c.problems, c.notes) for c in checked] == [([], [])] * 2  # no note of "an interrupted writer" either
-    monkeypatch.undo()
-    sharded.remove_documents(["d5"])
-    assert recorded_counts(json.loads((path / SHARDS_FILE).read_text(encoding="utf-8"))) == true_counts(
-        ShardedDatastore(path)
-    )
+def test_counts_a_shards_json_written_before_kept_are_ignored(sharded):
+    """A shards.json from before (counts and offsets in it, here stale ones) is read for its shards only."""
+    path = sharded.store.path
+    top = json.loads((path / SHARDS_FILE).read_text(encoding="utf-8"))
+    rows = [{**row, "first_document": 7, "first_entry": 9, "documents": 1, "entries": 2} for row in top["shards"]]
+    (path / SHARDS_FILE).write_text(json.dumps({**top, "documents": 99, "entries": 1, "shards": rows}), "utf-8")
+    store = ShardedDatastore(path)
+    assert reader_counts(store) == true_counts(store) and store.n_documents == 5
+    assert [row["first_document"] for row in store.manifest["shards"]] == [0, 3]

@@ -19,7 +19,7 @@ from bertknn.store import verify as checks
 from bertknn.store.datastore import Datastore, read_committed
 from bertknn.store.writer import DatastoreWriter
 
-from ..conftest import write_corpus
+from ..conftest import writable, write_corpus
 
 FRESH = {"id": "n1", "title": "Zorblat Quenmire", "text": "Zorblat Quenmire was born in Tallinn. He sells boats."}
 QUESTION, SUBJECT = "Zorblat Quenmire was born in [MASK] .", "Zorblat Quenmire"
@@ -287,7 +287,7 @@ def test_a_writer_never_records_damage_as_sound(built, tmp_path):
     assert any("tfidf_logtf.npy block 0" in p for p in checks.verify(path).problems)  # still reported
     keys = path / "keys.f16"
     _damage(keys, 6, bytes([keys.read_bytes()[6] ^ 4]))  # inside the last, partly filled block
-    writer = BertKNN(built.encoder, Datastore(path, check=False))
+    writer = writable(built.encoder, Datastore(path, check=False))
     with pytest.raises(DatastoreError, match=r"keys.f16 block 0 .*checksum mismatch"):
         writer.add_documents([FRESH])
     assert writer.store.documents.states(["n1"]) == {}  # refused before anything was written

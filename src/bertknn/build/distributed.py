@@ -32,7 +32,7 @@ from bertknn.model.runtime import Runtime
 from bertknn.store import atomic
 from bertknn.store.atomic import write_json
 from bertknn.store.datastore import Datastore, DatastoreError, read_committed
-from bertknn.store.shards import SHARDS_FILE, shard_name
+from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, fixed_top, shard_name
 
 SHARD_DOCS = 50_000  # documents per shard by default: ~100 shards for English Wikipedia's 5.07M articles
 FORMAT = "bertknn-sharded"
@@ -174,7 +174,8 @@ def build(
     runtime: Runtime | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict:
-    """Build (or finish building) a sharded datastore at `out` on Ray; return the top manifest.
+    """Build (or finish building) a sharded datastore at `out` on Ray; return its manifest (shards.json's fields
+    with the counts its shards hold: `ShardedDatastore.manifest`).
 
     `workers` key-stage actors, each with one GPU when `runtime` runs on CUDA, else `runtime.threads` CPUs (0: an
     equal share of the cluster's). `address`: a running cluster's ("auto" finds one); None starts a local one
@@ -197,7 +198,7 @@ def build(
         known = json.loads(top.read_text(encoding="utf-8"))
         if known.get("corpus", {}).get("sha256") != manifest["corpus"]["sha256"]:
             raise DatastoreError(f"{out} holds a sharded datastore of another corpus; choose another --out directory")
-        return known
+        return _opened(out)
     shards = plan(n_docs, shard_docs)
     dirs = [out / "shards" / shard_name(i) for i in range(len(shards))]
     _check_existing(out, manifest, shard_docs)
@@ -217,9 +218,8 @@ def build(
             workers,
             lambda d: report("shards", before + d, len(shards)),
         )
-    result = _top_manifest(manifest, dirs)
-    write_json(top, result)
-    return result
+    write_json(top, _top_manifest(manifest, dirs))
+    return _opened(out)
 
 
 def _start(out: Path, address: str | None, runtime: Runtime) -> None:
@@ -279,14 +279,16 @@ def _check_existing(out: Path, manifest: dict, shard_docs: int) -> None:
 
 
 def _top_manifest(manifest: dict, dirs: list[Path]) -> dict:
-    """The shards in order with their document and entry offsets, from their own manifests."""
-    rows, docs, entries = [], 0, 0
+    """shards.json: the shards in order, each complete, and the fields fixed when they were made (`fixed_top`)."""
     for path in dirs:
-        shard = read_committed(path)
-        if shard.get("status") != "complete":
+        if read_committed(path).get("status") != "complete":
             raise DatastoreError(f"shard {path} is not complete; rerun the build")
-        rows.append({"path": str(path.relative_to(path.parents[1])), "first_document": docs, "first_entry": entries})
-        rows[-1] |= {"documents": shard["documents"], "entries": shard["entries"]}
-        docs, entries = docs + shard["documents"], entries + shard["entries"]
     keep = ("model", "model_hash", "layer", "dim", "pack", "int8", "key_dtype", "splitter", "corpus", "shard_docs")
-    return {"format": FORMAT, **{k: manifest[k] for k in keep}, "documents": docs, "entries": entries, "shards": rows}
+    fields = {"format": FORMAT, **{k: manifest[k] for k in keep}}
+    return fixed_top(fields, [str(path.relative_to(path.parents[1])) for path in dirs])
+
+
+def _opened(out: Path) -> dict:
+    """The manifest of the sharded datastore at `out`, with the counts its shards hold."""
+    with ShardedDatastore(out) as store:
+        return dict(store.manifest)

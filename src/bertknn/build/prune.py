@@ -29,7 +29,7 @@ from bertknn.index import tfidf_files
 from bertknn.store.atomic import write_json
 from bertknn.store.datastore import CODEC, Datastore, DatastoreError
 from bertknn.store.evidence import Evidence
-from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, is_sharded
+from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, fixed_top, is_sharded
 from bertknn.store.store import Store
 from bertknn.store.writer import copy_registration
 
@@ -98,8 +98,7 @@ def prune(
 
 
 def _prune_shards(source: Path, out: Path, radius: float, progress: Callable[[int, int], None] | None) -> Store:
-    """Each shard of a sharded datastore pruned into the same place under `out`, then its shards.json, which
-    the first writer's counts then correct (`ShardedDatastore.writing`)."""
+    """Each shard of a sharded datastore pruned into the same place under `out`, then its shards.json."""
     top = ShardedDatastore(source)
     total, rows = top.n_documents, top.manifest["shards"]
     for row, first in zip(rows, top.doc_starts[:-1].tolist()):
@@ -107,11 +106,8 @@ def _prune_shards(source: Path, out: Path, radius: float, progress: Callable[[in
         step = (lambda done, _, base=first: progress(base + done, total)) if progress else None
         prune(source / row["path"], out / row["path"], radius, step).close()
     top.close()
-    write_json(out / SHARDS_FILE, {k: v for k, v in top.manifest.items() if k != "status"})
-    pruned = ShardedDatastore(out)
-    with pruned.writing():
-        pass
-    return pruned
+    write_json(out / SHARDS_FILE, fixed_top(top.manifest, [row["path"] for row in rows]))
+    return ShardedDatastore(out)
 
 
 def _target(src: Datastore, out: Path, radius: float) -> Datastore:

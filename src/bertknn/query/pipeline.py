@@ -66,6 +66,9 @@ class BertKNN:
     (`settings.DEFAULT`; the paper's: `settings.PAPER`) unless `bertknn tune` stored tuned values with the datastore;
     `settings`, when given, replaces both, and keyword arguments given here (not None) replace single values. The
     layer is the datastore's.
+
+    It reads its datastore; writes (adds, removes, a lazy store's on-demand embedding, indexing documents the IR
+    index lacks) go through `writer`, the writer side that `load` and `build` supply. Without one nothing is written.
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class BertKNN:
         store: Datastore,
         index: TfidfIndex | None = None,
         settings: Settings | None = None,
+        writer: Writer | None = None,
         **hparams: float,
     ) -> None:
         if settings is None:
@@ -91,23 +95,24 @@ class BertKNN:
         self.sentence_match = SentenceMatch(encoder.runtime, stored=store.evidence)  # the store's evidence vectors
         self._told_no_evidence = False
         self.settings = self._within_store(settings.replace(**hparams))
-        self._writer: Writer | None = None
+        self.writer = writer  # the writer side: None for a reader that never writes
         self.index = index or self._load_index()
         self._faiss_stat: tuple | None = None  # (size, mtime) of the FAISS files when they were loaded
         self.remote_shards: RemoteShards | None = None  # `serve_shards_on`: the shards searched elsewhere
         self._load_faiss()
         self._version = store.version  # the store's state that index and faiss were loaded at
 
-    @property
-    def writer(self) -> Writer:
-        """The datastore's `Writer` with this model: what `add_documents`, `remove_documents` and on-demand
-        embedding go through."""
-        if self._writer is None:
-            self._writer = Writer(self.store, self.encoder)
-        return self._writer
+    def _writes(self, what: str) -> Writer:
+        """The writer side, for `what` (DatastoreError when this `BertKNN` only reads)."""
+        if self.writer is None:
+            raise DatastoreError(
+                f"{what} writes to {self.store.path}, and this BertKNN only reads it: open it with "
+                "`BertKNN.load(path)` (not read_only), or give `writer=Writer(store, encoder)`"
+            )
+        return self.writer
 
     def _load_index(self) -> TfidfIndex:
-        """The IR index as it is on disk, extended (by the writer) only when it lacks documents that are live;
+        """The IR index as it is on disk, extended (by the writer side) only when it lacks documents that are live;
         documents being added by another process are hidden until published, so a reader never waits for that
         writer. A sharded datastore's is its shards' indexes read as one."""
         store = self.store
@@ -116,8 +121,13 @@ class BertKNN:
         try:
             index = TfidfIndex.load(store)
         except FileNotFoundError:
-            return self.writer.index_documents()
-        return index if index.n_docs >= store.documents.live_end() else self.writer.index_documents()
+            return self._writes("indexing its documents (it has no IR index)").index_documents()
+        if index.n_docs >= store.documents.live_end():
+            return index
+        if self.writer is None:
+            log.warning("%s: the IR index lacks documents %d and on; they are not retrieved", store.path, index.n_docs)
+            return index
+        return self.writer.index_documents()
 
     @property
     def hparams(self) -> dict:
@@ -164,17 +174,20 @@ class BertKNN:
         model: str | None = None,
         layer: int | None = None,
         runtime: Runtime | str = "torch",
+        read_only: bool = False,
         **hparams: float,
     ) -> BertKNN:
         """Open a datastore and load the model it was built with (or `model`, which must have the same weights).
 
-        `runtime` (a `Runtime` or a `--backend` name): where and how the model runs (`Encoder`).
+        `runtime` (a `Runtime` or a `--backend` name): where and how the model runs (`Encoder`). With `read_only`,
+        no writer side is supplied: nothing is ever written (adds, removes and a lazy store's embedding refused).
         """
         store = open_store(datastore)
         encoder = Encoder.load(
             model or store.manifest["model"], store.manifest.layer if layer is None else layer, runtime
         )
-        return cls(encoder, store, **hparams)  # the model and layer are checked against the store's here
+        writer = None if read_only else Writer(store, encoder)  # the model and layer are checked against the store's
+        return cls(encoder, store, writer=writer, **hparams)
 
     @classmethod
     def build(
@@ -214,7 +227,7 @@ class BertKNN:
         options = {"lazy": lazy, "pack": pack, "int8_keys": int8_keys, "whole_words": whole_words, "names": names}
         options["evidence"] = evidence
         writer = Writer.build(corpus, out, encoder, n_workers, progress, key_codec, **options)
-        return cls(encoder, writer.store, writer.index, **hparams)
+        return cls(encoder, writer.store, writer.index, writer=writer, **hparams)
 
     def predict(
         self,
@@ -397,12 +410,13 @@ class BertKNN:
         if pending:
             report = progress or (lambda done, total: None)
             report(0, len(pending))
-            self.writer.embed(pending, progress=lambda n: report(n, len(pending)))
+            writer = self._writes("embedding the documents questions retrieve (a lazy datastore)")
+            writer.embed(pending, progress=lambda n: report(n, len(pending)))
         return docs, len(pending)
 
     def search(self, retrieval: str = "ir") -> Search:
         """The searcher of a retrieval setting ("ir", "faiss" or "ir+faiss"), over the datastore as loaded now."""
-        embed = self.writer.embed if self.store.manifest.lazy else None
+        embed = self._embed if self.store.manifest.lazy else None
         documents = DocumentSearch(self.store, self.index, embed, self.remote_shards)
         if retrieval == "ir":
             return documents
@@ -412,6 +426,12 @@ class BertKNN:
             )
         faiss = FaissSearch(self.store, self.faiss)
         return faiss if retrieval == "faiss" else MergedSearch(documents, faiss, self.store)
+
+    def _embed(self, docs: list[int]) -> None:
+        """Those of `docs` that a lazy datastore holds no keys for yet, embedded by the writer side."""
+        pending = self.store.documents.pending(sorted(set(docs)))
+        if pending:
+            self._writes("embedding the documents a question retrieves (a lazy datastore)").embed(pending)
 
     def distributions(
         self,
@@ -458,8 +478,9 @@ class BertKNN:
     ) -> int:
         """`Writer.add_documents` with this model, then taken in here: the documents are searchable at once; with
         `replace`, documents whose ids are live take the old ones' places in one transaction."""
-        added = self.writer.add_documents(docs, skip_existing, progress, wait, replace)
-        self._adopt(self.writer)
+        writer = self._writes("adding documents")
+        added = writer.add_documents(docs, skip_existing, progress, wait, replace)
+        self._adopt(writer)
         return added
 
     def _adopt(self, writer: Writer) -> None:
@@ -470,8 +491,8 @@ class BertKNN:
 
     def remove_documents(self, ids: list[str], wait: float | None = None) -> tuple[list[str], list[str]]:
         """`Writer.remove_documents`: hide documents from every retrieval path, all in one transaction."""
-        return self.writer.remove_documents(ids, wait)
+        return self._writes("removing documents").remove_documents(ids, wait)
 
     def remove_document(self, doc_id: str, wait: float | None = None) -> None:
         """`Writer.remove_document`: hide one document from every retrieval path."""
-        self.writer.remove_document(doc_id, wait)
+        self._writes("removing a document").remove_document(doc_id, wait)

@@ -1,10 +1,11 @@
 """A sharded datastore read as one: the shards of a distributed build (`distributed.py`) behind the `Datastore`
 interface the query path uses (storage only: nothing here knows the model).
 
-`shards.json` lists the shards in order; document and entry indices are global, shard after shard, so a shard's
-document d is global document `first_document + d`. Offsets are taken from the shards themselves when they are
-opened (documents added to the last shard move no other shard's offsets); the counts and offsets that shards.json
-shows are rewritten by every write (`writing`), so they stay true after adds and removes. Reads (keys, values,
+`shards.json`, written once when the sharded build ends, lists the shards in order with the fields fixed at
+creation; it holds no counts. Document and entry indices are global, shard after shard, so a shard's document d is
+global document `first_document + d`: the counts and offsets (the manifest's `documents`, `entries`,
+`live_documents`, and each shard row's) are taken from the shards' own commit records whenever they are read, so they
+cannot drift from them (documents added to the last shard move no other shard's offsets). Reads (keys, values,
 document ranges, titles, evidence, hidden documents) go to the shards that hold what is asked, grouped so each shard
 is asked once.
 
@@ -22,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-from bertknn.store.atomic import write_json
 from bertknn.store.datastore import Datastore, DatastoreError, sqlite_errors
 from bertknn.store.manifest import Manifest
 from bertknn.store.records import Provenance, newest_first
@@ -41,15 +41,28 @@ def is_sharded(path: str | Path) -> bool:
     return (Path(path) / SHARDS_FILE).is_file()
 
 
+COUNTS = ("documents", "entries", "live_documents")  # taken from the shards, not from shards.json
+
+
 def read_top(path: Path) -> dict:
-    """The shards.json of a sharded datastore as written last (DatastoreError when it is damaged)."""
+    """What shards.json fixes: the shards in order (`{"path": ...}` rows) and the fields fixed at creation (the
+    counts a file written before kept them are left out: the shards hold them). DatastoreError when it is damaged."""
     try:
         top = json.loads((path / SHARDS_FILE).read_text(encoding="utf-8"))
-        if not [row["path"] for row in top["shards"]]:
+        rows = [{"path": row["path"]} for row in top["shards"]]
+        if not rows:
             raise ValueError("it lists no shards")
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise DatastoreError(f"{path / SHARDS_FILE} is damaged ({err}); rerun the sharded build") from None
-    return top
+    return fixed_top(top, [row["path"] for row in rows])
+
+
+def fixed_top(fields: dict, paths: list[str]) -> dict:
+    """The contents of a shards.json: `fields` without counts, and the shards' paths (relative to the directory)."""
+    return {
+        **{k: v for k, v in fields.items() if k not in (*COUNTS, "shards", "status")},
+        "shards": [{"path": p} for p in paths],
+    }
 
 
 def shard_paths(path: str | Path) -> list[Path]:
@@ -111,24 +124,27 @@ class ShardedDatastore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        top = self._read_top()
-        self.manifest = Manifest({**top, "status": "complete"})
-        self.shards = [Datastore(self.path / row["path"]) for row in top["shards"]]
+        self._top = read_top(self.path)
+        self.shards = [Datastore(self.path / row["path"]) for row in self._top["shards"]]
         self.documents = ShardedDocuments(self)  # the documents' reads, by global numbers
         self.evidence = ShardedEvidence(self)  # the evidence vectors' reads
         self.lexicon = ShardedLexicon(self)  # the shards' words of several tokens as one lexicon
         self._depth = 0  # `writing` contexts entered by the thread that holds the shards' locks
         self._offsets()
 
-    def _read_top(self) -> dict:
-        """shards.json as written last."""
-        return read_top(self.path)
-
     def _offsets(self) -> None:
+        """The global numbers and the manifest's counts, from the shards as last (re)read."""
         self.doc_starts = np.cumsum([0] + [s.n_documents for s in self.shards])
         self.entry_starts = np.cumsum([0] + [s.size for s in self.shards])
         self.keys = _Rows([s.keys for s in self.shards], self.entry_starts)
         self.values = _Rows([s.values for s in self.shards], self.entry_starts, self.lexicon.renumbering())
+        rows = [
+            {**row, "first_document": int(doc), "first_entry": int(at), "documents": s.n_documents, "entries": s.size}
+            for row, s, doc, at in zip(self._top["shards"], self.shards, self.doc_starts, self.entry_starts)
+        ]
+        live = self.documents.count_live()
+        counts = {"documents": self.n_documents, "entries": self.size, "live_documents": live}
+        self.manifest = Manifest({**self._top, **counts, "shards": rows, "status": "complete"})
 
     @property
     def dim(self) -> int:
@@ -181,10 +197,8 @@ class ShardedDatastore:
     @contextlib.contextmanager
     def writing(self, wait: float | None = None, check_tails: bool = True) -> Iterator[ShardedWriter]:
         """Hold every shard's writer lock (in shard order, so two writers cannot hold one each; `check_tails` as
-        `Datastore.writing` takes it), then re-read; on success, the outermost writer records the counts in
-        shards.json (`_record_counts`). Re-entrant within a thread. Should shards.json fail to be written, its error is
-        raised once the shards have sealed their write."""
-        unrecorded: Exception | None = None
+        `Datastore.writing` takes it), then re-read; each shard commits and seals its own writes. Re-entrant within a
+        thread."""
         with contextlib.ExitStack() as held:
             for shard in self.shards:
                 held.enter_context(shard.writing(wait, check_tails))
@@ -195,27 +209,6 @@ class ShardedDatastore:
             finally:
                 self._depth -= 1
             self._offsets()
-            if not self._depth:
-                try:
-                    self._record_counts()
-                except (OSError, DatastoreError) as err:
-                    unrecorded = err
-        if unrecorded is not None:
-            raise unrecorded
-
-    def _record_counts(self) -> None:
-        """Rewrite shards.json's counts and offsets as the shards hold them now, when a write changed them (under
-        every shard's writer lock, so no other writer rewrites it meanwhile)."""
-        top = self._read_top()
-        rows = [
-            {**row, "first_document": int(doc), "first_entry": int(at), "documents": s.n_documents, "entries": s.size}
-            for row, s, doc, at in zip(top["shards"], self.shards, self.doc_starts, self.entry_starts)
-        ]
-        live = self.documents.count_live()
-        now = {**top, "documents": self.n_documents, "entries": self.size, "live_documents": live}
-        if {**now, "shards": rows} != top:
-            write_json(self.path / SHARDS_FILE, {**now, "shards": rows})
-            self.manifest = Manifest({**now, "shards": rows, "status": "complete"})
 
     def sqlite_errors(self) -> contextlib.AbstractContextManager[None]:
         """SQLite's errors about a damaged shard as a DatastoreError naming the shards' directory."""
@@ -401,7 +394,7 @@ class ShardedEvidence:
 
 class ShardedWriter:
     """The writes of a sharded datastore, while `ShardedDatastore.writing()` holds every shard's writer lock (each
-    shard's own writes: `shard.writer`); the counts in shards.json are recorded when the outermost write ends."""
+    shard's own writes: `shard.writer`)."""
 
     def __init__(self, store: ShardedDatastore) -> None:
         self.store = store
