@@ -26,6 +26,7 @@ from evidence import DATA, SMOKE
 
 import bertknn.query.knn as knn_module
 import bertknn.query.pipeline as pipeline_module
+from bertknn.build.writer import Writer
 from bertknn.demo import DEMO_CORPUS
 from bertknn.evaluation.edits_data import load_edits, split_edits
 from bertknn.query.pipeline import BertKNN
@@ -88,7 +89,8 @@ def main() -> None:
                     path = Path(tmp) / "trial"
                     shutil.rmtree(path, ignore_errors=True)
                     shutil.copytree(base.store.path, path)
-                    reader = BertKNN(base.encoder, Datastore(path))
+                    store = Datastore(path)
+                    reader = BertKNN(base.encoder, store, writer=Writer(store, base.encoder))
                     reader.add_documents(added)
                     shares.append(_share(_top1(reader, records), [getattr(r, gold) for r in records]))
                     reader.store.close()

@@ -57,10 +57,12 @@ def _bytes(path: Path, contexts: int) -> float:
 
 
 def _row(name: str, radius: str, path: Path, encoder, dev, args, contexts: int, seconds: float) -> None:
+    from bertknn.build.writer import Writer
     from bertknn.query.pipeline import BertKNN
     from bertknn.store.datastore import Datastore
 
-    reader = BertKNN(encoder, Datastore(path))
+    store = Datastore(path)
+    reader = BertKNN(encoder, store, writer=Writer(store, encoder))  # it adds the fresh facts' documents
     kept = reader.store.size
     subj, none = p_at_1(reader, dev, True), p_at_1(reader, dev, False)
     p50 = p50_ms(reader, dev[: args.timed])

@@ -296,6 +296,7 @@ def lama(args) -> None:
 
 
 def cost(args) -> None:
+    from bertknn.build.writer import Writer
     from bertknn.model.encoder import Encoder
     from bertknn.model.runtime import Runtime
     from bertknn.model.sentences import sentence_encoder
@@ -333,7 +334,7 @@ def cost(args) -> None:
         f"{size[True] / entries:,.0f} with ({size[True] / size[False] - 1:+.1%}); distinct evidence texts per context: "
         f"{knn.store.db.execute('SELECT count(*) FROM evidence').fetchone()[0] / entries:.2f}"
     )
-    knn = BertKNN(encoder, knn.store)
+    knn = BertKNN(encoder, knn.store, writer=Writer(knn.store, encoder))  # a lazy store: it embeds on demand
     knn.predict_batch(questions[:8], evidence=0)  # warm up
     off = {"sentence_temperature": 0.0}
     runs = {  # name: (options, sentence cache emptied before each question, evidence vectors read from the store)
