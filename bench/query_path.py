@@ -1,11 +1,13 @@
 """Query path: bertknn's BERT-kNN answer vs the reference path, same questions, same datastore, same process.
 
-    python bench/query_path.py [--docs 12] [--questions 64] [--threads 2] [--rounds 5] [--smoke]
+    python bench/query_path.py [--docs 12] [--questions 64] [--threads 2] [--rounds 5] [--profile] [--smoke]
 
 Model: bert-base-shaped (12 blocks, 768 wide, random weights) with the real tokenizer; datastore: the first --docs
 documents of the evidence corpus. Questions: LAMA T-REx template questions whose subject titles one of those
-documents (so retrieval takes the title shortcut and kNN has candidates). The datastore is built with --pack 8 to
-save time: the query path's speed does not depend on how the keys were computed.
+documents (so retrieval takes the title shortcut and kNN has candidates). Two datastores of those documents, built
+with --pack 8 to save time (the query path's speed does not depend on how the keys were computed): the paper's
+(targets of one wordpiece, as the reference answers) and bertknn's default one (whole words and names of several
+wordpieces, evidence vectors), which the rows with bertknn's default settings read.
 Reference path (as the authors' code does it): three copies of the model, two forward passes per batch (one for the
 logits, one for the hidden states), and per question a new flat FAISS index built from float32 keys read from disk.
 Batched, the reference runs batches of 32 questions as they come; bertknn's predict_batch runs them sorted by length in
@@ -14,24 +16,29 @@ bertknn: one forward pass (head on the mask only), exact search on the float16 m
 ONNX Runtime ("bertknn onnx", `--backend onnx`; its graph is exported into a temporary cache first, not timed) and
 with questions in int8 ("bertknn onnx-int8", `--backend onnx-int8`: approximate; the top-1 agreement is printed).
 These three answer with the paper's settings (`settings.PAPER`, as the reference does; their top-1 answers are
-checked equal to the reference's); "bertknn defaults" and "bertknn onnx defaults" answer with bertknn's default
-settings (`settings.DEFAULT`: the retrieval-aware vote, the log-linear mixture, calibrated), on rows of their own
-(their top-1 agreement with the paper's settings is printed, not checked). Prints single-question latency p50/p99,
+checked equal to the reference's); the "defaults" rows answer with bertknn's default settings (`settings.DEFAULT`:
+whole words scored by the LM, sentence weights, the retrieval-aware vote, the log-linear mixture, calibrated) on the
+default datastore, in PyTorch, ONNX and int8, and "no sentence weights" rows without the sentence weights (their
+top-1 agreement with the paper's settings is printed, not checked). Prints single-question latency p50/p99,
 batched questions/s, the share of IR + kNN + combine in bertknn's time (timed by replaying the model's outputs
 computed beforehand), and the throughput ratios last. Threads (`Runtime.apply`): the reference and PyTorch paths give
 PyTorch --threads; the ONNX paths give ONNX Runtime --threads and PyTorch one. --smoke: 2 documents, 4 questions,
-1 round and a 2-block, 64-wide random BERT.
+1 round and a 2-block, 64-wide random BERT. --profile: each bertknn path's time per question by stage (`Stages`),
+one question at a time and batched, and its model passes per question.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
 import tempfile
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
+from unittest import mock
 
 import faiss
 import numpy as np
@@ -43,21 +50,108 @@ from bertknn.evaluation.facts import load_lama
 from bertknn.model.default_model import base_model_dir
 from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime
+from bertknn.query import pipeline
+from bertknn.query import sentences as query_sentences
 from bertknn.query.combine import interpolate
 from bertknn.query.knn import knn_distribution
 from bertknn.query.pipeline import BertKNN
+from bertknn.query.search import DocumentSearch
 from bertknn.query.settings import DEFAULT, PAPER
 
 
-def make_store(encoder: Encoder, docs: int, where: Path) -> BertKNN:
+def make_store(encoder: Encoder, docs: int, where: Path, paper: bool = True) -> BertKNN:
     data = Path(os.environ.get("BERTKNN_DATA", "../shared/data"))
     with (data / "wiki" / "lama_evidence_docs.jsonl").open(encoding="utf-8") as handle:
         rows = (json.loads(line) for line in handle)
         tdocs = [d for d, _ in zip((d for d in rows if d["source"].startswith("trex")), range(docs))]
     corpus = where / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in tdocs), encoding="utf-8")
-    # keys' values do not matter for speed; the paper's targets (words of one wordpiece), as the reference answers
-    return BertKNN.build(corpus, where / "store", encoder, pack=8, whole_words=False)
+    # keys' values do not matter for speed; the paper's targets (words of one wordpiece), as the reference answers,
+    # or bertknn's defaults (whole words, evidence vectors)
+    if paper:
+        return BertKNN.build(corpus, where / "paper", encoder, pack=8, whole_words=False, evidence=False)
+    return BertKNN.build(corpus, where / "defaults", encoder, pack=8)
+
+
+PASSES = {"_mask_outputs": "LM passes", "_mean_states": "sentence passes"}  # `Encoder._run`'s forward: the kind
+
+
+class Stages:
+    """Where a path's time goes: each stage's function wrapped where the query path calls it (inclusive seconds),
+    and the model passes (`Encoder._run` calls) by kind. "sentence vectors" runs inside "sentence weights", or in
+    a thread of its own beside the LM's pass (`SentenceMatch.embed_ahead`); "other" is the total less the stages."""
+
+    TIMED = (  # (stage, where its function lives, its name), the stages in the order the path runs them
+        ("LM pass", Encoder, "query_ids"),
+        ("search", DocumentSearch, "batch_search"),
+        ("vote", pipeline, "vote"),
+        ("word scores", Encoder, "word_scores"),
+        ("sentence weights", query_sentences, "weights"),
+        ("postprocess", BertKNN, "postprocess"),
+    )
+
+    def __init__(self) -> None:
+        self.seconds: defaultdict[str, float] = defaultdict(float)
+        self.passes: Counter[str] = Counter()
+
+    @contextlib.contextmanager
+    def timing(self):
+        """Time every stage while the context is open."""
+        wrapped = [*self.TIMED, ("sentence vectors", Encoder, "sentence_vectors"), ("total", BertKNN, "predict_batch")]
+        with contextlib.ExitStack() as stack:
+            for stage, owner, name in wrapped:
+                stack.enter_context(mock.patch.object(owner, name, self._timed(stage, getattr(owner, name))))
+            stack.enter_context(mock.patch.object(Encoder, "_run", self._counted(Encoder._run)))
+            yield self
+
+    def _timed(self, stage: str, fn):
+        def timed_call(*args, **kwargs):
+            began = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[stage] += time.perf_counter() - began
+
+        return timed_call
+
+    def _counted(self, run):
+        def counted(encoder, forward, *args, **kwargs):
+            self.passes[PASSES.get(forward.__name__, forward.__name__)] += 1
+            return run(encoder, forward, *args, **kwargs)
+
+        return counted
+
+    def row(self, path: str, mode: str, questions: int) -> str:
+        """A markdown row: ms per question by stage, then model passes per question."""
+        per = {stage: 1000 * sec / questions for stage, sec in self.seconds.items()}
+        staged = [per.get(stage, 0.0) for stage, *_ in self.TIMED]
+        cells = [*staged, per.get("sentence vectors", 0.0), per["total"] - sum(staged), per["total"]]
+        passes = [self.passes[kind] / questions for kind in PASSES.values()]
+        return (
+            f"| {path} | {mode} | "
+            + " | ".join(f"{c:.1f}" for c in cells)
+            + " | "
+            + " | ".join(f"{p:.2f}" for p in passes)
+            + " |"
+        )
+
+
+def profile(paths: dict[str, BertKNN], qs: list[str], subs: list[str], threads: int) -> None:
+    """Each path's `Stages`, one question at a time and all questions batched (`--profile`)."""
+    head = [stage for stage, *_ in Stages.TIMED] + ["sentence vectors", "other", "total", *PASSES.values()]
+    print("\nms per question by stage (--profile):\n")
+    print("| path | mode | " + " | ".join(head) + " |\n|" + " --- |" * (len(head) + 2))
+    for name, knn in paths.items():
+        Runtime.of(knn.encoder.runtime.backend, threads).apply()
+        for mode in ("one", "batched"):
+            knn.sentence_match.clear()  # no question's vectors cached from the run before
+            with Stages().timing() as stages:
+                if mode == "one":
+                    for q, s in zip(qs, subs):
+                        knn.predict(q, s)
+                else:
+                    knn.predict_batch(qs, subs)
+            print(stages.row(name, mode, len(qs)))
 
 
 class Reference:
@@ -126,6 +220,7 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=5, help="alternating batched runs per path (the fastest counts)")
+    parser.add_argument("--profile", action="store_true", help="each path's time by stage (`Stages`)")
     parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
     shape = {}
@@ -139,14 +234,20 @@ def main() -> None:
     encoder = Encoder(model, tokenizer, "small-random" if args.smoke else "bert-base-shaped-random")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["BERTKNN_CACHE"] = str(Path(tmp) / "cache")  # the exported ONNX graph goes away with it
-        built = make_store(encoder, args.docs, Path(tmp))  # bertknn's default settings
+        built = make_store(encoder, args.docs, Path(tmp))  # the paper's datastore
         store, index = built.store, built.index
         onnx_encoder = Encoder(model, tokenizer, encoder.name, runtime="onnx")
+        int8_encoder = Encoder(model, tokenizer, encoder.name, runtime="onnx-int8")
         knn = BertKNN(encoder, store, index, PAPER)  # the paper's settings, as the reference
         fast = BertKNN(onnx_encoder, store, index, PAPER)
-        int8 = BertKNN(Encoder(model, tokenizer, encoder.name, runtime="onnx-int8"), store, index, PAPER)
-        default = BertKNN(encoder, store, index, DEFAULT)
-        fast_default = BertKNN(onnx_encoder, store, index, DEFAULT)
+        int8 = BertKNN(int8_encoder, store, index, PAPER)
+        ours = make_store(encoder, args.docs, Path(tmp), paper=False)  # bertknn's default datastore
+        unweighted = DEFAULT.replace(sentence_temperature=0.0)
+        default = BertKNN(encoder, ours.store, ours.index, DEFAULT)
+        fast_default = BertKNN(onnx_encoder, ours.store, ours.index, DEFAULT)
+        int8_default = BertKNN(int8_encoder, ours.store, ours.index, DEFAULT)
+        fast_unweighted = BertKNN(onnx_encoder, ours.store, ours.index, unweighted)
+        int8_unweighted = BertKNN(int8_encoder, ours.store, ours.index, unweighted)
         titles = {t.lower() for t in knn.store.documents.titles(list(range(knn.store.n_documents)))}
         facts = [
             f
@@ -181,10 +282,26 @@ def main() -> None:
             "bertknn onnx-int8": (int8.predict, lambda: int8.predict_batch(qs, subs), "onnx-int8"),
             "bertknn defaults": (default.predict, lambda: default.predict_batch(qs, subs), "torch"),
             "bertknn onnx defaults": (fast_default.predict, lambda: fast_default.predict_batch(qs, subs), "onnx"),
+            "bertknn onnx-int8 defaults": (
+                int8_default.predict,
+                lambda: int8_default.predict_batch(qs, subs),
+                "onnx-int8",
+            ),
+            "bertknn onnx defaults, no sentence weights": (
+                fast_unweighted.predict,
+                lambda: fast_unweighted.predict_batch(qs, subs),
+                "onnx",
+            ),
+            "bertknn onnx-int8 defaults, no sentence weights": (
+                int8_unweighted.predict,
+                lambda: int8_unweighted.predict_batch(qs, subs),
+                "onnx-int8",
+            ),
         }
         single, batched = {}, {name: [] for name in runs}
         for name, (one, _, backend) in runs.items():
             Runtime.of(backend, args.threads).apply()
+            one(qs[0], subs[0])  # warm: sessions made, models loaded (the sentence encoder's too)
             single[name] = [timed(one, q, s) for q, s in zip(qs, subs)]
         for _ in range(args.rounds):  # alternating, so that a slow spell of the machine hits every path
             for name, (_, many, backend) in runs.items():
@@ -196,6 +313,7 @@ def main() -> None:
             ("bertknn onnx-int8", int8),
             ("bertknn defaults", default),
             ("bertknn onnx defaults", fast_default),
+            ("bertknn onnx-int8 defaults", int8_default),
         )
         for name, knn_ in timed_paths:
             Runtime.of(knn_.encoder.runtime.backend, args.threads).apply()
@@ -216,6 +334,20 @@ def main() -> None:
         base = min(batched["reference"])
         ratios = [f"{name} {base / min(batched[name]):.2f}x" for name in batched if name != "reference"]
         print(f"query throughput ratio to the reference (batched): {', '.join(ratios)}")
+        for backend in ("", " onnx", " onnx-int8"):
+            paper_rate, default_rate = min(batched[f"bertknn{backend}"]), min(batched[f"bertknn{backend} defaults"])
+            paper_p50, default_p50 = (np.median(single[f"bertknn{backend}{d}"]) for d in ("", " defaults"))
+            print(
+                f"bertknn{backend or ' (PyTorch)'} defaults / the paper's settings: batched time "
+                f"{default_rate / paper_rate:.2f}x, single question p50 {default_p50 / paper_p50:.2f}x"
+            )
+        if args.profile:
+            profile(
+                {name: k for name, k in timed_paths} | {"bertknn onnx defaults, no sentence weights": fast_unweighted},
+                qs,
+                subs,
+                args.threads,
+            )
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from bertknn.build.writer import Writer
 from bertknn.evaluation.edits_answers import ASK_CHUNK, SCORES, Answer, Reading, ask, edit_scores
 from bertknn.evaluation.edits_data import KINDS, EditRecord, EditsError, Question, edit_document, questions_of
 from bertknn.evaluation.edits_easyedit import easyedit_metrics, easyedit_requests, request_document, request_questions
@@ -105,7 +106,7 @@ def working_copy(reader, in_place: bool = False, workdir: str | Path | None = No
     with tempfile.TemporaryDirectory(prefix="bertknn-edits-", dir=workdir) as tmp:
         store = open_store(copy_datastore(source, Path(tmp) / source.name))
         try:
-            yield type(reader)(reader.encoder, store, settings=reader.settings)
+            yield type(reader)(reader.encoder, store, settings=reader.settings, writer=Writer(store, reader.encoder))
         finally:
             store.close()
 
