@@ -78,8 +78,9 @@ PASSES = {"_mask_outputs": "LM passes", "_mean_states": "sentence passes"}  # `E
 
 class Stages:
     """Where a path's time goes: each stage's function wrapped where the query path calls it (inclusive seconds),
-    and the model passes (`Encoder._run` calls) by kind. "sentence vectors" runs inside "sentence weights", or in
-    a thread of its own beside the LM's pass (`SentenceMatch.embed_ahead`); "other" is the total less the stages."""
+    the model passes (`Encoder._run` calls) by kind, and the n-mask rows the word scores read (`Encoder._masked_n`).
+    "sentence vectors" runs inside "sentence weights", or in a thread of its own beside the LM's pass
+    (`SentenceMatch.embed_ahead`); "other" is the total less the stages."""
 
     TIMED = (  # (stage, where its function lives, its name), the stages in the order the path runs them
         ("LM pass", Encoder, "query_ids"),
@@ -102,6 +103,8 @@ class Stages:
             for stage, owner, name in wrapped:
                 stack.enter_context(mock.patch.object(owner, name, self._timed(stage, getattr(owner, name))))
             stack.enter_context(mock.patch.object(Encoder, "_run", self._counted(Encoder._run)))
+            masked_n = Encoder._masked_n
+            stack.enter_context(mock.patch.object(Encoder, "_masked_n", self._rows(masked_n)))
             yield self
 
     def _timed(self, stage: str, fn):
@@ -121,12 +124,19 @@ class Stages:
 
         return counted
 
+    def _rows(self, masked_n):
+        def counted(encoder, *args, **kwargs):
+            self.passes["n-mask rows"] += 1
+            return masked_n(encoder, *args, **kwargs)
+
+        return counted
+
     def row(self, path: str, mode: str, questions: int) -> str:
         """A markdown row: ms per question by stage, then model passes per question."""
         per = {stage: 1000 * sec / questions for stage, sec in self.seconds.items()}
         staged = [per.get(stage, 0.0) for stage, *_ in self.TIMED]
         cells = [*staged, per.get("sentence vectors", 0.0), per["total"] - sum(staged), per["total"]]
-        passes = [self.passes[kind] / questions for kind in PASSES.values()]
+        passes = [self.passes[kind] / questions for kind in (*PASSES.values(), "n-mask rows")]
         return (
             f"| {path} | {mode} | "
             + " | ".join(f"{c:.1f}" for c in cells)
@@ -138,7 +148,13 @@ class Stages:
 
 def profile(paths: dict[str, BertKNN], qs: list[str], subs: list[str], threads: int) -> None:
     """Each path's `Stages`, one question at a time and all questions batched (`--profile`)."""
-    head = [stage for stage, *_ in Stages.TIMED] + ["sentence vectors", "other", "total", *PASSES.values()]
+    head = [stage for stage, *_ in Stages.TIMED] + [
+        "sentence vectors",
+        "other",
+        "total",
+        *PASSES.values(),
+        "n-mask rows",
+    ]
     print("\nms per question by stage (--profile):\n")
     print("| path | mode | " + " | ".join(head) + " |\n|" + " --- |" * (len(head) + 2))
     for name, knn in paths.items():
