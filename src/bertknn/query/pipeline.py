@@ -406,13 +406,7 @@ class BertKNN:
         long wait is seen rather than spent inside a question."""
         search = self.search("ir")
         docs = [search.documents(q.text, q.subject, n_docs) for q in queries]
-        pending = self.store.documents.pending(sorted({d for chosen in docs for d in chosen}))
-        if pending:
-            report = progress or (lambda done, total: None)
-            report(0, len(pending))
-            writer = self._writes("embedding the documents questions retrieve (a lazy datastore)")
-            writer.embed(pending, progress=lambda n: report(n, len(pending)))
-        return docs, len(pending)
+        return docs, self._embed([d for chosen in docs for d in chosen], progress)
 
     def search(self, retrieval: str = "ir") -> Search:
         """The searcher of a retrieval setting ("ir", "faiss" or "ir+faiss"), over the datastore as loaded now."""
@@ -427,11 +421,16 @@ class BertKNN:
         faiss = FaissSearch(self.store, self.faiss)
         return faiss if retrieval == "faiss" else MergedSearch(documents, faiss, self.store)
 
-    def _embed(self, docs: list[int]) -> None:
-        """Those of `docs` that a lazy datastore holds no keys for yet, embedded by the writer side."""
+    def _embed(self, docs: list[int], progress: Callable[[int, int], None] | None = None) -> int:
+        """Those of `docs` that a lazy datastore holds no keys for yet, embedded by the writer side in one run
+        (`progress(done, total)` counting documents; without it the writer logs); how many they were."""
         pending = self.store.documents.pending(sorted(set(docs)))
         if pending:
-            self._writes("embedding the documents a question retrieves (a lazy datastore)").embed(pending)
+            writer = self._writes("embedding the documents questions retrieve (a lazy datastore)")
+            if progress is not None:  # else the writer logs its progress
+                progress(0, len(pending))
+            writer.embed(pending, progress=progress and (lambda n: progress(n, len(pending))))
+        return len(pending)
 
     def distributions(
         self,

@@ -49,12 +49,12 @@ def read_top(path: Path) -> dict:
     counts a file written before kept them are left out: the shards hold them). DatastoreError when it is damaged."""
     try:
         top = json.loads((path / SHARDS_FILE).read_text(encoding="utf-8"))
-        rows = [{"path": row["path"]} for row in top["shards"]]
-        if not rows:
+        paths = [row["path"] for row in top["shards"]]
+        if not paths:
             raise ValueError("it lists no shards")
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise DatastoreError(f"{path / SHARDS_FILE} is damaged ({err}); rerun the sharded build") from None
-    return fixed_top(top, [row["path"] for row in rows])
+    return fixed_top(top, paths)
 
 
 def fixed_top(fields: dict, paths: list[str]) -> dict:
