@@ -78,7 +78,7 @@ PASSES = {"_mask_outputs": "LM passes", "_mean_states": "sentence passes"}  # `E
 
 class Stages:
     """Where a path's time goes: each stage's function wrapped where the query path calls it (inclusive seconds),
-    the model passes (`Encoder._run` calls) by kind, and the n-mask rows the word scores read (`Encoder._masked_n`).
+    and the model passes (`Encoder._run` calls) by kind.
     "sentence vectors" runs inside "sentence weights", or in a thread of its own beside the LM's pass
     (`SentenceMatch.embed_ahead`); "other" is the total less the stages."""
 
@@ -86,7 +86,7 @@ class Stages:
         ("LM pass", Encoder, "query_ids"),
         ("search", DocumentSearch, "batch_search"),
         ("vote", pipeline, "vote"),
-        ("word scores", Encoder, "word_scores"),
+        ("word scores", pipeline, "scored"),
         ("sentence weights", query_sentences, "weights"),
         ("postprocess", BertKNN, "postprocess"),
     )
@@ -103,8 +103,6 @@ class Stages:
             for stage, owner, name in wrapped:
                 stack.enter_context(mock.patch.object(owner, name, self._timed(stage, getattr(owner, name))))
             stack.enter_context(mock.patch.object(Encoder, "_run", self._counted(Encoder._run)))
-            masked_n = Encoder._masked_n
-            stack.enter_context(mock.patch.object(Encoder, "_masked_n", self._rows(masked_n)))
             yield self
 
     def _timed(self, stage: str, fn):
@@ -124,19 +122,12 @@ class Stages:
 
         return counted
 
-    def _rows(self, masked_n):
-        def counted(encoder, *args, **kwargs):
-            self.passes["n-mask rows"] += 1
-            return masked_n(encoder, *args, **kwargs)
-
-        return counted
-
     def row(self, path: str, mode: str, questions: int) -> str:
         """A markdown row: ms per question by stage, then model passes per question."""
         per = {stage: 1000 * sec / questions for stage, sec in self.seconds.items()}
         staged = [per.get(stage, 0.0) for stage, *_ in self.TIMED]
         cells = [*staged, per.get("sentence vectors", 0.0), per["total"] - sum(staged), per["total"]]
-        passes = [self.passes[kind] / questions for kind in (*PASSES.values(), "n-mask rows")]
+        passes = [self.passes[kind] / questions for kind in PASSES.values()]
         return (
             f"| {path} | {mode} | "
             + " | ".join(f"{c:.1f}" for c in cells)
@@ -153,7 +144,6 @@ def profile(paths: dict[str, BertKNN], qs: list[str], subs: list[str], threads: 
         "other",
         "total",
         *PASSES.values(),
-        "n-mask rows",
     ]
     print("\nms per question by stage (--profile):\n")
     print("| path | mode | " + " | ".join(head) + " |\n|" + " --- |" * (len(head) + 2))

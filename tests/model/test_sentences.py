@@ -256,7 +256,7 @@ def test_the_sentence_encoder_tells_which_place_a_question_asks_for():
         assert int(np.argmax(scores)) == right, (question, scores)
 
 
-def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder, monkeypatch):
+def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder):
     docs = [
         {
             "id": "a",
@@ -310,15 +310,10 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder,
     )
     np.testing.assert_allclose(by_sure, expected(np.isin(at, [top, above, first])), rtol=MODEL_RTOL)
     assert (by_vote & (at == below)).any()  # one of the vote's words, left out
-    # predict scores the vote's words of several tokens first (the LM's choice needs their scores), each once
+    # predict scores the vote's words of several tokens first (the LM's choice needs their scores)
     several = words.candidates(plain, 2)
-    rated = scored(knn.encoder, [(query.ids, query.mask)], [words], [several])[0]
+    rated = scored([words], [several], [p_lm])[0]
     assert several and rated.scores[several].all()
-    asked = []
-    with monkeypatch.context() as patch:
-        patch.setattr(encoder, "word_scores", lambda q, pieces: (asked.append(pieces), [np.zeros(0)])[1])
-        again = scored(knn.encoder, [(query.ids, query.mask)], [rated], [several])[0]
-    assert np.array_equal(again.scores, rated.scores) and asked == [[[]]]  # known: not computed again
     (weights,) = weigh([question], [found], [rated], [plain], s, [p_lm])
     weighted = vote(knn.store, found, s, rated, weights)
     assert not np.allclose(weighted, plain)

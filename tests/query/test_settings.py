@@ -51,7 +51,7 @@ def test_the_defaults_are_the_papers_but_the_vote_and_the_mixture():
         "lam_by": "constant",
         "mixture": "linear",
         "lm_words": 5,  # beyond the paper, which has no answers of several tokens
-        "word_bonus": 10.0,  # used by the log-linear mixture only
+        "word_bonus": 15.0,  # used by the log-linear mixture only (bench/README.md, "Words of several tokens ...")
         "sentence_temperature": 0.0,  # off: every sentence alike
         "confidence_temperature": 1.0,  # the probabilities as combined
         "lm_floor": 0.0,

@@ -1,6 +1,6 @@
-"""Whole words as answers: a word of several wordpieces is keyed by its one-mask context, scored by the LM at n
-masks, added and removed through the CLI and the service, and found right by other tokenizer families; a datastore
-of format 1 (words of one wordpiece) opens and answers as it did."""
+"""Whole words as answers: a word of several wordpieces is keyed by its one-mask context, scored by the LM from the
+question's one pass, added and removed through the CLI and the service, and found right by other tokenizer families;
+a datastore of format 1 (words of one wordpiece) opens and answers as it did."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from bertknn import BertKNN
 from bertknn.cli import app
 from bertknn.model.encoder import Encoder
 from bertknn.query.settings import LAM, WORD_BONUS
-from bertknn.query.words import Words
+from bertknn.query.words import Words, scored
 from bertknn.serving.service import create_app
 from bertknn.store.datastore import DatastoreError
 from bertknn.text import tokenize_sentences
@@ -82,21 +82,35 @@ def test_words_of_one_wordpiece_keep_their_keys_and_long_sentences_hold_whole_wo
 
 
 @torch.inference_mode()
-def test_the_lm_score_of_a_word_is_the_geometric_mean_of_its_pieces_at_n_masks(encoder, tokenizer):
+def test_the_lm_score_of_a_word_is_its_first_piece_s_probability_at_the_question_s_one_mask(encoder, tokenizer):
     ids, mask = encoder.question_ids(ASK)
-    words = [tuple(tokenizer(w, add_special_tokens=False)["input_ids"]) for w in ("Rakvere", "Viljandi", "Tartu")]
-    words.append((tokenizer.convert_tokens_to_ids("paris"),))
-    got = encoder.word_scores([(ids, mask), (ids, mask)], [words, words[:1]])
-    expected = []
-    for word in words:
-        n = len(word)
-        logits = encoder.model(input_ids=torch.tensor([[*ids[:mask], *[encoder.mask_id] * n, *ids[mask + 1 :]]])).logits
-        p = torch.softmax(logits[0].double(), -1)
-        expected.append(float(np.prod([p[mask + j, t] for j, t in enumerate(word)]) ** (1 / n)))
-    np.testing.assert_allclose(got[0], expected, rtol=MODEL_RTOL)  # batched against one by one
-    np.testing.assert_allclose(got[1], expected[:1], rtol=MODEL_RTOL)
-    probs, _ = encoder.query([ASK])
-    assert got[0][3] == pytest.approx(probs[0, words[3][0]], rel=1e-4)  # one wordpiece: the LM's probability
+    texts = ("rakvere", "viljandi", "theorbo")
+    pieces = tuple(tuple(tokenizer(w, add_special_tokens=False)["input_ids"]) for w in texts)
+    assert all(len(p) > 1 for p in pieces) and len({p[0] for p in pieces}) == 3
+    words = Words(encoder.vocab_size, encoder.vocab_size + np.arange(3), pieces, texts, np.zeros(3))
+    probs, _ = encoder.query_ids([(ids, mask), (ids, mask)])
+    got = scored([words, words], [[0, 2], [1]], probs)
+    logits = encoder.model(input_ids=torch.tensor([ids])).logits  # the question alone, straight from the HF model
+    p = torch.softmax(logits[0, mask].double(), -1).numpy()
+    # float32 logits batched against one by one: the model's tolerance; the words not chosen stay unscored (exactly 0)
+    np.testing.assert_allclose(got[0].scores, [p[pieces[0][0]], 0.0, p[pieces[2][0]]], rtol=MODEL_RTOL)
+    np.testing.assert_allclose(got[1].scores, [0.0, p[pieces[1][0]], 0.0], rtol=MODEL_RTOL)
+    assert words.scores.tolist() == [0.0, 0.0, 0.0]  # scored returns new words
+
+
+def test_a_question_answered_with_words_of_several_tokens_takes_one_model_pass(tmp_path, encoder, monkeypatch):
+    knn = BertKNN.build(write_corpus(tmp_path / "c.jsonl", [EDDA]), tmp_path / "s", encoder)
+    passes, run = [], Encoder._run
+
+    def counted(self, forward, *args, **kwargs):
+        passes.append(forward.__name__)
+        return run(self, forward, *args, **kwargs)
+
+    monkeypatch.setattr(Encoder, "_run", counted)
+    p = knn.predict(ASK, "Edda Kallaste", top_k=3)
+    several = p.p_bert[encoder.vocab_size :]  # the LM's distribution over the words: scored words of several tokens
+    assert (several > 0).any()
+    assert passes.count("_mask_outputs") == 1  # the question's pass, no other
 
 
 def _top(prediction: dict) -> tuple[str, str]:

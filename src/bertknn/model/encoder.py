@@ -285,54 +285,6 @@ class Encoder:
             probs[batch] = torch.softmax(torch.from_numpy(logits), dim=-1).numpy()
         return probs, states
 
-    def _masked_n(self, ids: list[int], mask: int, n: int) -> tuple[list[int], int]:
-        """A question's ids with n masks in place of its one, and where they start; a question that would outgrow the
-        model's input loses tokens from its end, then its start (its first and last, special, tokens are kept)."""
-        out, start = [*ids[:mask], *[self.mask_id] * n, *ids[mask + 1 :]], mask
-        over = len(out) - self.max_length
-        if over > 0:
-            tail = min(over, max(0, len(out) - 1 - (start + n)))
-            out = out[: len(out) - 1 - tail] + out[-1:]
-            head = over - tail
-            out, start = out[:1] + out[1 + head :], start - head
-        return out, start
-
-    @torch.inference_mode()
-    def word_scores(
-        self,
-        encoded: Sequence[tuple[list[int], int]],
-        words: Sequence[Sequence[tuple[int, ...]]],
-        token_budget: int = TOKEN_BUDGET,
-    ) -> list[np.ndarray]:
-        """The LM's score of words as the answer of questions (token ids, mask position each): for a word of n
-        tokens, the geometric mean over its tokens of p(token j at mask j | the question with n masks in place of
-        its one). One pass per question and word length, batched by length; for n = 1 it is the LM's probability.
-
-        The n masks are read independently (one pass, as Jiang et al., X-FACTR, EMNLP 2020, decode independently);
-        the geometric mean keeps a word's score on the scale of one token's whatever its length, so the LM neither
-        favours nor buries a word for its number of tokens, and the kNN's vote decides between them.
-        """
-        variants: list[tuple[list[int], int, int, int]] = []  # (ids with n masks, first mask, n, question)
-        for i, ((ids, mask), mine) in enumerate(zip(encoded, words)):
-            for n in sorted({len(w) for w in mine}):
-                variants.append((*self._masked_n(ids, mask, n), n, i))
-        out = [np.zeros(len(w), np.float64) for w in words]
-        for batch in length_batches([len(v[0]) for v in variants], token_budget):
-            ids, attention = self._pad([np.asarray(variants[v][0]) for v in batch])
-            n_masks = [variants[v][2] for v in batch]
-            rows = torch.tensor(np.repeat(np.arange(len(batch)), n_masks))
-            cols = torch.tensor(np.concatenate([np.arange(n) + variants[v][1] for v, n in zip(batch, n_masks)]))
-            int8 = self.runtime.int8_questions
-            logits, _ = self._run(self._mask_outputs, ("logits", "states"), ids, attention, rows, cols, int8=int8)
-            logp = torch.log_softmax(torch.from_numpy(logits).double(), dim=-1).numpy()
-            first = np.cumsum([0, *n_masks])
-            for v, n, row in zip(batch, n_masks, first):
-                question = variants[v][3]
-                for j, word in enumerate(words[question]):
-                    if len(word) == n:
-                        out[question][j] = np.exp(logp[row + np.arange(n), list(word)].mean())
-        return out
-
     @torch.inference_mode()
     def sentence_vectors(
         self, texts: Sequence[str], token_budget: int = SENTENCE_BUDGET, threads: int = 0

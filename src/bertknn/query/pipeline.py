@@ -291,20 +291,19 @@ class BertKNN:
         """The questions' model pass, search and vote: the LM's distribution and the mask's state (one pass for the
         batch), the neighbours, the words they hold, the vote over them, weighed by the neighbours' sentences
         (`sentences.weights`, the words of several tokens among the vote's best scored by the LM first), and the LM's
-        scores of the words of several tokens the mixture needs (`lm_words`)."""
+        scores of the words of several tokens the mixture needs (`lm_words`), all from the one pass (`words.scored`)."""
         self._question_texts_ahead(search, batch, s)
-        questions = [(q.ids, q.mask) for q in batch]
-        probs, states = self.encoder.query_ids(questions)
+        probs, states = self.encoder.query_ids([(q.ids, q.mask) for q in batch])
         with self.store.sqlite_errors():
             found = search.batch_search([q.text for q in batch], [q.subject for q in batch], states, s)
             words = [self.words(f) for f in found]
             votes = [vote(self.store, f, s, w) for f, w in zip(found, words)]
             if s.sentence_temperature:  # the LM's choice of words needs its scores of those of several tokens
                 best = [w.candidates(v, SCORED_WORDS) for w, v in zip(words, votes)]
-                words, texts = scored(self.encoder, questions, words, best), [q.text for q in batch]
+                words, texts = scored(words, best, probs), [q.text for q in batch]
                 weights = sentences.weights(self.store, self.sentence_match, texts, found, words, votes, s, probs)
                 votes = [vote(self.store, f, s, w, lw) for f, w, lw in zip(found, words, weights)]
-        words = scored(self.encoder, questions, words, [w.candidates(v, s.lm_words) for w, v in zip(words, votes)])
+        words = scored(words, [w.candidates(v, s.lm_words) for w, v in zip(words, votes)], probs)
         return [Forwarded(*row) for row in zip(batch, probs, found, words, votes)]
 
     def postprocess(self, forwarded: Forwarded, top_k: int, n_evidence: int, s: Settings) -> Prediction:

@@ -20,7 +20,7 @@ MIXTURE = "log-linear"  # p_kNN^lam p_LM^(1-lam), renormalised
 LAM = 0.5  # lambda of that mixture (the paper's 0.3 is for the linear one)
 DOC_TEMPERATURE = 0.2  # the retrieval-aware vote's temperature; 0: the paper's vote
 LM_WORDS = 5  # the LM scores the words of several tokens among the kNN's this many most probable words; 0: all
-WORD_BONUS = 10.0  # the log-linear mixture's factor for a word of several tokens (bench/words.py fits it)
+WORD_BONUS = 15.0  # the log-linear mixture's factor for a word of several tokens (bench/words.py fits it)
 SENTENCE_TEMPERATURE = 0.015  # T_s of the sentence weight exp(score / T_s); 0: none
 NEWER = 20.0  # conflicts "newest": a newer document that speaks to the question as nearly outvotes an older by e^NEWER
 CONFIDENCE_TEMPERATURE = 1.25  # the probabilities' temperature, fitted by bench/calibration.py; 1: none
@@ -111,8 +111,9 @@ class Settings:
     (the paper: lam p_kNN + (1 - lam) p_LM) or "log-linear" (p_kNN^lam p_LM^(1-lam), renormalised: an answer needs
     both the neighbours' and the LM's support), log-linear by default since it helped on the dev split; lam_by
     "entropy" scales lam per question by the kNN's confidence (`combine.confident_lam`), off since it did not help;
-    lm_words: the LM scores (one more model pass per word length) the words of several tokens among the kNN's
-    lm_words most probable words, 0 all of them; the others get an LM score of 0 (bench/words.py measures the choice);
+    lm_words: the LM scores the words of several tokens among the kNN's lm_words most probable words (the probability
+    of the word's first token at the question's mask: `words.scored`), 0 all of them; the others get an LM score of 0
+    (bench/words.py measures the choice);
     word_bonus: the log-linear mixture multiplies a word of several tokens by this (1: none), a prior for such words
     like a speech recogniser's word insertion bonus: the LM is a weak judge of words it cannot spell in one token
     (it gives invented words that fit and that do not fit alike low scores) and would otherwise veto the neighbours'
@@ -160,8 +161,8 @@ class Settings:
     )
     lm_words: int = setting(
         LM_WORDS,
-        "the LM scores the answers of several tokens among the kNN's this many best words (one model pass per word "
-        "length); the log-linear mixture leaves the others out",
+        "the LM scores the answers of several tokens among the kNN's this many best words (by their first token); "
+        "the log-linear mixture leaves the others out",
         ge=0,
         note="0: every word of several tokens",
     )

@@ -1,6 +1,6 @@
 """Words of several tokens, one home: what a question's answers are ranked over (`Words`: the vocabulary, then the
 words of several tokens its neighbours hold, read from the datastore's lexicon), which of them the LM scores
-(`Words.candidates`), their LM scores (`scored`: `Encoder.word_scores`) and the mixture's prior for them
+(`Words.candidates`), their LM scores (`scored`: from the question's own pass) and the mixture's prior for them
 (`Words.prior`). The datastore stores them (store/datastore.py: the `words` table); the builder finds them in text
 (text.py)."""
 
@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from bertknn.model.encoder import Encoder
     from bertknn.query.search import Neighbours
     from bertknn.store.datastore import Datastore
 
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
 class Words:
     """What one question's answers are ranked over: the model's vocabulary (indices 0..vocab-1), then the words of
     several tokens its neighbours hold (index vocab + i: lexicon number `values[i]`, sorted, with its tokens, text
-    and the LM's score as the question's answer, `Encoder.word_scores`: 0 until scored). Distributions over words
+    and the LM's score as the question's answer, `scored`: 0 until scored). Distributions over words
     are arrays of `size`."""
 
     vocab: int
@@ -121,18 +120,13 @@ def lexicon(store: Datastore, vocab: int, found: Neighbours) -> Words:
     return Words(vocab, values, pieces, texts, np.zeros(len(values)))
 
 
-def scored(
-    encoder: Encoder, questions: Sequence[tuple[list[int], int]], words: Sequence[Words], chosen: Sequence[list[int]]
-) -> list[Words]:
-    """Each question's (token ids, mask position) `words` scored by the LM at its words of several tokens `chosen`
-    (indices into `values`) and at none else (`Encoder.word_scores`; a score `words` already holds is reused, not
-    computed again)."""
-    todo = [[j for j in c if not w.scores[j]] for w, c in zip(words, chosen)]
-    pieces = [[w.pieces[j] for j in t] for w, t in zip(words, todo)]
-    new = encoder.word_scores(list(questions), pieces)
-    out = []
-    for w, c, t, lm in zip(words, chosen, todo, new):
-        scores = w.scores.copy()
-        scores[t] = lm
-        out.append(w.scored(c, scores[c]))
-    return out
+def scored(words: Sequence[Words], chosen: Sequence[list[int]], p_lm: Sequence[np.ndarray]) -> list[Words]:
+    """Each question's `words` scored by the LM at its words of several tokens `chosen` (indices into `values`) and
+    at none else: a word's score is the probability `p_lm` (the LM's distribution at the question's mask, from its
+    one pass) gives its first token.
+
+    That a word starts with that token is what the question's one mask says of it; the rest of the word is the
+    neighbours' evidence (they stored it whole). Reading the question again with n masks for a word of n tokens
+    (independent decoding, as X-FACTR, Jiang et al., EMNLP 2020) costs a model pass per word length for most
+    questions and answered no better (bench/README.md, "Words of several tokens from the question's own pass")."""
+    return [w.scored(c, np.array([p[w.pieces[j][0]] for j in c], np.float64)) for w, c, p in zip(words, chosen, p_lm)]
