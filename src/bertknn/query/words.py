@@ -6,9 +6,9 @@ words of several tokens its neighbours hold, read from the datastore's lexicon),
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -79,7 +79,7 @@ class Words:
         asked = question.casefold()
         out = np.ones(self.size)
         for i, text in enumerate(self.texts):
-            if not re.search(rf"(?<!\w){re.escape(text.casefold())}(?!\w)", asked):
+            if not holds_word(asked, text.casefold()):
                 out[self.vocab + i] = bonus
         return out
 
@@ -100,12 +100,36 @@ class Words:
         out = []
         for i in indices:
             if i < self.vocab:
-                text = tokenizer.decode([i]).strip() or tokenizer.convert_ids_to_tokens(i)
-                out.append((text, i, (i,)))
+                out.append((token_text(tokenizer, i), i, (i,)))
             else:
                 j = i - self.vocab
                 out.append((self.texts[j], int(self.values[j]), self.pieces[j]))
         return out
+
+
+def holds_word(text: str, word: str) -> bool:
+    """Whether `text` holds `word` where no word character (`\\w`: alphanumeric or "_") adjoins it on either side: what
+    `re.search(rf"(?<!\\w){re.escape(word)}(?!\\w)", text)` finds, without compiling a pattern for each word (a
+    question meets hundreds; Python's pattern cache holds 512)."""
+    start = text.find(word)
+    while start >= 0:
+        end = start + len(word)
+        if not (start and _word_char(text[start - 1])) and not (end < len(text) and _word_char(text[end])):
+            return True
+        start = text.find(word, start + 1)
+    return False
+
+
+def _word_char(c: str) -> bool:
+    """Whether `re`'s `\\w` matches the character `c` (a str pattern: Unicode alphanumeric or underscore)."""
+    return c.isalnum() or c == "_"
+
+
+@lru_cache(maxsize=1 << 16)
+def token_text(tokenizer, token: int) -> str:
+    """A vocabulary token's text as the tokenizer decodes it (its raw form where that decodes to nothing); cached:
+    the same tokens rank at the top of question after question."""
+    return tokenizer.decode([token]).strip() or tokenizer.convert_ids_to_tokens(token)
 
 
 def lexicon(store: Datastore, vocab: int, found: Neighbours) -> Words:
