@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
 from bertknn.text import (
     CorpusError,
+    holds_word,
     iter_corpus,
     mask_count_error,
     masked,
@@ -127,3 +132,11 @@ def test_masked_matches_walking_the_tokens(targets: int) -> None:
         expected_out, expected_where = reference_masked(ids.tolist(), dict(zip(positions, ends - positions)), 103)
         assert out.tolist() == expected_out and where.tolist() == expected_where
         assert out.dtype == ids.dtype
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="ab _-.é1٣ß", max_size=30), st.text(alphabet="ab _-.é1٣ß", min_size=1, max_size=4))
+def test_a_word_held_in_a_question_is_what_the_word_bounded_pattern_finds(text, word):
+    # a small alphabet of word characters (letters, a digit, an Arabic-Indic digit, "_") and others, so that words
+    # adjoin and repeat often
+    assert holds_word(text, word) == bool(re.search(rf"(?<!\w){re.escape(word)}(?!\w)", text))

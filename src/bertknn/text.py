@@ -384,6 +384,24 @@ def _names(title: str) -> re.Pattern[str] | None:
 
 
 @lru_cache(maxsize=TEXT_CACHE)
+def holds_word(text: str, word: str) -> bool:
+    """Whether `text` holds `word` where no word character (`\\w`: alphanumeric or "_") adjoins it on either side: what
+    `re.search(rf"(?<!\\w){re.escape(word)}(?!\\w)", text)` finds, without compiling a pattern for each word (a
+    question meets hundreds; Python's pattern cache holds 512)."""
+    start = text.find(word)
+    while start >= 0:
+        end = start + len(word)
+        if not (start and _word_char(text[start - 1])) and not (end < len(text) and _word_char(text[end])):
+            return True
+        start = text.find(word, start + 1)
+    return False
+
+
+def _word_char(c: str) -> bool:
+    """Whether `re`'s `\\w` matches the character `c` (a str pattern: Unicode alphanumeric or underscore)."""
+    return c.isalnum() or c == "_"
+
+
 def without_names(text: str, title: str) -> str:
     """`text` without the words of a document's `title` (and their possessive 's), the mask and extra spaces: what
     a sentence or a question says of the subject rather than who the subject is. Cached: a question's texts recur

@@ -5,7 +5,6 @@ a datastore of format 1 (words of one wordpiece) opens and answers as it did."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -13,15 +12,13 @@ import numpy as np
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from bertknn import BertKNN
 from bertknn.cli import app
 from bertknn.model.encoder import Encoder
 from bertknn.query.settings import LAM, WORD_BONUS
-from bertknn.query.words import Words, holds_word, scored
+from bertknn.query.words import Words, scored
 from bertknn.serving.service import create_app
 from bertknn.store.datastore import DatastoreError
 from bertknn.text import tokenize_sentences
@@ -354,11 +351,3 @@ def test_the_bonus_goes_to_words_of_several_wordpieces_that_the_question_does_no
     assert words.prior(1.0, "anything") is None and Words(3).prior(10.0) is None
     np.testing.assert_array_equal(words.prior(10.0, "Ilsa Varnhold was born in [MASK] ."), [1, 1, 1, 1, 10, 10])
     np.testing.assert_array_equal(words.prior(10.0, "Varnholden went to Port Elsmere."), [1, 1, 1, 10, 10, 1])
-
-
-@settings(max_examples=500, deadline=None)
-@given(st.text(alphabet="ab _-.é1٣ß", max_size=30), st.text(alphabet="ab _-.é1٣ß", min_size=1, max_size=4))
-def test_a_word_held_in_a_question_is_what_the_word_bounded_pattern_finds(text, word):
-    # a small alphabet of word characters (letters, a digit, an Arabic-Indic digit, "_") and others, so that words
-    # adjoin and repeat often
-    assert holds_word(text, word) == bool(re.search(rf"(?<!\w){re.escape(word)}(?!\w)", text))

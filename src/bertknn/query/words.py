@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bertknn.text import holds_word
+
 if TYPE_CHECKING:
     from bertknn.query.search import Neighbours
     from bertknn.store.datastore import Datastore
@@ -105,24 +107,6 @@ class Words:
                 j = i - self.vocab
                 out.append((self.texts[j], int(self.values[j]), self.pieces[j]))
         return out
-
-
-def holds_word(text: str, word: str) -> bool:
-    """Whether `text` holds `word` where no word character (`\\w`: alphanumeric or "_") adjoins it on either side: what
-    `re.search(rf"(?<!\\w){re.escape(word)}(?!\\w)", text)` finds, without compiling a pattern for each word (a
-    question meets hundreds; Python's pattern cache holds 512)."""
-    start = text.find(word)
-    while start >= 0:
-        end = start + len(word)
-        if not (start and _word_char(text[start - 1])) and not (end < len(text) and _word_char(text[end])):
-            return True
-        start = text.find(word, start + 1)
-    return False
-
-
-def _word_char(c: str) -> bool:
-    """Whether `re`'s `\\w` matches the character `c` (a str pattern: Unicode alphanumeric or underscore)."""
-    return c.isalnum() or c == "_"
 
 
 @lru_cache(maxsize=1 << 16)
