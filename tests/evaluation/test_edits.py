@@ -4,8 +4,12 @@ scores' arithmetic on scripted answers, twenty edits end to end on the tiny BERT
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +27,7 @@ from bertknn.query.prediction import Prediction, ranked
 from bertknn.query.search import Neighbours
 from bertknn.query.settings import DEFAULT, PAPER
 from bertknn.query.words import Words
+from bertknn.store.lock import BusyError
 from bertknn.store.manifest import Manifest
 
 FLAT = {
@@ -369,6 +374,70 @@ def test_the_easyedit_editor_edits_in_place_and_undoes(built, edits_file):
     assert editor.made == [] and built.store.documents.count_live() == 5  # each edit removed after it is measured
     with pytest.raises(EditsError, match="target_new must be 2 non-empty string"):
         editor.edit(["a {}", "b {}"], ["x"])
+
+
+HOLD = (  # another process holding a datastore's writer lock (its own open file) until its stdin closes
+    "import sys; from pathlib import Path; from bertknn.store.lock import acquire_lock; "
+    "lock = acquire_lock(Path(sys.argv[1]), 0); print('held', flush=True); sys.stdin.read()"
+)
+
+
+@contextlib.contextmanager
+def lock_held_elsewhere(store: Path) -> Iterator[None]:
+    """`store`'s write.lock held by a second process, through the store's own `acquire_lock`, within the block."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(store)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        yield
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+
+
+def test_an_undo_that_failed_keeps_its_edits_for_the_next(built):
+    editor = Editor(built, settings=PAPER.replace(lam=1.0))
+    question = "Zarkel Vombrit, the [MASK] ."
+
+    def top() -> str:
+        return built.predict(question, subject="Zarkel Vombrit", settings=editor.settings).bert_knn[0].token
+
+    before = top()
+    editor.edit("{}, the", "piano", subject="Zarkel Vombrit", case_ids=[0])
+    assert before != "piano" and top() == "piano"
+    with lock_held_elsewhere(built.store.path):
+        with pytest.raises(BusyError, match="is being written by pid"):
+            editor.undo()
+        assert editor.made == ["edit-0"] and top() == "piano"  # not removed, so still recorded
+    assert editor.undo() == ["edit-0"] and editor.made == [] and editor.undo() == []
+    assert top() == before and built.store.documents.count_live() == 5
+
+
+def test_an_edit_made_alone_stays_recorded_until_its_removal_commits(built, monkeypatch):
+    editor = Editor(built, settings=PAPER.replace(lam=1.0))
+    remove = built.remove_documents
+
+    def busy(ids: list[str], wait: float | None = None) -> None:
+        raise BusyError(f"{built.store.path} is being written by pid 1 (test)")
+
+    monkeypatch.setattr(built, "remove_documents", busy)
+    with pytest.raises(BusyError):
+        editor.edit("{} is a", "teacher", subject="Brenna Kolvish", sequential_edit=False)
+    assert editor.made == ["edit-0"] and built.store.documents.count_live() == 6
+    monkeypatch.setattr(built, "remove_documents", remove)
+    assert editor.undo() == ["edit-0"] and built.store.documents.count_live() == 5
+
+
+def test_the_editor_refuses_a_lone_surrogate_naming_the_field(built):
+    editor = Editor(built)
+    with pytest.raises(EditsError, match=r"^target_new is not valid Unicode \(unpaired surrogate at position 2\)"):
+        editor.edit("Brenna Kolvish is a", "te\ud800", subject="Brenna Kolvish")
+    with pytest.raises(EditsError, match=r"^subject\[1\] is not valid Unicode"):
+        editor.edit(["{} is a", "{} was a"], ["teacher", "doctor"], subject=["Brenna Kolvish", "\udc80"])
+    with pytest.raises(EditsError, match=r"^locality_inputs\['n'\]\['ground_truth'\]\[0\] is not valid Unicode"):
+        editor.edit("{} is a", "teacher", locality_inputs={"n": {"prompt": "X is a", "ground_truth": ["\ud800"]}})
+    assert editor.made == [] and built.store.documents.count_live() == 5  # refused before anything was added
 
 
 # (e) the command

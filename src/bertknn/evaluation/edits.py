@@ -372,21 +372,34 @@ class Editor:
         else:
             times, post = [], []
             for doc, questions in zip(docs, asked):
-                began = time.perf_counter()
-                self.reader.add_documents([doc])
-                times.append(time.perf_counter() - began)
-                post += self._ask([q for _, q in questions])
-                self.reader.remove_documents([doc["id"]])
+                seconds, answers = self._alone(doc, [q for _, q in questions])
+                times.append(seconds)
+                post += answers
         return easyedit_metrics(requests, ids, asked, pre, post, times), self, {}
+
+    def _alone(self, doc: dict, questions: list[Question]) -> tuple[float, list[Answer]]:
+        """Add one edit document, ask its questions and remove it again: the seconds the add took and the answers.
+        The document is in `made` from its add until its removal commits, so that `undo()` finds one left behind."""
+        began = time.perf_counter()
+        self.reader.add_documents([doc])
+        seconds = time.perf_counter() - began
+        self.made.append(doc["id"])
+        answers = self._ask(questions)
+        self.reader.remove_documents([doc["id"]])
+        self.made.remove(doc["id"])
+        return seconds, answers
 
     def _ask(self, questions: list[Question]) -> list[Answer]:
         return ask(self.reader, questions, self.settings, self.top_k)["bert_knn"] if questions else []
 
     def undo(self) -> list[str]:
-        """Remove every edit document this editor added (and has not removed); their ids."""
-        made, self.made = self.made, []
+        """Remove every edit document this editor added (and has not removed); their ids. They are forgotten only
+        once their removal committed (one transaction): when it fails, e.g. BusyError while another process writes
+        the datastore, the error propagates and they stay in `made`, for a later `undo()` to remove."""
+        made = list(self.made)
         if made:
             self.reader.remove_documents(made)
+            self.made = [doc_id for doc_id in self.made if doc_id not in made]
         return made
 
     restore = undo

@@ -18,11 +18,12 @@ case_id alone, before anything is tuned: dev = even case_ids, test = odd ones.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertknn.text import MASK, question_error
+from bertknn.text import MASK, question_error, unicode_error
 
 SPLITS = ("dev", "test", "all")
 KINDS = ("rewrite", "rephrase", "locality")  # an edit's three questions: efficacy, generalisation, locality
@@ -50,6 +51,17 @@ class EditRecord:
     locality_prompt: str
     locality_ground_truth: str
     relation: str | None = None
+
+
+@dataclass(frozen=True)
+class LongNumber:
+    """A JSON integer of more digits than Python converts to an int (`sys.get_int_max_str_digits`), kept as its
+    length, so that the record and the field holding it can be named."""
+
+    digits: int
+
+    def __repr__(self) -> str:
+        return f"a number of {self.digits:,} digits"
 
 
 @dataclass(frozen=True)
@@ -99,15 +111,28 @@ def _text(value: object, where: str, field: str, question: bool = False) -> str:
         raise EditsError(f"{where}: field {field!r} is {got}")
     if MASK in value:
         raise EditsError(f"{where}: field {field!r} holds {MASK}: a prompt is completed by the answer, not masked")
-    error = question_error(cloze(value)) if question else None
+    error = question_error(cloze(value)) if question else unicode_error(value)  # a lone surrogate: tokenizers fail
     if error:
         raise EditsError(f"{where}: field {field!r}: {error}")
     return value.strip()
 
 
+def _integer(digits: str) -> int | LongNumber:
+    """An integer's digits (JSON's, or a string case_id's) as an int, or a LongNumber when Python converts no
+    integer that long."""
+    try:
+        return int(digits)
+    except ValueError:  # over sys.get_int_max_str_digits() digits
+        return LongNumber(len(digits.strip().lstrip("+-")))
+
+
 def _case_id(value: object, where: str) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
+    """A whole number >= 0, or its digits as a string."""
+    if isinstance(value, str) and value.strip().isdecimal():  # the digits int() reads (isdigit() also takes "²")
+        value = _integer(value)
+    if isinstance(value, LongNumber):
+        limit = sys.get_int_max_str_digits()
+        raise EditsError(f"{where}: field 'case_id' has {value.digits:,} digits, over Python's limit of {limit:,}")
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         got = "missing" if value is None else f"not a whole number >= 0 ({value!r})"
         raise EditsError(f"{where}: field 'case_id' is {got}")
@@ -169,6 +194,15 @@ def parse_edit(raw: object, where: str) -> EditRecord:
     return _nested(raw, where) if "requested_rewrite" in raw else _flat(raw, where)
 
 
+def _loads(text: str, where: str) -> object:
+    """JSON text, its integers too long for an int as LongNumbers (named with their record later); EditsError naming
+    `where` when it nests deeper than Python's parser recurses."""
+    try:
+        return json.loads(text, parse_int=_integer)
+    except RecursionError:
+        raise EditsError(f"{where}: JSON nested too deeply to read (arrays or objects within each other)") from None
+
+
 def _raw_records(path: Path) -> list[tuple[str, object]]:
     """(where, record) of a JSON list or a JSON Lines file."""
     try:
@@ -177,7 +211,7 @@ def _raw_records(path: Path) -> list[tuple[str, object]]:
         raise EditsError(f"{path}: not UTF-8 text ({err})") from None
     if text.lstrip().startswith("["):
         try:
-            records = json.loads(text)
+            records = _loads(text, str(path))
         except json.JSONDecodeError as err:
             raise EditsError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
         return [(f"{path}, record {i + 1}", raw) for i, raw in enumerate(records)]
@@ -185,7 +219,8 @@ def _raw_records(path: Path) -> list[tuple[str, object]]:
     for number, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                out.append((f"{path}, record {len(out) + 1} (line {number})", json.loads(line)))
+                where = f"{path}, record {len(out) + 1} (line {number})"
+                out.append((where, _loads(line, where)))
             except json.JSONDecodeError as err:
                 raise EditsError(f"{path}, line {number}: not valid JSON ({err.msg})") from None
     return out

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 from bertknn.evaluation.edits_answers import Answer
 from bertknn.evaluation.edits_data import EditsError, Question, cloze
+from bertknn.text import unicode_error
 
 
 def _listed(value: object, n: int, name: str, optional: bool = True) -> list:
-    """An EasyEdit argument as a list of `n` strings (a string: one; None, where `optional`: n Nones)."""
+    """An EasyEdit argument as a list of `n` strings (a string: one; None, where `optional`: n Nones), each valid
+    Unicode (a lone surrogate, from a JSON escape, is refused here rather than by the tokenizer, with a TypeError)."""
     if value is None and optional:
         return [None] * n
     values = [value] if isinstance(value, str) else value
     if not isinstance(values, list) or len(values) != n or not all(isinstance(v, str) and v.strip() for v in values):
         raise EditsError(f"{name} must be {n} non-empty string(s), one per prompt (got {value!r})")
+    for i, text in enumerate(values):
+        error = unicode_error(text)
+        if error:
+            raise EditsError(f"{name}{'' if isinstance(value, str) else f'[{i}]'} is {error}")
     return values
 
 
