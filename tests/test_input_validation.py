@@ -16,7 +16,7 @@ from bertknn.cli import app
 from bertknn.console import render
 from bertknn.model.encoder import QuestionError
 from bertknn.query.prediction import Neighbour, Prediction, TokenScore
-from bertknn.text import CONTROL, CorpusError, Document, iter_corpus, parse_document, question_error
+from bertknn.text import CONTROL, CorpusError, Document, iso_date, iter_corpus, parse_document, question_error
 
 FUZZ = settings(
     max_examples=int(os.environ.get("BERTKNN_FUZZ_EXAMPLES", "200")),
@@ -54,6 +54,38 @@ def test_corpus_strings_that_are_not_valid_unicode_or_ids_with_controls_are_name
 def test_ids_may_hold_tabs_and_paired_surrogate_escapes_are_fine():
     doc = parse_document(json.loads(r'{"id": "a\tb", "title": "\ud83d\ude00", "text": "x"}'), "w")
     assert doc.id == "a\tb" and doc.title == "😀"
+
+
+OUT_OF_RANGE_DATES = ["9999-12-31T23:59:59-01:00", "0001-01-01T00:00:00+01:00"]  # years 10000 and 0 in UTC
+
+
+@pytest.mark.parametrize("date", OUT_OF_RANGE_DATES)
+def test_a_date_outside_years_1_to_9999_in_utc_is_a_corpus_error(date):
+    why = f"{date!r} converted to UTC falls outside the years 1 to 9999"
+    with pytest.raises(ValueError) as err:
+        iso_date(date)
+    assert str(err.value) == why
+    with pytest.raises(CorpusError) as err:
+        parse_document({"id": "a", "title": "A", "text": "x", "date": date}, "here")
+    assert str(err.value) == f"here: 'date' {why}"
+
+
+@pytest.mark.parametrize("command", ["build", "add"])
+def test_cli_names_the_file_and_line_of_a_date_out_of_range(tmp_path, tiny_model_dir, command):
+    corpus = tmp_path / "c.jsonl"
+    dated = {"id": "b", "title": "B", "text": "ok", "date": OUT_OF_RANGE_DATES[0]}
+    corpus.write_text('{"id": "a", "title": "A", "text": "ok"}\n' + json.dumps(dated) + "\n", encoding="utf-8")
+    store, model = tmp_path / "store", ["--model", str(tiny_model_dir)]
+    args = (
+        ["build", str(corpus), "--out", str(store), *model] if command == "build" else ["add", str(store), str(corpus)]
+    )
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())  # one message, wrapped to the terminal's width
+    assert said.startswith("error: ") and "Traceback" not in said
+    assert said.endswith(
+        f"c.jsonl:2: 'date' '{OUT_OF_RANGE_DATES[0]}' converted to UTC falls outside the years 1 to 9999"
+    )
 
 
 def test_invalid_utf8_names_file_line_byte_and_column(tmp_path):

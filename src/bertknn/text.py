@@ -180,8 +180,17 @@ def iso_date(value: object) -> str:
     except ValueError:
         raise ValueError(f"{value!r} is not an ISO 8601 date such as '2024-05-01' or '2024-05-01T09:30:00Z'") from None
     if moment.tzinfo is not None:
-        moment = moment.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+        moment = _in_utc(moment, value)
     return moment.isoformat(timespec="seconds")
+
+
+def _in_utc(moment: datetime.datetime, value: str) -> datetime.datetime:
+    """`moment` (with an offset) in UTC, without one. ValueError where UTC moves it out of the years 1-9999 that a
+    datetime holds ("9999-12-31T23:59:59-01:00"), rather than the OverflowError `astimezone` raises."""
+    try:
+        return moment.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    except OverflowError:
+        raise ValueError(f"{value!r} converted to UTC falls outside the years 1 to 9999") from None
 
 
 def iter_corpus(path: str | Path) -> Iterator[Document]:

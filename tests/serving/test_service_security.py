@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from bertknn import cli
 from bertknn.model.runtime import Runtime
 from bertknn.query.pipeline import BertKNN
+from bertknn.serving.schemas import PredictRequest
 from bertknn.serving.security import allowed_hosts_for, is_loopback
 from bertknn.serving.service import create_app
 
@@ -326,6 +327,48 @@ def test_options_are_bounded_and_finite(client, options, message):
     assert response.status_code == 422 and message in response.text
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "loc", "message"),
+    [
+        ("/predict", {"top_k": True}, ["body", "top_k"], "a valid integer"),
+        ("/predict", {"top_k": "2"}, ["body", "top_k"], "a valid integer"),
+        ("/predict", {"evidence": False}, ["body", "evidence"], "a valid integer"),
+        ("/predict", {"fill_mask": "yes"}, ["body", "fill_mask"], "a valid boolean"),
+        ("/predict", {"fill_mask": 1}, ["body", "fill_mask"], "a valid boolean"),
+        ("/predict", {"options": {"n_docs": True}}, ["body", "options", "n_docs"], "a valid integer"),
+        ("/predict", {"options": {"k": "5"}}, ["body", "options", "k"], "a valid integer"),
+        ("/predict", {"options": {"entity_filter": "yes"}}, ["body", "options", "entity_filter"], "a valid boolean"),
+        ("/predict", {"options": {"entity_filter": 0}}, ["body", "options", "entity_filter"], "a valid boolean"),
+        ("/predict", {"options": {"lam": True}}, ["body", "options", "lam"], "a valid number"),
+        ("/predict", {"options": {"lam": "0.5"}}, ["body", "options", "lam"], "a valid number"),
+        ("/predict", {"options": {"retrieval": 1}}, ["body", "options", "retrieval"], "a valid string"),
+        ("/predict/batch", {"top_k": True}, ["body", "top_k"], "a valid integer"),
+        ("/predict/batch", {"options": {"n_docs": True}}, ["body", "options", "n_docs"], "a valid integer"),
+    ],
+)
+def test_a_value_of_the_wrong_json_type_is_422_naming_the_field(client, path, body, loc, message):
+    """No lax conversions: `true` is no number, "yes" no boolean, "2" no number."""
+    questions = {"questions": [ILSA]} if path == "/predict/batch" else ILSA
+    response = client.post(path, json={**questions, **body})
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["detail"]
+    assert error["loc"] == loc and message in error["msg"]
+
+
+def test_numbers_of_either_json_form_are_taken():
+    """JSON has one number type: 1 for a float setting, 3.0 for a whole one."""
+    body = {**ILSA, "top_k": 3.0, "options": {"lam": 1, "n_docs": 2.0, "entity_filter": False}}
+    req = PredictRequest.model_validate(body)
+    assert req.top_k == 3 and req.options.lam == 1.0 and req.options.n_docs == 2 and req.options.entity_filter is False
+
+
+def test_a_request_of_the_right_types_answers(client):
+    body = {**ILSA, "top_k": 1, "evidence": 0, "fill_mask": True, "options": {"lam": 0.5, "entity_filter": True}}
+    response = client.post("/predict", json=body)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["bert_knn"]) == 1 and response.json()["fill_mask"]
+
+
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
@@ -463,4 +506,34 @@ def test_an_id_with_a_slash_can_be_deleted(secured):
     assert response.status_code == 201, response.text
     response = secured.delete("/documents/a/b", headers=AUTH)
     assert response.status_code == 200 and response.json()["id"] == "a/b"
+    assert secured.get("/health").json()["documents"] == 5
+
+
+BRANNOC = {"text": "Brannoc Vey was born in [MASK] .", "subject": "Brannoc Vey"}
+
+
+@pytest.mark.parametrize("doc_id", ["nl\nid", "tab\tid", "ls\u2028id", "a/\tb\nc\n"])
+def test_any_id_the_service_adds_it_can_delete(secured, doc_id):
+    assert secured.post("/documents", json={**DOC, "id": doc_id}, headers=AUTH).status_code == 201
+    assert "Brannoc Vey" in secured.post("/predict", json=BRANNOC).json()["documents"]
+    response = secured.delete(f"/documents/{quote(doc_id)}", headers=AUTH)
+    assert response.status_code == 200 and response.json()["id"] == doc_id
+    assert secured.get("/health").json()["documents"] == 5
+    assert "Brannoc Vey" not in secured.post("/predict", json=BRANNOC).json()["documents"]
+
+
+def test_deleting_an_id_with_a_trailing_newline_leaves_the_id_without_it(secured):
+    for doc_id in ("n1", "n1\n"):
+        assert secured.post("/documents", json={**DOC, "id": doc_id}, headers=AUTH).status_code == 201
+    response = secured.delete("/documents/n1%0A", headers=AUTH)
+    assert response.status_code == 200 and response.json()["id"] == "n1\n"
+    assert secured.get("/health").json()["documents"] == 6  # "n1" is still there
+    assert secured.delete("/documents/n1", headers=AUTH).status_code == 200
+
+
+@pytest.mark.parametrize("date", ["9999-12-31T23:59:59-01:00", "0001-01-01T00:00:00+01:00"])
+def test_a_document_dated_outside_years_1_to_9999_in_utc_is_422(secured, date):
+    response = secured.post("/documents", json={**DOC, "date": date}, headers=AUTH)
+    assert response.status_code == 422, response.text
+    assert f"'date' '{date}' converted to UTC falls outside the years 1 to 9999" in response.text
     assert secured.get("/health").json()["documents"] == 5

@@ -6,7 +6,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    WithJsonSchema,
+    create_model,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from bertknn.query.settings import SPECS, TYPES
 from bertknn.text import MASK, Document, parse_document, unicode_error
@@ -39,8 +50,27 @@ Subject = Annotated[
     Field(default=None, max_length=300, description="subject: a document with this title is searched"),
     UTF8,
 ]
-TopK = Annotated[int, Field(default=10, ge=1, le=100, description="answers per ranking")]
-EvidenceCount = Annotated[int, Field(default=3, ge=0, le=20, description="evidence sentences per kNN answer")]
+
+
+def _number(value: Any) -> Any:
+    """`value` if JSON calls it a number: pydantic's lax mode would take `true` as 1 and "5" as 5. A whole float such
+    as 3.0 stays an integer, as JSON Schema's "integer" and `Settings` have it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+def strict(kind: type, *constraints: Any) -> Any:
+    """`kind` with `constraints` (a Field's bounds), taking its own JSON type only (a boolean is no number, a string
+    no boolean or number): an integer by `_number`, a boolean, string or float strictly (a float takes an integer).
+    `_number` comes after the bounds, so that they stay the integer's own (its schema's minimum and maximum)."""
+    if kind is int:
+        return Annotated[(int, *constraints, BeforeValidator(_number))]
+    return Annotated[(kind, Strict(), *constraints)]
+
+
+TopK = strict(int, Field(default=10, ge=1, le=100, description="answers per ranking"))
+EvidenceCount = strict(int, Field(default=3, ge=0, le=20, description="evidence sentences per kNN answer"))
 
 
 LIMITS = {"n_docs": MAX_N_DOCS, "k": MAX_K, "lm_words": MAX_K}  # the service's caps beyond what Settings allows
@@ -49,17 +79,17 @@ LIMITS = {"n_docs": MAX_N_DOCS, "k": MAX_K, "lm_words": MAX_K}  # the service's 
 def _option(field, spec) -> tuple:
     """A request option made from a `Settings` field's declaration (query/settings.py): its type, help, and bounds or
     choices. The schema states them; Settings checks them (`_checked`), so that the message is the library's. The
-    service's own caps (LIMITS) are checked here, first."""
-    kind = TYPES[field.type]
+    service's own caps (LIMITS) are checked here, first, and its JSON type (`strict`)."""
     schema = {"type": {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}[field.type]}
     schema |= {"enum": list(spec.choices)} if spec.choices else {}
     bounds = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
     schema |= {key: getattr(spec, name) for name, key in bounds.items() if getattr(spec, name) is not None}
-    cap = {"le": LIMITS[field.name]} if field.name in LIMITS else {}
-    schema |= {"maximum": cap["le"]} if cap else {}
+    cap = [Field(le=LIMITS[field.name])] if field.name in LIMITS else []
+    schema |= {"maximum": LIMITS[field.name]} if cap else {}
     finite = {"allow_inf_nan": False} if field.type == "float" else {}
     description = f"{spec.help}; {spec.note}" if spec.note else spec.help
-    return Annotated[kind, WithJsonSchema(schema)] | None, Field(default=None, description=description, **cap, **finite)
+    option = Field(default=None, description=description, **finite)
+    return Annotated[strict(TYPES[field.type], *cap), WithJsonSchema(schema)] | None, option
 
 
 Options = create_model(
@@ -70,9 +100,9 @@ Options = create_model(
 )
 
 
-FillMask = Annotated[
+FillMask = strict(
     bool, Field(default=False, description="also give each ranking as transformers' fill-mask pipeline does")
-]
+)
 
 
 class PredictRequest(BaseModel):

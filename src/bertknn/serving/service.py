@@ -28,6 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 import bertknn
@@ -238,6 +239,17 @@ class _Writes:
         return _counts(self.reader, self.lock)
 
 
+class _DocIdConvertor(PathConvertor):
+    """A document id in a URL path: any characters, "/" and line breaks included. Starlette's `path` stops at a
+    newline (and its "$" lets a trailing one go), yet the corpus reader takes tabs and newlines in ids: without this
+    a document added with such an id could not be removed, or another one's id would be removed instead."""
+
+    regex = "(?s:.*)"
+
+
+register_url_convertor("doc_id", _DocIdConvertor())
+
+
 def _add_document_routes(app: FastAPI, writes: _Writes, checks: list, max_document_chars: int) -> None:
     """POST /documents and DELETE /documents/{id}, behind `checks` (`security.write_checks`)."""
 
@@ -272,7 +284,7 @@ def _add_document_routes(app: FastAPI, writes: _Writes, checks: list, max_docume
         return {"id": document.id, "contexts_added": added, "already_there": there, "message": message, **counts}
 
     @app.delete(
-        "/documents/{doc_id:path}",
+        "/documents/{doc_id:doc_id}",
         dependencies=checks,
         summary="Remove a document (--writable only)",
     )
