@@ -24,6 +24,7 @@ from bertknn.model.runtime import Runtime
 from bertknn.query.settings import DEFAULT, PAPER
 from bertknn.store.datastore import Datastore, read_committed
 
+from .conftest import write_corpus
 from .tolerances import assert_ranking_close
 
 runner = CliRunner()
@@ -392,3 +393,22 @@ def test_every_command_help_ends_with_an_example_that_parses():
             words = shlex.split(line.split("   (")[0])  # a remark after three spaces is not part of the command
             called = next(p for p in leaves if words[1 : 1 + len(p)] == list(p))
             leaves[called].make_context(" ".join(called), words[1 + len(called) :])  # raises on an unknown option
+
+
+def test_remove_shows_each_id_it_names_escaped_on_one_line(store_dir, tmp_path):
+    """Ids are shown as `shown` shows untrusted text: a newline does not split the line, a bidi override does not
+    reorder it (both escaped)."""
+    ids = ["nl\nid", "rlo\u202eid"]
+    docs = [{"id": i, "title": f"Orwhey {n}", "text": f"Orwhey {n} was born in Tallinn."} for n, i in enumerate(ids)]
+    added = runner.invoke(
+        app, ["add", str(store_dir), str(write_corpus(tmp_path / "ids.jsonl", docs)), "--threads", "1"]
+    )
+    assert added.exit_code == 0 and "added 2 documents" in added.output, added.output
+    remove = ["remove", str(store_dir), "--doc", ids[0], "--doc", ids[1]]
+    assert runner.invoke(app, remove).output.startswith("removed 2 document(s)")
+    again = runner.invoke(app, remove)
+    unknown = runner.invoke(app, ["remove", str(store_dir), "--doc", "no\n\u202eid"])
+    assert again.exit_code == 0 and again.output.endswith("; already removed before: nl\\x0aid, rlo\\u202eid\n")
+    assert unknown.exit_code == 2 and "no document with id 'no\\n\\u202eid'" in unknown.output, unknown.output
+    for result in (again, unknown):
+        assert result.output.count("\n") == 1 and "\u202e" not in result.output, result.output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from bertknn.query.prediction import Prediction
 
 console = Console()
+# bidi marks, embeddings, overrides and isolates (U+061C, U+200E-F, U+202A-E, U+2066-9), line and paragraph separators
+LAYOUT = re.compile("[\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 LOG_EVERY_S = 30  # a progress line this often when the output is not a terminal (a log file, CI)
 
 
@@ -47,8 +50,10 @@ def prob(p: float) -> str:
 
 
 def shown(text: str) -> str:
-    """A user or corpus string as rich markup that prints it as it is, control characters escaped (\\x1b)."""
-    return escape(printable(text))
+    """A user or corpus string (an id, a path, an error naming them) as rich markup that prints it as it is, on one
+    line and in its own order: control characters escaped (\\x1b, \\x0a), and so are the characters that reorder or
+    break the text around them without being controls (bidi overrides and isolates, line separators: \\u202e)."""
+    return escape(LAYOUT.sub(lambda m: f"\\u{ord(m.group()):04x}", printable(text)))
 
 
 @contextlib.contextmanager

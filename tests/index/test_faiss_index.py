@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from bertknn import BertKNN, DatastoreError
+from bertknn.index import faiss_files
 from bertknn.index.faiss_files import INDEX_FILE, auto_factory, auto_train_size
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.query.knn import knn_distribution
 from bertknn.store.datastore import Datastore
+from bertknn.store.integrity import Checksums
 
 from ..conftest import writable
 from ..tolerances import assert_neighbours_close
@@ -177,3 +179,22 @@ def test_a_merge_interrupted_before_deleting_its_parts_loads_the_merged_index(bu
     with built.store.writing():
         loaded.update()  # the next writer deletes them
     assert not list(built.store.path.glob("faiss_add_*"))
+
+
+def test_a_truncated_faiss_file_is_named_with_its_size_and_the_repair_that_rebuilds_it(built):
+    """FAISS reports a short read with an errno left over from an earlier call ("No such file or directory"): verify's
+    check and a reader whose checksums do not cover the file (a writer dropped them to rewrite it) say instead that
+    the file is truncated, with its size, and that `bertknn repair` rebuilds it."""
+    FaissIndex.build(built.store, "Flat")
+    path, file = built.store.path, built.store.path / INDEX_FILE
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+    (found,) = faiss_files.problems(path)
+    sums = Checksums(path)
+    sums.forget([INDEX_FILE])
+    sums.save()
+    with pytest.raises(DatastoreError) as loading, Datastore(path) as store:
+        FaissIndex.load(store)
+    for message in (found, str(loading.value)):
+        assert f"{file} is damaged (truncated: its {file.stat().st_size:,} bytes end before" in message, message
+        assert f"`bertknn repair {path}` rebuilds the FAISS index" in message, message
+        assert "No such file or directory" not in message and "read error" not in message, message

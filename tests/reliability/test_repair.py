@@ -185,3 +185,23 @@ def test_a_repair_killed_before_any_durable_step_and_rerun_finishes_the_job(stor
         assert not list(path.rglob("*.tmp")), step
         assert index_contents(path) == store.index, step
     assert_same_answers(store.ask(path), store.answers)
+
+
+@pytest.mark.parametrize("file", ["faiss.index", "faiss_trained.index", "tfidf_hashes.npy"])
+def test_an_index_file_replaced_by_a_directory_is_rebuilt_and_the_directory_removed(store, file, cli, tmp_path):
+    """A directory where an index file was (something in it) is damage of that file: the repair rebuilds the file,
+    deletes the directory and exits 0 (it said "Is a directory", exit 2, after committing the rebuilt index)."""
+    path = shutil.copytree(store.path, tmp_path / "store")
+    (path / file).unlink()
+    (path / file).mkdir()
+    (path / file / "stray.txt").write_text("not an index")
+    found = cli.run(["verify", path])
+    assert found.rc == 1 and any(file in line for line in found.error_lines()), found.describe()
+    repaired = ok(cli.run(["repair", path]))
+    what = "FAISS" if file.startswith("faiss") else "TF-IDF segment"
+    assert any(line.startswith("rebuilt:") and what in line for line in repaired.out.splitlines()), repaired.out
+    assert not (path / file).is_dir()
+    ok(cli.run(["verify", path]))
+    assert "nothing needs repair" in ok(cli.run(["repair", path])).out
+    assert index_contents(path) == store.index
+    assert_same_answers(store.ask(path), store.answers)

@@ -4,6 +4,7 @@ matrix through the command line, in processes, is tests/reliability/test_repair.
 
 from __future__ import annotations
 
+import errno
 import json
 import sqlite3
 
@@ -89,6 +90,25 @@ def test_a_damaged_faiss_index_is_built_again_with_its_settings_and_its_trained_
     assert ids == expected[0]
     np.testing.assert_allclose(dist, expected[1], rtol=RTOL)
     assert Writer(Datastore(indexed)).repair().rebuilt == []  # idempotent
+
+
+def test_a_cleanup_that_fails_after_the_commit_says_the_repair_is_committed_and_what_is_left(indexed, monkeypatch):
+    """Deleting what a repair replaced comes after its commit: a failure there (a permission, say) says that the
+    rebuilt index is committed and names the files left to delete by hand."""
+    _flip(indexed / "faiss.index", 40)
+
+    def refused(store: Datastore, name: str) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", str(store.path / name))
+
+    monkeypatch.setattr(faiss_files, "delete", refused)
+    with pytest.raises(DatastoreError) as err:
+        repair(indexed)
+    with Datastore(indexed) as store:
+        left = sorted(set(faiss_files.on_disk(indexed)) - {part.name for part in store.parts(faiss_files.KIND)})
+        assert left and FaissIndex.load(store).ntotal == store.size  # the rebuilt index, committed
+    assert str(err.value).startswith(f"{indexed}: the repair is committed (readers use the rebuilt index), but ")
+    assert str(err.value).endswith(f"delete by hand: {', '.join(str(indexed / name) for name in left)}")
+    assert checks.verify(indexed).problems == []
 
 
 def test_without_settings_or_their_copy_the_index_is_built_with_the_defaults_and_says_so(indexed):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
+import shutil
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,6 +67,7 @@ class _Found:
     segments: list[Part] = field(default_factory=list)  # listed TF-IDF segments a reader cannot trust
     faiss: bool = False  # the FAISS index is damaged: built again
     faiss_files: set[str] = field(default_factory=set)  # its files that checksums found damaged
+    damaged: set[str] = field(default_factory=set)  # the index files checksums found damaged (or a directory in place)
     stray: list[str] = field(default_factory=list)  # damaged index files no list names (left by an interrupted writer)
     notes: list[str] = field(default_factory=list)
     blocks: int = 0
@@ -138,7 +140,7 @@ def _find(store: Datastore, report: Progress) -> _Found:
     found = _Found([p for p in checked.problems if p not in mendable], notes=checked.notes, blocks=checked.blocks)
     if found.primary:
         return found
-    files = {d.file for d in damage}
+    files = found.damaged = {d.file for d in damage}
     segments = tfidf_files.listed(store)
     found.segments = retrieval.damaged_parts(store, files, segments)
     if ir and not found.segments:  # the list of segments itself does not hold together: store.sqlite's parts table
@@ -166,14 +168,47 @@ def _mend(shards: list[tuple[Datastore, _Found]], top: Path, report: Progress, d
     for store, found in todo:
         lines += _where(store, top, _mend_faiss(store, found, shards, top, report) if found.faiss else [])
     for store, found in todo:
-        gone = set(tfidf_files.retire(store)) | set(faiss_files.retire(store))  # stray parts: no list names them
-        for file in found.stray:
-            where = "deleted" if file.split("/")[0] in gone or not (store.path / file).exists() else "left"
-            lines += _where(store, top, [f"{file}: damaged, and no index lists it (an interrupted writer's): {where}"])
+        lines += _where(store, top, _clean(store, found))
         left = retrieval.problems(store.path) + faiss_files.problems(store.path)
         if left:
             raise DatastoreError(f"{store.path}: its index is still damaged after the repair: {left[0]}")
     return lines
+
+
+def _clean(store: Datastore, found: _Found) -> list[str]:
+    """After the commits: delete the index parts no list names now (those the repair replaced, and stray damaged
+    ones), a directory in the place of a damaged file first (the indexes' `retire` deletes files); a line for each
+    stray file. An OSError here (a permission, say) comes after the repair was committed: the DatastoreError says so
+    and names what is left to delete by hand."""
+    try:
+        for name in sorted(found.damaged):
+            if (store.path / name).is_dir() and not (store.path / name).is_symlink():
+                store.writer.rewriting(name)
+                shutil.rmtree(store.path / name)
+        gone = set(tfidf_files.retire(store)) | set(faiss_files.retire(store))
+    except OSError as err:
+        left = ", ".join(str(store.path / name) for name in _unlisted(store))
+        raise DatastoreError(
+            f"{store.path}: the repair is committed (readers use the rebuilt index), but deleting the files it "
+            f"replaced failed ({err}); delete by hand: {left}"
+        ) from None
+    lines = []
+    for file in found.stray:
+        where = "deleted" if file.split("/")[0] in gone or not (store.path / file).exists() else "left"
+        lines.append(f"{file}: damaged, and no index lists it (an interrupted writer's): {where}")
+    return lines
+
+
+def _unlisted(store: Datastore) -> list[str]:
+    """The index files and folders on disk that no committed list names (a directory in the place of one included):
+    what the cleanup after a repair's commit deletes."""
+    names = []
+    for kind, on_disk in ((tfidf_files.KIND, tfidf_files.on_disk), (faiss_files.KIND, faiss_files.on_disk)):
+        listed = {part.name for part in store.parts(kind) or []}
+        for name in on_disk(store.path):
+            if name not in listed:
+                names += tfidf_files.part_files(name) if name == tfidf_files.BASE else [name]
+    return sorted({name for name in names if (store.path / name).exists()})
 
 
 def _where(store: Datastore, top: Path, lines: list[str]) -> list[str]:
@@ -188,7 +223,6 @@ def _mend_segments(store: Datastore, damaged: list[Part], segment_docs: int) -> 
     tfidf_files.retire(store)  # what no list names, which may hold the names the new segments take
     new = {part: retrieval.rebuilt(store, part, segment_docs) for part in damaged}
     store.writer.commit_parts(tfidf=[new.get(part, part) for part in store.parts(tfidf_files.KIND) or []])
-    tfidf_files.retire(store)  # the damaged segments: no list names them now
     return [
         f"TF-IDF segment {_segment_name(part)} (documents {part.first:,}..{part.stop:,}): indexed again from the "
         f"stored documents, as {new[part].name}"

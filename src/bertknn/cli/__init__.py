@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Annotated
 import click
 import typer
 import typer.core
-from rich.markup import escape
 
 from bertknn.cli import settings
 from bertknn.cli.settings import QuerySettings
@@ -119,7 +118,8 @@ def command(
             except KeyboardInterrupt:
                 if interrupted is None:
                     raise
-                console.print(f"[yellow]interrupted[/]: {interrupted.format(**arguments)}")
+                shown_arguments = {name: shown(str(value)) for name, value in arguments.items()}
+                console.print(f"[yellow]interrupted[/]: {interrupted.format(**shown_arguments)}")
                 raise typer.Exit(130) from None
 
         run.__signature__ = signature
@@ -140,7 +140,7 @@ def _writer_wait(datastore: Path, wait: float) -> Iterator[None]:
     holder = lock_holder(datastore) if datastore.is_dir() else None
     if holder and wait:
         console.print(
-            f"[yellow]waiting[/] up to {wait:g} s for {escape(holder)} to finish writing {shown(str(datastore))}"
+            f"[yellow]waiting[/] up to {wait:g} s for {shown(holder)} to finish writing {shown(str(datastore))}"
         )
     with lock_wait(wait):
         yield
@@ -192,8 +192,8 @@ def _build(corpus: Path, out: Path, model: str | Encoder, layer: int | None, **o
     store = knn.store
     embedded = store.n_documents - len(store.documents.pending())
     console.print(
-        f"datastore {out}: {store.n_documents:,} documents ({embedded:,} embedded), "
-        f"{store.size:,} contexts, model {knn.encoder.name}, layer {store.manifest.layer} ({time.time() - began:,.0f}s)"
+        f"datastore {shown(str(out))}: {store.n_documents:,} documents ({embedded:,} embedded), {store.size:,} "
+        f"contexts, model {shown(knn.encoder.name)}, layer {store.manifest.layer} ({time.time() - began:,.0f}s)"
     )
     return knn
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 
 from bertknn.cli import (
     BackendOption,
@@ -166,8 +165,9 @@ def _build_on_ray(
             with ShardedDatastore(out) as store:
                 Writer(store).convert_keys(key_codec, progress=lambda done, total: report("encoding", done, total))
     console.print(
-        f"sharded datastore {out}: {len(top['shards'])} shards, {top['documents']:,} documents, {top['entries']:,} "
-        f"contexts, model {top['model']}, layer {top['layer']} ({time.time() - began:,.0f}s)"
+        f"sharded datastore {shown(str(out))}: {len(top['shards'])} shards, {top['documents']:,} documents, "
+        f"{top['entries']:,} contexts, model {shown(str(top['model']))}, layer {top['layer']} "
+        f"({time.time() - began:,.0f}s)"
     )
 
 
@@ -273,10 +273,10 @@ def sentences(
         for shard in shards:
             filled += fill(shard, backend, lambda done, total: report("embedding", done, total))
     console.print(
-        f"evidence vectors stored for {filled:,} entries of {escape(str(datastore))} ({time.time() - began:,.0f}s); "
+        f"evidence vectors stored for {filled:,} entries of {shown(str(datastore))} ({time.time() - began:,.0f}s); "
         "its questions weigh their neighbours' sentences"
         if filled
-        else f"{escape(str(datastore))} holds the evidence vectors of all its entries already: nothing to do"
+        else f"{shown(str(datastore))} holds the evidence vectors of all its entries already: nothing to do"
     )
 
 
@@ -307,7 +307,7 @@ def convert_keys(
         writer.convert_keys(key_codec, train_size, progress=lambda done, total: report("encoding", done, total))
     name, width = writer.store.keys_file()
     console.print(
-        f"keys of {escape(str(datastore))} as {escape(key_codec)}: {width} bytes per key in {name} (were {before[1]} "
+        f"keys of {shown(str(datastore))} as {shown(key_codec)}: {width} bytes per key in {name} (were {before[1]} "
         f"in {before[0]}; {time.time() - began:,.0f}s)"
     )
 
@@ -339,7 +339,7 @@ def prune(
     pruned.close()
     shown_before = f" of {before:,}" if before else ""
     console.print(
-        f"{escape(str(out))}: {kept:,} entries{shown_before} ({time.time() - began:,.0f}s); `bertknn index` "
+        f"{shown(str(out))}: {kept:,} entries{shown_before} ({time.time() - began:,.0f}s); `bertknn index` "
         "makes its FAISS index"
     )
 
@@ -382,13 +382,13 @@ def add(
         )
     skipped = sum(state == "live" for state in known.values()) - replaced
     console.print(
-        f"added {len(docs) - skipped:,} documents ({added:,} contexts) to {datastore}"
+        f"added {len(docs) - skipped:,} documents ({added:,} contexts) to {shown(str(datastore))}"
         + (f", {replaced:,} of them replacing the text held under their ids" if replaced else "")
         + (f"; {skipped:,} were there already" if skipped else "")
     )
     if writer.faiss_error is not None:  # IR questions find the new documents; FAISS ones do not until repaired
         console.print(
-            f"[yellow]note:[/] the FAISS index was not extended ({escape(str(writer.faiss_error))}); the command "
+            f"[yellow]note:[/] the FAISS index was not extended ({shown(str(writer.faiss_error))}); the command "
             "this names makes it whole again, with the new documents"
         )
 
@@ -406,8 +406,8 @@ def remove(
     with _writer_wait(datastore, wait):
         removed, before = Writer(open_store(datastore)).remove_documents(doc)
     console.print(
-        f"removed {len(removed)} document(s) from {escape(str(datastore))}"
-        + (f"; already removed before: {escape(', '.join(before))}" if before else "")
+        f"removed {len(removed)} document(s) from {shown(str(datastore))}"
+        + (f"; already removed before: {shown(', '.join(before))}" if before else "")
     )
 
 
@@ -439,12 +439,12 @@ def verify(
             found.notes += one.notes
             found.blocks += one.blocks
     for note in found.notes:
-        console.print(f"[yellow]note:[/] {escape(note)}")
+        console.print(f"[yellow]note:[/] {shown(note)}")
     for problem in found.problems:
-        console.print(f"[bold red]damaged:[/] {escape(problem)}")
+        console.print(f"[bold red]damaged:[/] {shown(problem)}")
     if found.problems:
         raise typer.Exit(1)
-    console.print(f"{escape(str(datastore))}: sound ({found.blocks:,} checksum blocks checked)")
+    console.print(f"{shown(str(datastore))}: sound ({found.blocks:,} checksum blocks checked)")
 
 
 @command(
@@ -463,15 +463,13 @@ def repair(datastore: DatastoreArg, wait: WaitOption = CLI_WAIT_S) -> None:
             done = repair_datastore(datastore, report)
     except Unrepairable as err:
         for problem in err.problems:
-            console.print(f"[bold red]damaged:[/] {escape(problem)}")
+            console.print(f"[bold red]damaged:[/] {shown(problem)}")
         raise
     for note in done.notes:
-        console.print(f"[yellow]note:[/] {escape(note)}")
+        console.print(f"[yellow]note:[/] {shown(note)}")
     for line in done.rebuilt:
-        console.print(f"[green]rebuilt:[/] {escape(line)}")
+        console.print(f"[green]rebuilt:[/] {shown(line)}")
     if done.rebuilt:
-        console.print(f"{escape(str(datastore))}: repaired ({len(done.rebuilt)} part(s)); `bertknn verify` checks it")
+        console.print(f"{shown(str(datastore))}: repaired ({len(done.rebuilt)} part(s)); `bertknn verify` checks it")
     else:
-        console.print(
-            f"{escape(str(datastore))}: sound, nothing needs repair ({done.blocks:,} checksum blocks checked)"
-        )
+        console.print(f"{shown(str(datastore))}: sound, nothing needs repair ({done.blocks:,} checksum blocks checked)")

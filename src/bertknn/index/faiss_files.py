@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 from functools import partial
 from pathlib import Path
 
@@ -64,10 +65,27 @@ def repair_hint(path: Path) -> str:
     return f"`bertknn repair {path}` rebuilds the FAISS index"
 
 
+def unreadable(file: Path, err: RuntimeError) -> str:
+    """Why FAISS could not read `file`, for a message naming it: a directory in its place, or the file truncated with
+    its size (FAISS's "read error": the file ends before the index does; FAISS appends an errno left over from an
+    earlier call, "No such file or directory" say, that is no reason), else FAISS's own reason."""
+    if file.is_dir():
+        return absent(file)
+    reason = str(err).splitlines()[-1]
+    if "read error" in reason:
+        return f"truncated: its {file.stat().st_size:,} bytes end before the index does"
+    return reason
+
+
+def absent(file: Path) -> str:
+    """How a listed FAISS file is not there, for a message: missing, or a directory in its place."""
+    return "a directory, not a file" if file.is_dir() else "missing"
+
+
 def problems(path: Path) -> list[str]:
     """What would keep a reader from opening the FAISS index of a datastore directory (`bertknn verify`): damaged
-    settings, a listed part missing, or a FAISS file that FAISS cannot read (read whole up to `READ_CHECK` bytes; a
-    larger one is only checked for being empty: its checksums cover the rest)."""
+    settings, a listed part missing (or a directory in its place), or a FAISS file that FAISS cannot read (read whole
+    up to `READ_CHECK` bytes; a larger one is only checked for being empty: its checksums cover the rest)."""
     try:
         settings = read_settings(path)
     except DatastoreError as err:
@@ -82,19 +100,21 @@ def problems(path: Path) -> list[str]:
     if listed == []:  # settings but no part committed yet: an index being built (or interrupted), not damage
         return []
     names = [INDEX_FILE, *(name for _, _, name in deltas(path))] if listed is None else [p.name for p in listed]
-    missing = [name for name in names if not (path / name).is_file()]
+    missing = [path / name for name in names if not (path / name).is_file()]
     if missing:
-        return [f"{path / missing[0]} is missing (its settings, {SETTINGS_FILE}, are there): {repair_hint(path)}"]
+        return [f"{missing[0]} is {absent(missing[0])} (its settings, {SETTINGS_FILE}, are there): {repair_hint(path)}"]
     found = []
     for file in [*(path / name for name in names), path / TRAINED_FILE]:
         size = file.stat().st_size if file.is_file() else None
-        if size == 0:
+        if file.is_dir():
+            found.append(f"{file} is {absent(file)}: {repair_hint(path)}")
+        elif size == 0:
             found.append(f"{file} is empty: {repair_hint(path)}")
         elif size is not None and size <= READ_CHECK:
             try:
                 faiss.read_index(str(file))
             except RuntimeError as err:
-                found.append(f"{file} is damaged ({str(err).splitlines()[-1]}): {repair_hint(path)}")
+                found.append(f"{file} is damaged ({unreadable(file, err)}): {repair_hint(path)}")
     return found
 
 
@@ -120,9 +140,11 @@ def read_part(store: Datastore, name: str = INDEX_FILE) -> faiss.Index:
     try:
         index = faiss.read_index(str(store.path / name))
     except RuntimeError as err:
-        if not (store.path / name).is_file():
+        if not (store.path / name).exists():
             raise FileNotFoundError(store.path / name) from None
-        raise DatastoreError(f"{store.path / name} is damaged ({str(err).splitlines()[-1]}); {rebuild}") from None
+        raise DatastoreError(
+            f"{store.path / name} is damaged ({unreadable(store.path / name, err)}); {rebuild}"
+        ) from None
     if index.d != store.dim:
         raise DatastoreError(
             f"{store.path / name} does not fit the datastore (keys of width {index.d}, the store's are {store.dim}); "
@@ -150,13 +172,22 @@ def save(index: faiss.Index, store: Datastore, name: str = INDEX_FILE) -> None:
     atomic.write_file(
         store.path / name,
         lambda handle: faiss.write_index(index, faiss.PyCallbackIOWriter(handle.write)),
-        before_rename=lambda: store.writer.rewriting(name),
+        before_rename=partial(_replacing, store, name),
     )
 
 
-def delete(store: Datastore, name: str) -> None:
-    """Delete a FAISS file of the store, its checksums dropped first (so its absence is not taken for damage)."""
+def _replacing(store: Datastore, name: str) -> None:
+    """Before a FAISS file is written in place: its checksums dropped (so an interrupted rewrite is not taken for
+    damage), and a directory standing in its place deleted (damage no reader can open; a rename cannot replace it)."""
     store.writer.rewriting(name)
+    if (store.path / name).is_dir() and not (store.path / name).is_symlink():
+        shutil.rmtree(store.path / name)
+
+
+def delete(store: Datastore, name: str) -> None:
+    """Delete a FAISS file of the store (or a directory in its place), its checksums dropped first (so its absence is
+    not taken for damage)."""
+    _replacing(store, name)
     (store.path / name).unlink(missing_ok=True)
 
 
@@ -178,10 +209,14 @@ def listing(store: Datastore) -> list[Part]:
     return listed
 
 
+def on_disk(path: Path) -> list[str]:
+    """The FAISS parts in a datastore directory, listed or not (a directory in the place of one included)."""
+    return ([INDEX_FILE] if (path / INDEX_FILE).exists() else []) + [name for _, _, name in deltas(path)]
+
+
 def retire(store: Datastore) -> list[str]:
     """Delete the FAISS parts that the committed list does not name (`parts.retire`)."""
-    on_disk = [INDEX_FILE] if (store.path / INDEX_FILE).is_file() else []
-    return parts.retire(store, KIND, on_disk + [name for _, _, name in deltas(store.path)], partial(delete, store))
+    return parts.retire(store, KIND, on_disk(store.path), partial(delete, store))
 
 
 def complete_settings(settings: object) -> dict | None:
@@ -231,6 +266,6 @@ def sound_trained(store: Datastore) -> faiss.Index | None:
 
 def write_settings(store: Datastore, settings: dict) -> None:
     """Write faiss.json whole, and the copy SQLite keeps of it (for the writer: its checksums are dropped first)."""
-    store.writer.rewriting(SETTINGS_FILE)
+    _replacing(store, SETTINGS_FILE)
     atomic.write_json(store.path / SETTINGS_FILE, settings)
     store.writer.write_meta(SETTINGS_COPY, json.dumps(settings))

@@ -30,6 +30,7 @@ from bertknn.index.faiss_files import (
     SETTINGS_COPY,
     SETTINGS_FILE,
     TRAINED_FILE,
+    absent,
     auto_factory,
     auto_train_size,
     delta_name,
@@ -155,8 +156,8 @@ class FaissIndex:
         """A datastore made before parts were committed: faiss.index and the added parts that follow it."""
         if not (store.path / INDEX_FILE).is_file():
             raise DatastoreError(
-                f"{store.path / INDEX_FILE} is missing (its settings, {SETTINGS_FILE}, are there): "
-                f"{repair_hint(store.path)}"
+                f"{store.path / INDEX_FILE} is {absent(store.path / INDEX_FILE)} (its settings, {SETTINGS_FILE}, are "
+                f"there): {repair_hint(store.path)}"
             )
         return cls.open(store, settings, listing(store))
 
@@ -168,10 +169,10 @@ class FaissIndex:
                 f"the FAISS index of {store.path} is incomplete (being built, or its build was interrupted): rerun "
                 f"`bertknn index {store.path}`"
             )
-        missing = [part.name for part in listed if not (store.path / part.name).is_file()]
+        missing = [store.path / part.name for part in listed if not (store.path / part.name).is_file()]
         if missing:
             raise DatastoreError(
-                f"{store.path / missing[0]} is missing (its settings, {SETTINGS_FILE}, are there): "
+                f"{missing[0]} is {absent(missing[0])} (its settings, {SETTINGS_FILE}, are there): "
                 f"{repair_hint(store.path)}"
             )
         loaded, pos = [], 0
@@ -273,9 +274,10 @@ class FaissIndex:
         """The index of `settings` made again over every key (`bertknn repair`), in place of a damaged one: filled
         from the stored keys on `trained` (`kept`: as faiss_trained.index holds it, sound; else written there), or on
         an index trained again as the settings say, with faiss.json written anew. Its parts are written under names
-        the committed list does not hold and committed in one transaction in place of the listed ones, which are then
-        deleted; so readers open the damaged index or the new one, never a part of it, and a crash leaves one of the
-        two (a rerun of the repair finds the damage again, or finds none). Under the writer lock."""
+        the committed list does not hold and committed in one transaction in place of the listed ones, which the
+        caller then deletes (`retire`: `bertknn repair` does once every index is committed, and says what is left
+        where that fails); so readers open the damaged index or the new one, never a part of it, and a crash leaves
+        one of the two (a rerun of the repair finds the damage again, or finds none). Under the writer lock."""
         if not store.manifest.complete:
             raise DatastoreError(f"the datastore at {store.path} is not fully embedded; a FAISS index needs all keys")
         settings = dict(settings)
@@ -290,9 +292,9 @@ class FaissIndex:
             built = cls([], faiss.clone_index(trained), store, settings)
             built.update(chunk, progress, commit=False)
             built._compact(everything=True)
-            built.commit()  # the damaged parts replaced by the new ones, then deleted
+            store.writer.commit_parts(faiss=built.listed())  # the damaged parts replaced by the new ones
             built._name_base()
-            built.commit()
+            store.writer.commit_parts(faiss=built.listed())
             return built
 
     def update(
