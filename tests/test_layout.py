@@ -54,12 +54,14 @@ def test_storage_imports_neither_the_model_nor_the_tokenizer():
         "bertknn.store.codec",
         "bertknn.store.documents",
         "bertknn.store.evidence",
+        "bertknn.store.identity",
         "bertknn.store.integrity",
         "bertknn.store.lexicon",
         "bertknn.store.lock",
         "bertknn.store.manifest",
         "bertknn.store.records",
         "bertknn.store.schema",
+        "bertknn.store.snapshot",
         "bertknn.store.writer",  # `writing()` gives the writer
     }
     for reads in ("store.documents", "store.lexicon"):  # the store's reads by concept (the store: for type hints)

@@ -35,6 +35,7 @@ COMMANDS = ("build", "add")
 LOCK = "write.lock"
 SQLITE = "store.sqlite"
 BY_CONTENT = ("store.sqlite", "checksums.json", "keys.f16", "values.i32", "manifest.json")
+OWN = ("store_id", "commits")  # meta rows of store.sqlite (and fields of checksums.json) that tell this store's own
 PAGE = 4096  # SQLite's default page size: where two store.sqlite files first differ is reported in pages
 STATS: dict[str, dict] = {}
 
@@ -95,7 +96,19 @@ def _sqlite_content(path: Path) -> dict:
             columns = [row[1] for row in db.execute(f'PRAGMA table_info("{name}")')]
             order = ", ".join(f'"{c}"' for c in columns)
             content[name] = db.execute(f'SELECT * FROM "{name}" ORDER BY {order}').fetchall()
+        # the store's id is its own, and a run killed and rerun commits more often than an uninterrupted one: both
+        # are compared with the store's other files by `_own_identity`, not with the reference
+        content["meta"] = [row for row in content["meta"] if row[0] not in OWN]
         return content
+    finally:
+        db.close()
+
+
+def _held(store: Path) -> dict:
+    """store.sqlite's id and commit count (`identity.held`)."""
+    db = sqlite3.connect(store / SQLITE)
+    try:
+        return dict(db.execute("SELECT key, value FROM meta WHERE key IN (?, ?)", OWN).fetchall())
     finally:
         db.close()
 
@@ -122,6 +135,9 @@ def _checksums_content(store: Path) -> tuple[dict, list[str]]:
         problems.append(f"checksums.json records store.sqlite as {own and own.get('length')} bytes, not {len(db)}")
     if meta.pop("sqlite_changes", None) != int.from_bytes(db[24:28], "big"):
         problems.append("checksums.json's sqlite_changes is not store.sqlite's change counter")
+    held = _held(store)
+    if (meta.pop("store_id", None), meta.pop("commits", None)) != (held.get("store_id"), int(held.get("commits", -1))):
+        problems.append(f"checksums.json's store id and commits are not store.sqlite's ({held})")
     return {**data, "files": files, "meta": meta}, problems
 
 
@@ -159,8 +175,12 @@ def _compare_file(ref: Path, store: Path, name: str, notes: list[str]) -> list[s
         past = [f"{name}: {len(got) - size} bytes past the committed entries"] if len(got) > size else []
         same = got[:size] == want[:size] and len(want) == size
         return past + ([] if same else [f"{name}: the committed entries differ from the reference's"])
-    # manifest.json: compared parsed (the same fields and values); no field holds a time.
-    if json.loads(want) != json.loads(got):
+    # manifest.json: compared parsed (the same fields and values, the store's own id aside, which must be the one
+    # its store.sqlite holds); no field holds a time.
+    want, got = json.loads(want), json.loads(got)
+    if got.pop("store_id", None) != _held(store).get("store_id"):
+        return ["manifest.json: its store id is not store.sqlite's"]
+    if {k: v for k, v in want.items() if k != "store_id"} != got:
         return ["manifest.json: other fields or values than the reference's"]
     notes.append("manifest.json: same fields, other bytes (field order or layout)")
     return []

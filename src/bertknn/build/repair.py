@@ -28,7 +28,8 @@ import faiss
 from bertknn.index import NPROBE, faiss_files, faiss_index, retrieval, tfidf_files
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.index.retrieval import SEGMENT_DOCS
-from bertknn.store.datastore import CODEC, CODES, COUNTS, KEYS, SQLITE, VALUES, Datastore, DatastoreError, is_index_file
+from bertknn.store.datastore import CODEC, CODES, COUNTS, KEYS, SQLITE, VALUES, Datastore, DatastoreError
+from bertknn.store.integrity import is_index_file
 from bertknn.store.manifest import RECORD
 from bertknn.store.records import Part
 from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, is_sharded, shard_paths

@@ -59,6 +59,7 @@ class Writer:
         self._faiss_state: list | None = None  # `FaissIndex.disk_state` when `faiss` was loaded or written
         self.faiss_error: DatastoreError | None = None  # why the last add could not extend the FAISS index
         self._last: Writer | None = None  # a sharded datastore's: the writer of its last shard
+        self.completed: list[str] = []  # ids an interrupted add had staged that the last add published with its own
 
     @classmethod
     def open(cls, datastore: str | Path, model: str | None = None, runtime: Runtime | str = "torch") -> Writer:
@@ -293,7 +294,8 @@ class Writer:
                 faiss.update(commit=False)
                 listed["faiss"] = faiss.listed()
             ranges = store.documents.ranges(store.documents.adding())  # also those an interrupted add embedded
-            store.writer.publish(**listed)  # the documents and the index parts that hold them, in one transaction
+            published = store.writer.publish(**listed)  # the documents and the index parts that hold them, at once
+            self.completed = [doc_id for doc_id in published if doc_id not in ids]
             tfidf_files.retire(store)
             faiss_files.retire(store)
             builder.finish(store)
@@ -333,7 +335,9 @@ class Writer:
             if self._last is None or self._last.store is not last:  # opened once, not per add
                 self._last = Writer(last, self._encoder())
             docs = [d for d in docs if d.id not in elsewhere]
-            return self._last.add_documents(docs, skip_existing, progress, wait)
+            added = self._last.add_documents(docs, skip_existing, progress, wait)
+            self.completed = self._last.completed
+            return added
 
     def repair(self, progress: Callable[[str, int, int], None] | None = None, wait: float | None = None) -> Repair:
         """Check the datastore as `bertknn verify` does and make its damaged index files again from what it keeps

@@ -278,13 +278,15 @@ class BertKNN:
         the combined answer (`postprocess`).
         """
         s = self._options(top_k, evidence, retrieval, settings, hparams)
-        search = self.search(s.retrieval)
         queries = texts if texts and isinstance(texts[0], Query) else self.preprocess(texts, subjects)
         out = []
         for start in range(0, len(queries), batch_size):
-            forwarded = self._forward(queries[start : start + batch_size], search, s)
-            with self.store.sqlite_errors():  # a damaged page met by a question: an error naming the file
-                out += [self.postprocess(f, top_k, evidence, s) for f in forwarded]
+            with self.store.snapshot():  # the batch reads one commit: the latest when it begins (`refresh`)
+                self.refresh()
+                search = self.search(s.retrieval)
+                forwarded = self._forward(queries[start : start + batch_size], search, s)
+                with self.store.sqlite_errors():  # a damaged page met by a question: an error naming the file
+                    out += [self.postprocess(f, top_k, evidence, s) for f in forwarded]
         return out
 
     def _forward(self, batch: Sequence[Query], search: Search, s: Settings) -> list[Forwarded]:

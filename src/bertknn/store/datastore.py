@@ -51,16 +51,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertknn.store import atomic, schema
+from bertknn.store import atomic, identity, schema
 from bertknn.store import evidence as evidence_table
 from bertknn.store.codec import Decoded, KeyCodec
 from bertknn.store.documents import Documents
-from bertknn.store.integrity import ChecksumError, Checksums, Damage
+from bertknn.store.integrity import ChecksumError, Checksums, Damage, damage_message
 from bertknn.store.lexicon import Lexicon
 from bertknn.store.lock import LOCK_FILE, LOCK_WAIT, BusyError, acquire_lock
 from bertknn.store.manifest import FLOAT16, RECORD, DatastoreError, Manifest, read_manifest, with_record
 from bertknn.store.records import Part
-from bertknn.store.schema import SQLITE
+from bertknn.store.schema import SQLITE, STORE_ID
+from bertknn.store.snapshot import Snapshots
 
 if TYPE_CHECKING:
     from bertknn.store.writer import DatastoreWriter
@@ -92,8 +93,14 @@ def sqlite_errors(what: str, hint: str) -> Iterator[None]:
     except sqlite3.IntegrityError:
         raise
     except sqlite3.DatabaseError as err:
-        if getattr(err, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(err):
+        code = getattr(err, "sqlite_errorcode", None)
+        if code == sqlite3.SQLITE_FULL or "disk is full" in str(err):
             raise atomic.DiskFullError(Path(what)) from None  # SQLite rolled the transaction back: nothing damaged
+        if code is not None and code & 0xFF == sqlite3.SQLITE_READONLY:  # the file, not its content
+            raise DatastoreError(
+                f"{what} cannot be written ({err}): check its permissions and the file system (mounted read-only, "
+                "an immutable file); nothing was changed"
+            ) from None
         raise DatastoreError(f"{what} is damaged or unreadable ({err}); {hint}") from None
 
 
@@ -136,26 +143,6 @@ def committed(path: Path, manifest: Manifest, db: sqlite3.Connection) -> Manifes
     return with_record(manifest, row[0] if row else None, f"{path / SQLITE} (its manifest record)")
 
 
-INDEX_PREFIXES = ("faiss", "tfidf")  # the indexes' files (index/): made from the documents and keys kept here
-
-
-def is_index_file(name: str) -> bool:
-    """Whether a file of a datastore (its name relative to the datastore) belongs to an index: the TF-IDF segments
-    and the FAISS files, which `bertknn repair` rebuilds from what the store keeps."""
-    return name.startswith(INDEX_PREFIXES)
-
-
-def _damage_message(path: Path, damage: list) -> str:
-    shown = "; ".join(str(d) for d in damage[:5]) + (f"; and {len(damage) - 5} more" if len(damage) > 5 else "")
-    if all(is_index_file(d.file) for d in damage):
-        return f"{path} is damaged: {shown}. These are index files: `bertknn repair {path}` rebuilds them"
-    return (
-        f"{path} is damaged: {shown}. `bertknn verify {path}` checks every block; restore the damaged files from a "
-        f"copy, or rebuild the datastore (`bertknn repair {path}` rebuilds damaged index files and says what else a "
-        "rebuild needs)"
-    )
-
-
 class Datastore:
     """A datastore directory opened for reading (and, under `writing()`, for appending).
 
@@ -186,6 +173,7 @@ class Datastore:
         self.evidence = evidence_table.EvidenceReads(self)  # the evidence vectors' reads (evidence.py)
         self.lexicon = Lexicon(self)  # the words of several tokens (lexicon.py)
         self._codec: KeyCodec | None = None  # loaded by `codec` for compressed keys
+        self._snapshots = Snapshots(lambda: self._reader, self.reload)  # the read transaction of `snapshot`
         self.remap()
         self.version = self.data_version()
         self.faiss_damage: list[Damage] = []  # damage confined to the FAISS files: IR questions still work
@@ -196,7 +184,7 @@ class Datastore:
                 damage = self.check(only=damage)
             self.faiss_damage = [d for d in damage if d.file.startswith("faiss")]
             if len(damage) > len(self.faiss_damage):
-                raise DatastoreError(_damage_message(self.path, damage))
+                raise DatastoreError(damage_message(self.path, damage))
 
     def close(self) -> None:
         """Close the SQLite connections (the memory maps close with the object); `with Datastore(path) as store:`
@@ -339,6 +327,17 @@ class Datastore:
             self.faiss_damage = self.check(only=self.faiss_damage)
 
     @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Read from one commit meanwhile (snapshot.py): what was committed when it began, re-read; writers' commits
+        wait for its end."""
+        with self.sqlite_errors():
+            self._snapshots.enter()
+        try:
+            yield
+        finally:
+            self._snapshots.exit()
+
+    @contextlib.contextmanager
     def writing(self, wait: float | None = None, check_tails: bool = True) -> Iterator[DatastoreWriter]:
         """Hold the datastore's writer lock (waiting up to `wait` seconds for another writer; None: as `lock_wait`
         says), open the writer's connection (the schema made or upgraded), re-read the committed state and give the
@@ -356,27 +355,29 @@ class Datastore:
                 return
             from bertknn.store.writer import DatastoreWriter  # the writer module reads through this one
 
-            self._lock = acquire_lock(self.path, max(0.0, wait - (time.monotonic() - began)))
-            try:
-                atomic.remove_temporary(self.path)  # what an interrupted writer left half-written
-                with self.sqlite_errors():
-                    if self._writer_db is None:  # kept open after: a reader thread may hold it as `db` a while
-                        self._writer_db = schema.writing(self.path / SQLITE)
-                    self.db = self._writer_db
-                self.reload()
-                self._writer = writer = DatastoreWriter(self)
-                if self._meta("identity", "") == "":  # a create killed between its manifest and this record
-                    writer.record_identity()
-                if check_tails:
-                    self._check_tails()
-                yield writer
-                writer.seal()
-            finally:
-                self._writer = None
-                self._read_again()
-                handle, self._lock = self._lock, None
-                fcntl.flock(handle, fcntl.LOCK_UN)
-                handle.close()
+            with self._snapshots.paused():  # this object's own snapshot would hold its commits back
+                self._lock = acquire_lock(self.path, max(0.0, wait - (time.monotonic() - began)))
+                try:
+                    self._check_provenance(older=check_tails)
+                    atomic.remove_temporary(self.path)  # what an interrupted writer left half-written
+                    with self.sqlite_errors():
+                        if self._writer_db is None:  # kept open after: a reader thread may hold it as `db` a while
+                            self._writer_db = schema.writing(self.path / SQLITE)
+                        self.db = self._writer_db
+                    self.reload()
+                    self._writer = writer = DatastoreWriter(self)
+                    if self._meta("identity", "") == "":  # a create killed between its manifest and this record
+                        writer.record_identity()
+                    if check_tails:
+                        self._check_tails()
+                    yield writer
+                    self._seal(writer)
+                finally:
+                    self._writer = None
+                    self._read_again()
+                    handle, self._lock = self._lock, None
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+                    handle.close()
         finally:
             self._threads.release()
 
@@ -389,6 +390,31 @@ class Datastore:
         self.db = self._reader
         self.version = self.data_version()
 
+    def _seal(self, writer: DatastoreWriter) -> None:
+        """The write's checksums recorded; a failure to record them (a permission, say) says that the write itself
+        was committed, and what records them."""
+        try:
+            writer.seal()
+        except OSError as err:
+            if isinstance(err, atomic.DiskFullError):
+                raise
+            raise DatastoreError(
+                f"the change to {self.path} was committed, but its checksums could not be recorded ({err}); the next "
+                f"write records them, or `bertknn verify --record {self.path}` once that is mended"
+            ) from None
+
+    def _check_provenance(self, older: bool) -> None:
+        """Refuse, before writing anything, to write to a store.sqlite that is another store's or (with `older`) an
+        older copy of this one's (`identity.damage`): its seal would record the wrong state as sound."""
+        try:
+            meta = Checksums(self.path).meta
+        except ChecksumError:
+            meta = {}  # a damaged checksums.json is the tails' check's to name
+        with self.sqlite_errors():
+            wrong = identity.damage(self.manifest.get(STORE_ID), self._reader, meta, older)
+        if wrong:
+            raise DatastoreError(damage_message(self.path, wrong))
+
     def _check_tails(self) -> None:
         """Refuse to append to keys or values whose last, partly filled block was damaged: the seal would have to
         hash that block again, and would take the damage for data."""
@@ -397,7 +423,7 @@ class Datastore:
         except ChecksumError as err:
             damage = [Damage("checksums.json", None, str(err))]
         if damage:
-            raise DatastoreError(_damage_message(self.path, damage))
+            raise DatastoreError(damage_message(self.path, damage))
 
     def sqlite_changes(self) -> int | None:
         """SQLite's file change counter (header bytes 24-27): it grows with every committed transaction. None before
@@ -427,10 +453,13 @@ class Datastore:
         if not sums.files and self._meta("checksummed", "0") == "1":
             return [Damage("checksums.json", None, "missing, though the datastore had checksums recorded")]
         with self._read_transaction():  # no writer may commit to SQLite while its blocks are compared
-            names = set(sums.files)
+            foreign = identity.damage(self.manifest.get(STORE_ID), self.db, sums.meta)
+            if any(d.file == "checksums.json" for d in foreign):  # its records are of another store's files
+                return foreign
+            names = set(sums.files) - {d.file for d in foreign}
             if sums.meta.get("sqlite_changes") != self.sqlite_changes():
                 names.discard(SQLITE)
-            return sums.verify(names, sample, progress, growing=APPEND_ONLY, only=only)
+            return foreign + sums.verify(names, sample, progress, growing=APPEND_ONLY, only=only)
 
     @contextlib.contextmanager
     def _read_transaction(self) -> Iterator[None]:

@@ -167,8 +167,10 @@ class Documents:
         return docs[np.searchsorted(starts, np.asarray(entries, np.int64), side="right") - 1]
 
     def pending(self, docs: list[int] | None = None) -> list[int]:
-        """The documents (of `docs`, or all) whose entries are not embedded yet, in index order."""
-        query = "SELECT idx FROM documents WHERE start IS NULL"
+        """The documents (of `docs`, or all) whose entries are not embedded yet, in index order. A removed document is
+        never pending: it is searched by nobody (a staged text an add rerun with other text superseded, say), so it
+        neither waits to be embedded nor makes a store lazy (`builder.finish`)."""
+        query = "SELECT idx FROM documents WHERE start IS NULL AND state != 'removed'"
         if docs is None:
             return [r[0] for r in self.db.execute(f"{query} ORDER BY idx")]
         docs = sorted(set(docs))

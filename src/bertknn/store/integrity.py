@@ -186,3 +186,24 @@ def seal(sums: Checksums, files: Iterable[str], changed: Iterable[str] = (), **m
     for name in sorted(on_disk - set(sums.files)):
         sums.record(name)
     sums.save()
+
+
+INDEX_PREFIXES = ("faiss", "tfidf")  # the indexes' files (index/): made from the documents and keys kept here
+
+
+def is_index_file(name: str) -> bool:
+    """Whether a file of a datastore (its name relative to the datastore) belongs to an index: the TF-IDF segments
+    and the FAISS files, which `bertknn repair` rebuilds from what the store keeps."""
+    return name.startswith(INDEX_PREFIXES)
+
+
+def damage_message(path: Path, damage: list) -> str:
+    """A datastore's damage as one message: what is damaged, and the command that mends it or what to restore."""
+    shown = "; ".join(str(d) for d in damage[:5]) + (f"; and {len(damage) - 5} more" if len(damage) > 5 else "")
+    if all(is_index_file(d.file) for d in damage):
+        return f"{path} is damaged: {shown}. These are index files: `bertknn repair {path}` rebuilds them"
+    return (
+        f"{path} is damaged: {shown}. `bertknn verify {path}` checks every block; restore the damaged files from a "
+        f"copy, or rebuild the datastore (`bertknn repair {path}` rebuilds damaged index files and says what else a "
+        "rebuild needs)"
+    )

@@ -46,6 +46,7 @@ OPTIONAL = {
     "key_codec_pending": str,
     "pruned": dict,
     "evidence": str,
+    "store_id": str,
 }
 
 

@@ -37,6 +37,7 @@ ADDED = (  # columns of `documents` added after the first datastores, with their
     ("date", "TEXT", "NULL"),
     ("since", "TEXT", "NULL"),
 )
+STORE_ID, COMMITS = "store_id", "commits"  # meta rows: the datastore's id, and how many commits its writers made
 TIMEOUT_S = 30.0  # how long a connection waits for SQLite's own lock (another connection's transaction)
 READONLY_ROLLBACK = getattr(sqlite3, "SQLITE_READONLY_ROLLBACK", 776)  # a hot journal met by a read-only connection
 
@@ -56,6 +57,19 @@ class Connection(sqlite3.Connection):
 
     file: Path  # the database file, for the rollback
     views: bool  # whether temporary views give columns the file lacks (an older schema)
+
+
+class Writing(sqlite3.Connection):
+    """A writer's connection: every transaction it commits (`with db:`) adds one to the `COMMITS` row, in that
+    transaction, so an older copy of store.sqlite is told from the latest (identity.py)."""
+
+    def __exit__(self, kind: object, value: object, trace: object) -> bool | None:
+        if kind is None and self.in_transaction:
+            self.execute(
+                "INSERT INTO meta VALUES (?, '1') ON CONFLICT (key) DO UPDATE SET value = CAST(value AS INTEGER) + 1",
+                (COMMITS,),
+            )
+        return super().__exit__(kind, value, trace)
 
 
 def _roll_back(file: Path) -> None:
@@ -92,7 +106,7 @@ def empty() -> sqlite3.Connection:
 
 def writing(file: Path) -> sqlite3.Connection:
     """A writer's connection to store.sqlite: the schema made, or an older one upgraded (columns added)."""
-    db = sqlite3.connect(file, check_same_thread=False, timeout=TIMEOUT_S)
+    db = sqlite3.connect(file, check_same_thread=False, timeout=TIMEOUT_S, factory=Writing)
     db.executescript(SCHEMA)
     columns = {row[1] for row in db.execute("PRAGMA table_info(documents)")}
     for name, kind, _ in ADDED:

@@ -182,6 +182,15 @@ class ShardedDatastore:
             shard.reload()
         self._offsets()
 
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Every shard read from one commit meanwhile (`Datastore.snapshot`), its counts and offsets re-read."""
+        with contextlib.ExitStack() as held:
+            for shard in self.shards:
+                held.enter_context(shard.snapshot())
+            self._offsets()
+            yield
+
     @property
     def faiss_damage(self) -> list:
         """Damage confined to the shards' FAISS files (IR questions still work)."""

@@ -31,9 +31,11 @@ from bertknn.store.datastore import (
     data_files,
     sqlite_errors,
 )
+from bertknn.store.identity import held, new_id
 from bertknn.store.integrity import ChecksumError, Checksums, seal
 from bertknn.store.manifest import COMMITTED, IDENTITY, RECORD, DatastoreError, Manifest
 from bertknn.store.records import Part, Record
+from bertknn.store.schema import COMMITS, STORE_ID
 
 
 class DatastoreWriter:
@@ -43,6 +45,7 @@ class DatastoreWriter:
 
     def __init__(self, store: Datastore) -> None:
         self.store = store
+        self._began = held(store.db)[1]  # store.sqlite's commits when the write began
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -70,8 +73,22 @@ class DatastoreWriter:
             sums.save()
             with self.store.sqlite_errors(), self.db:
                 self.db.execute("INSERT OR REPLACE INTO meta VALUES ('checksummed', '1')")
-        seal(sums, data_files(self.store.path), changed=[SQLITE], sqlite_changes=self.store.sqlite_changes())
+        store_id, commits = self._identified()
+        own = {STORE_ID: store_id, COMMITS: commits} if store_id else {}
+        seal(sums, data_files(self.store.path), changed=[SQLITE], sqlite_changes=self.store.sqlite_changes(), **own)
         self.store.version = self.store.data_version()
+
+    def _identified(self) -> tuple[str | None, int]:
+        """store.sqlite's id and commits (`identity.held`); a store made before ids is given one by its first
+        writer that commits (none is written when this write committed nothing: a sound store's repair writes
+        nothing)."""
+        with self.store.sqlite_errors():
+            store_id, commits = held(self.db)
+            if store_id is None and commits > self._began:
+                with self.db:
+                    self.db.execute("INSERT INTO meta VALUES (?, ?)", (STORE_ID, new_id()))
+                store_id, commits = held(self.db)
+        return store_id, commits
 
     def rewriting(self, *names: str) -> None:
         """Drop the checksums of files about to be replaced, so an interrupted rewrite is not taken for damage (the
@@ -155,10 +172,15 @@ class DatastoreWriter:
             [(REMOVED_PREFIX, d) for d in docs],
         )
 
-    def publish(self, **parts: list[Part]) -> None:
+    def publish(self, **parts: list[Part]) -> list[str]:
         """Make every 'adding' document live and commit the index parts given (kind=list, as `commit_parts`), in one
-        transaction: a reader sees the documents and the parts that index them together, or neither."""
+        transaction: a reader sees the documents and the parts that index them together, or neither. Returns the ids
+        published (those an interrupted add staged among them)."""
         with self.store.sqlite_errors(), self.db:
+            published = [
+                doc_id.removeprefix(REPLACING_PREFIX)
+                for (doc_id,) in self.db.execute("SELECT id FROM documents WHERE state = 'adding' ORDER BY idx")
+            ]
             replacing = self.db.execute(
                 "SELECT idx, substr(id, 2) FROM documents WHERE state = 'adding' AND substr(id, 1, 1) = ?",
                 (REPLACING_PREFIX,),
@@ -169,6 +191,7 @@ class DatastoreWriter:
                 self.db.executemany("UPDATE documents SET id = ? WHERE idx = ?", [(i, x) for x, i in replacing])
             self.db.execute("UPDATE documents SET state = 'live' WHERE state = 'adding'")
             _write_parts(self.db, parts)
+        return published
 
     def commit_parts(self, **parts: list[Part]) -> None:
         """Replace the committed list of each index kind given (kind=list of its live parts), in one transaction.
@@ -180,23 +203,22 @@ class DatastoreWriter:
         """Hide documents from every search path, all in one transaction; return (removed now, removed before).
 
         An id the datastore never held raises DatastoreError and nothing changes, so a rerun of the same removal
-        finishes it: ids removed by the first run are reported as removed before.
+        finishes it: ids removed by the first run are reported as removed before. A replacement of a removed id that
+        an interrupted `add --replace` staged is dropped with it: no later publish brings the id back.
         """
         ids = list(dict.fromkeys(str(i) for i in ids))
         with self.store.sqlite_errors():
-            held = {
-                doc_id: idx
-                for doc_id, idx, state, _ in self.store.documents.rows("id", ids)
-                if state in ("live", "adding")
-            }
+            rows = self.store.documents.rows("id", ids + [REPLACING_PREFIX + i for i in ids])
+        held = {doc_id: idx for doc_id, idx, state, _ in rows if state in ("live", "adding") and doc_id in ids}
+        staged = [idx for doc_id, idx, state, _ in rows if state == "adding" and doc_id[:1] == REPLACING_PREFIX]
         before = self.store.documents.removed_ids([i for i in ids if i not in held])
         unknown = [i for i in ids if i not in held and i not in before]
         if unknown:
             raise DatastoreError(
                 f"no document with id {', '.join(map(repr, unknown[:5]))} in {self.store.path}; nothing was removed"
             )
-        with self.store.sqlite_errors(), self.db:
-            self._hide(list(held.values()))
+        with self.store.sqlite_errors(), self.db:  # a replacement an interrupted add staged goes with its document
+            self._hide([*held.values(), *staged])
         return list(held), [i for i in ids if i in before]
 
     def append(
@@ -300,9 +322,10 @@ class DatastoreWriter:
         return values, new
 
     def record_identity(self) -> None:
-        """Keep a copy of the manifest's model and key settings in SQLite, which opening the store compares."""
+        """Keep a copy of the manifest's model and key settings in SQLite, which opening the store compares, and the
+        store's id (`identity.py`)."""
         with self.store.sqlite_errors(), self.db:
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(self.store.manifest),))
+            _record_identity(self.db, self.store.manifest)
 
     def set_manifest(self, **changes: object) -> None:
         """Commit changes of the fields that change after creation (`manifest.COMMITTED`; None removes one) in one
@@ -332,9 +355,10 @@ def create(path: str | Path, manifest: dict) -> Datastore:
         raise DatastoreError(f"{path} exists and is not a datastore; choose an empty or new directory")
     path.mkdir(parents=True, exist_ok=True)
     atomic.remove_temporary(path)
+    manifest = {**manifest, STORE_ID: manifest.get(STORE_ID) or new_id()}
     write_json(path / "manifest.json", manifest)
     with sqlite_errors(str(path / SQLITE), "free space and rerun"), closing(schema.writing(path / SQLITE)) as db, db:
-        db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(manifest),))
+        _record_identity(db, manifest)
         _write_parts(db, {"tfidf": [], "faiss": []})  # a new store's indexes are listed from the start
     return Datastore(path)
 
@@ -342,6 +366,13 @@ def create(path: str | Path, manifest: dict) -> Datastore:
 def identity(manifest: dict) -> str:
     """The copy of a manifest's model and key settings that SQLite keeps, which opening the store compares."""
     return json.dumps({field: manifest.get(field) for field in IDENTITY})
+
+
+def _record_identity(db: sqlite3.Connection, manifest: dict) -> None:
+    """`identity` and the store's id (where its manifest has one) kept in SQLite, inside the caller's transaction."""
+    db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(manifest),))
+    if manifest.get(STORE_ID):
+        db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (STORE_ID, manifest[STORE_ID]))
 
 
 def _write_parts(db: sqlite3.Connection, parts: dict[str, list[Part]]) -> None:
@@ -407,6 +438,7 @@ def _fill_copy(
         db.execute("VACUUM")  # the source's entry rows leave free pages behind: the copy holds only what it keeps
     for name in files:
         atomic.copy(source / name, tmp / name)
+    manifest = {**manifest, STORE_ID: new_id()}  # a new datastore: not the source's
     write_json(tmp / "manifest.json", manifest)
     with sqlite_errors(str(tmp / SQLITE), "free space and rerun"), closing(schema.writing(tmp / SQLITE)) as db, db:
-        db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(manifest),))
+        _record_identity(db, manifest)
