@@ -54,7 +54,7 @@ def _refused_everywhere(path, encoder, says: str) -> None:
         Datastore(path)
     report = checks.verify(path)
     assert any("store.sqlite" in p and says in p for p in report.problems), report.problems
-    with pytest.raises(DatastoreError, match="store.sqlite") as refused:
+    with pytest.raises(DatastoreError, match=r"store\.sqlite") as refused:
         repair(path)
     assert says in str(getattr(refused.value, "problems", refused.value))  # the refusal's findings say why
     with pytest.raises(DatastoreError, match=f"store.sqlite.*{says}"):
@@ -106,7 +106,7 @@ def test_a_checksums_json_of_another_datastore_is_named(two):
 def test_an_interrupted_writer_s_commits_past_the_seal_are_sound(two):
     """store.sqlite that counts more commits than the checksums were sealed at: a writer killed after committing,
     before its seal (tests/reliability/test_kill.py kills at every step); sound, and the next writer seals it."""
-    a, _, encoder = two
+    a, _, _ = two
     with Datastore(a) as store, store.writing() as writer:
         writer.write_meta("probe", "1")
         commits = int(_meta(a, "commits"))

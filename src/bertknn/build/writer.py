@@ -259,7 +259,8 @@ class Writer:
         skipped instead, while one with other text still raises, unless `replace`: then the new text takes the old
         one's place in the same transaction that publishes it (Lucene's updateDocument; a reader sees the old
         document or the new one, never both or neither). `wait`: seconds to wait for another writer (None: as
-        `datastore.lock_wait` says, else 0).
+        `datastore.lock_wait` says, else 0). Documents an interrupted add had staged are published with these:
+        their ids are then in `completed`.
         """
         parsed = [d if isinstance(d, Document) else parse_document(d, f"document {i + 1}") for i, d in enumerate(docs)]
         if isinstance(self.store, ShardedDatastore):

@@ -386,6 +386,12 @@ def add(
         + (f", {replaced:,} of them replacing the text held under their ids" if replaced else "")
         + (f"; {skipped:,} were there already" if skipped else "")
     )
+    if writer.completed:  # staged by an add that was interrupted: published with these (a rerun would have too)
+        ids = ", ".join(map(repr, writer.completed[:5])) + (" ..." if len(writer.completed) > 5 else "")
+        console.print(
+            f"[yellow]note:[/] {len(writer.completed):,} more document(s) an interrupted add had staged were "
+            f"published with them: {shown(ids)}"
+        )
     if writer.faiss_error is not None:  # IR questions find the new documents; FAISS ones do not until repaired
         console.print(
             f"[yellow]note:[/] the FAISS index was not extended ({shown(str(writer.faiss_error))}); the command "

@@ -20,6 +20,9 @@ from collections.abc import Mapping
 from bertknn.store.integrity import Damage
 from bertknn.store.schema import COMMITS, SQLITE, STORE_ID
 
+PUT_BACK = "put back this datastore's latest store.sqlite, or rebuild the datastore"
+RECORD = "restore this datastore's own, or `bertknn verify --record` records the files as they are"
+
 
 def new_id() -> str:
     """A new datastore's id."""
@@ -48,9 +51,13 @@ def damage(
     seal_id, seal_commits = sealed(meta)
     made = db.execute("SELECT 1 FROM meta WHERE key = 'identity'").fetchone()  # none: its create was interrupted
     if manifest_id is not None and own != manifest_id and made:
-        return [Damage(SQLITE, None, f"is another datastore's (its id {own}, manifest.json's {manifest_id}); {_PUT_BACK}")]
+        return [
+            Damage(SQLITE, None, f"is another datastore's (its id {own}, manifest.json's {manifest_id}); {PUT_BACK}")
+        ]
     if seal_id is not None and own is not None and seal_id != own:
-        return [Damage("checksums.json", None, f"is another datastore's (its id {seal_id}, {SQLITE}'s {own}); {_RECORD}")]
+        return [
+            Damage("checksums.json", None, f"is another datastore's (its id {seal_id}, {SQLITE}'s {own}); {RECORD}")
+        ]
     if older and seal_id == own and seal_commits is not None and commits < seal_commits:
         return [
             Damage(
@@ -58,11 +65,7 @@ def damage(
                 None,
                 f"is an older copy: it holds commit {commits:,}, this datastore's checksums were sealed at commit "
                 f"{seal_commits:,}, so what was committed since (documents added or removed) is missing from it; "
-                f"{_PUT_BACK}, or, if it was restored on purpose, `bertknn verify --record` accepts it",
+                f"{PUT_BACK}, or, if it was restored on purpose, `bertknn verify --record` accepts it",
             )
         ]
     return []
-
-
-_PUT_BACK = "put back this datastore's latest store.sqlite, or rebuild the datastore"
-_RECORD = "restore this datastore's own, or `bertknn verify --record` records the files as they are"
