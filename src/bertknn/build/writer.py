@@ -289,20 +289,28 @@ class Writer:
             store.writer.stage([record(d, store.manifest.splitter) for d in parsed], replace)
             if not store.manifest.lazy:
                 builder.embed(store, store.documents.adding(), self._encoder(), progress=progress)
-            listed = {"tfidf": self._extend_index(SEGMENT_DOCS, 1, commit=False)}
-            faiss = self._faiss_or_none()
-            if faiss is not None:
-                faiss.update(commit=False)
-                listed["faiss"] = faiss.listed()
-            ranges = store.documents.ranges(store.documents.adding())  # also those an interrupted add embedded
-            published = store.writer.publish(**listed)  # the documents and the index parts that hold them, at once
-            self.completed = [doc_id for doc_id in published if doc_id not in ids]
-            tfidf_files.retire(store)
-            faiss_files.retire(store)
-            builder.finish(store)
-            self.index = TfidfIndex.open(store.path, listed["tfidf"])
-            self._faiss_state = FaissIndex.disk_state(store)
+            ranges = self._publish(ids)
         return sum(end - start for start, end in ranges if start is not None)
+
+    def _publish(self, ids: list[str]) -> list[tuple[int, int]]:
+        """The staged documents indexed (an IR segment, the FAISS index extended) and made live with their index
+        parts in one transaction, under the writer lock; their entry ranges returned. `completed`: the ids published
+        besides `ids` (staged by an interrupted add)."""
+        store = self.store
+        listed = {"tfidf": self._extend_index(SEGMENT_DOCS, 1, commit=False)}
+        faiss = self._faiss_or_none()
+        if faiss is not None:
+            faiss.update(commit=False)
+            listed["faiss"] = faiss.listed()
+        ranges = store.documents.ranges(store.documents.adding())  # also those an interrupted add embedded
+        published = store.writer.publish(**listed)  # the documents and the index parts that hold them, at once
+        self.completed = [doc_id for doc_id in published if doc_id not in ids]
+        tfidf_files.retire(store)
+        faiss_files.retire(store)
+        builder.finish(store)
+        self.index = TfidfIndex.open(store.path, listed["tfidf"])
+        self._faiss_state = FaissIndex.disk_state(store)
+        return ranges
 
     def _faiss_or_none(self) -> FaissIndex | None:
         """The FAISS index to extend, or None when there is none or it is damaged (IR questions still find the new
