@@ -480,6 +480,7 @@ class Figures:
 def _command(config: pytest.Config) -> str:
     env = "BERTKNN_LONG=1 " if os.environ.get("BERTKNN_LONG") == "1" else ""
     env += "BERTKNN_SPAWN=exec " if os.environ.get("BERTKNN_SPAWN") == "exec" else ""
+    env += f"BERTKNN_SEQUENCES={os.environ['BERTKNN_SEQUENCES']} " if "BERTKNN_SEQUENCES" in os.environ else ""
     args = " ".join(shlex.quote(a) for a in config.invocation_params.args)
     return f"cd {ROOT} && {env}HF_HUB_OFFLINE=1 {os.path.relpath(sys.executable, ROOT)} -m pytest {args}"
 

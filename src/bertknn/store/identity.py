@@ -37,8 +37,8 @@ def held(db: sqlite3.Connection) -> tuple[str | None, int]:
 
 def sealed(meta: Mapping[str, object]) -> tuple[str | None, int | None]:
     """(id, commits) as the last seal recorded them in checksums.json's meta (None where it recorded none)."""
-    commits = meta.get(COMMITS)
-    return meta.get(STORE_ID), commits if isinstance(commits, int) else None  # type: ignore[return-value]
+    store_id, commits = meta.get(STORE_ID), meta.get(COMMITS)
+    return (store_id if isinstance(store_id, str) else None), (commits if isinstance(commits, int) else None)
 
 
 def damage(
@@ -51,9 +51,8 @@ def damage(
     seal_id, seal_commits = sealed(meta)
     made = db.execute("SELECT 1 FROM meta WHERE key = 'identity'").fetchone()  # none: its create was interrupted
     if manifest_id is not None and own != manifest_id and made:
-        return [
-            Damage(SQLITE, None, f"is another datastore's (its id {own}, manifest.json's {manifest_id}); {PUT_BACK}")
-        ]
+        said = f"is another datastore's (its id {own or 'none'}, manifest.json's {manifest_id}); {PUT_BACK}"
+        return [Damage(SQLITE, None, said)]
     if seal_id is not None and own is not None and seal_id != own:
         return [
             Damage("checksums.json", None, f"is another datastore's (its id {seal_id}, {SQLITE}'s {own}); {RECORD}")
