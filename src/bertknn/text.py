@@ -30,13 +30,15 @@ class CorpusError(ValueError):
 
 @dataclass(frozen=True)
 class Document:
-    """One document of the text collection: a unique id, a title, its text passages and, when known, its date (ISO
-    8601, `iso_date`): where documents about one subject disagree, the newest one's evidence wins."""
+    """One document of the text collection: a unique id, a title, its text passages, when known its date (ISO 8601,
+    `iso_date`: where documents about one subject disagree, the newest one's evidence wins) and the other names of
+    its subject (`aliases`, Wikipedia's redirects among them), by which a question may name it."""
 
     id: str
     title: str
     passages: tuple[str, ...]
     date: str | None = None
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,25 @@ def parse_document(obj: object, where: str) -> Document:
             date = iso_date(date)
         except ValueError as err:
             raise CorpusError(f"{where}: 'date' {err}") from None
-    return Document(doc_id, title.strip(), tuple(passages), date)
+    return Document(doc_id, title.strip(), tuple(passages), date, parse_aliases(obj, where))
+
+
+def parse_aliases(obj: dict, where: str) -> tuple[str, ...]:
+    """A corpus object's other names of its subject: its 'aliases' and 'redirects' (lists of strings, either may be
+    absent), stripped, without repeats or the empty; CorpusError naming `where` otherwise."""
+    found: list[str] = []
+    for field in ("aliases", "redirects"):
+        names = obj.get(field)
+        if names is None:
+            continue
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise CorpusError(f"{where}: '{field}' must be a list of strings")
+        for n in names:
+            error = unicode_error(n)
+            if error:
+                raise CorpusError(f"{where}: an item of '{field}' is {error}")
+        found += [" ".join(n.split()) for n in names if n.strip()]
+    return tuple(dict.fromkeys(found))
 
 
 def iso_date(value: object) -> str:

@@ -34,4 +34,4 @@ def test_the_paper_is_uncalibrated_and_bad_values_are_named():
         Settings(confidence_temperature=0, lm_floor=1.0)
     assert "lm_floor must be a number in [0, 1)" in str(err.value)
     tag = Settings(confidence_temperature=2.0, lm_floor=0.1).file_tag()
-    assert tag.endswith("-ct2.0-f0.1-named")
+    assert tag.endswith("-ct2.0-f0.1-named-linked")

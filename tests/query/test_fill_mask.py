@@ -51,8 +51,10 @@ def test_to_dict_carries_every_ranking_as_fill_mask_on_request(built):
         "bert_knn",
         "evidence",
         "superseded",
+        "linked",
         "retrieval",
     ]
+    assert plain["linked"] == {"subject": "Paris", "text": "Paris", "span": [0, 5], "by": "title"}
     full = prediction.to_dict(built.encoder.tokenizer)
     for method in ("bert", "knn", "bert_knn"):
         assert full["fill_mask"][method] == prediction.fill_mask(built.encoder.tokenizer, method)

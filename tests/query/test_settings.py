@@ -38,6 +38,7 @@ def test_the_defaults_are_the_papers_but_the_vote_and_the_mixture():
     bertknns |= {"confidence_temperature": 1.25, "lm_floor": 0.4}  # fitted on the dev split (bench/calibration.py)
     bertknns |= {"entity_filter": True}  # evidence about another entity never answers (reports/edits)
     bertknns |= {"sentence_temperature": SENTENCE_TEMPERATURE}  # read from the datastore's evidence vectors
+    bertknns |= {"link": True}  # a question without a subject is given the one its text names
     assert SENTENCE_TEMPERATURE == 0.015  # kept on the dev halves (bench/README.md, "One document, several facts")
     assert Settings() == DEFAULT == PAPER.replace(**bertknns)
     assert (DOC_TEMPERATURE, MIXTURE, LAM) == (0.2, "log-linear", 0.5) and MIXTURES == ("linear", "log-linear")
@@ -57,6 +58,7 @@ def test_the_defaults_are_the_papers_but_the_vote_and_the_mixture():
         "lm_floor": 0.0,
         "conflicts": "newest",  # used only where several documents carry the subject's title; the paper had one each
         "entity_filter": False,  # the paper's TF-IDF keeps documents that do not name the question's entity
+        "link": False,  # the paper's questions without a subject search by TF-IDF
     }
     assert (*HPARAMS, "mixture") == TUNED and PAPER.tuned == {**PAPER.hparams, "mixture": "linear"}
     assert HPARAMS == ("n_docs", "k", "temperature", "lam") and RETRIEVALS == ("ir", "faiss", "ir+faiss")
@@ -160,7 +162,7 @@ def test_tuned_values_stored_with_the_datastore_replace_the_papers(built):
     tuned = BertKNN(built.encoder, built.store)  # stored before tune searched the mixture: tuned for the linear one
     assert tuned.settings == DEFAULT.replace(n_docs=1, k=64, temperature=34.51, lam=0.6, mixture="linear")
     assert BertKNN(built.encoder, built.store, lam=0.3).settings.lam == 0.3  # arguments replace the tuned values
-    tag = f"n1-k64-T34.51-l0.6-dt{DOC_TEMPERATURE}-st0.015-ct1.25-f0.4-named"
+    tag = f"n1-k64-T34.51-l0.6-dt{DOC_TEMPERATURE}-st0.015-ct1.25-f0.4-named-linked"
     assert results_name(tuned, "full") == f"results-L{built.store.manifest.layer}-{tag}-full.jsonl"
     with built.store.writing():
         built.store.writer.set_manifest(tuned={"hparams": {"lam": 7}})
@@ -237,7 +239,7 @@ def test_result_file_names_are_unchanged():
 def test_results_name_uses_the_settings(built):
     assert results_name(built, "common") == f"results-L{built.store.manifest.layer}-{DEFAULT.file_tag()}-common.jsonl"
     # other results, another file: calibrated probabilities rank the gold answer differently
-    assert DEFAULT.file_tag() == f"n3-k128-T6.0-l{LAM}-dt{DOC_TEMPERATURE}-loglin-st0.015-ct1.25-f0.4-named"
+    assert DEFAULT.file_tag() == f"n3-k128-T6.0-l{LAM}-dt{DOC_TEMPERATURE}-loglin-st0.015-ct1.25-f0.4-named-linked"
 
 
 NUMBER = r"(?<![\w.]){}(?![\w.])"

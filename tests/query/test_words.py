@@ -319,11 +319,11 @@ def test_multi_word_names_are_one_answer_besides_their_words(tmp_path, encoder):
 
 def test_the_lm_scores_the_words_of_several_wordpieces_among_the_knns_best(built):
     question, vocab = "Ilsa Varnhold was born in [MASK] .", built.encoder.vocab_size
-    every = built.predict(question, lm_words=0, **RAW)
+    every = built.predict(question, lm_words=0, link=False, **RAW)  # TF-IDF's documents: more words to choose from
     held = np.flatnonzero(every.p_knn)
     order = held[np.lexsort((held, -every.p_knn[held]))]
     m = int(np.flatnonzero(order >= vocab)[0]) + 1  # the kNN's best words down to its first long one
-    few = built.predict(question, lm_words=m, **RAW)
+    few = built.predict(question, lm_words=m, link=False, **RAW)
     np.testing.assert_array_equal(few.p_knn, every.p_knn)  # the same neighbours and vote
     best = order[:m]
     chosen, left = best[best >= vocab], np.setdiff1d(held[held >= vocab], best)
@@ -341,7 +341,7 @@ def test_the_lm_scores_the_words_of_several_wordpieces_among_the_knns_best(built
     bonus = np.where((kept >= vocab) & ~np.array(asked), WORD_BONUS, 1.0)
     expected = few.p_knn[kept] ** LAM * few.p_bert[kept] ** (1 - LAM) * bonus
     np.testing.assert_allclose(few.p[kept], expected / expected.sum(), rtol=FLOAT64_RTOL)
-    plain = built.predict(question, lm_words=m, word_bonus=1.0, **RAW)
+    plain = built.predict(question, lm_words=m, word_bonus=1.0, link=False, **RAW)
     expected = plain.p_knn[kept] ** LAM * plain.p_bert[kept] ** (1 - LAM)
     np.testing.assert_allclose(plain.p[kept], expected / expected.sum(), rtol=FLOAT64_RTOL)
 

@@ -68,7 +68,7 @@ def _columns(names: list[str], where: str) -> list[str]:
             f"{where}: no column {', '.join(missing)} (a corpus table has the columns id, title and text, as the "
             "dataset wikimedia/wikipedia)"
         )
-    return ["id", "title", text] + (["date"] if "date" in names else [])
+    return ["id", "title", text] + [c for c in ("date", "aliases", "redirects") if c in names]
 
 
 class Corpus(ABC):
@@ -381,14 +381,16 @@ def _reader(path: Path) -> type[_FileCorpus] | None:
 
 
 def digest(doc: Document) -> str:
-    """sha256 of a document's title and text: what tells a second add of the same document from other text."""
-    return hashlib.sha256(json.dumps([doc.title, list(doc.passages)]).encode()).hexdigest()
+    """sha256 of a document's title and text (and aliases, where it has any): what tells a second add of the same
+    document from other text."""
+    named = [doc.title, list(doc.passages)] + ([list(doc.aliases)] if doc.aliases else [])
+    return hashlib.sha256(json.dumps(named).encode()).hexdigest()
 
 
 def record(doc: Document, splitter: str) -> Record:
     """A document as the store keeps it: its sentences (split by `splitter`), normalised title and `digest`."""
     sentences = tuple(s for p in doc.passages for s in split_sentences(p, splitter))
-    return Record(doc.id, doc.title, normalize_title(doc.title), sentences, digest(doc), doc.date)
+    return Record(doc.id, doc.title, normalize_title(doc.title), sentences, digest(doc), doc.date, doc.aliases)
 
 
 def record_located(located: tuple[str, Document], splitter: str) -> tuple[str, Record]:

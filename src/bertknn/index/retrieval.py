@@ -44,7 +44,7 @@ from bertknn.index.tfidf_files import (
 )
 from bertknn.store import atomic
 from bertknn.store.datastore import Datastore, DatastoreError
-from bertknn.store.records import Part, versions
+from bertknn.store.records import Part, newest_first, versions
 from bertknn.text import MASK, normalize_title, stopwords
 
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")  # DrQA's simple tokenizer: runs of word characters, or one other character
@@ -342,20 +342,51 @@ class Selected:
 
 
 def select_documents(
-    store: Datastore, index: TfidfIndex, question: str, subject: str | None, n_docs: int, named: bool = True
+    store: Datastore,
+    index: TfidfIndex,
+    question: str,
+    subject: str | None,
+    n_docs: int,
+    named: bool = True,
+    about: bool = True,
 ) -> Selected:
     """Documents for a question and their retrieval scores: every live document titled `subject` when there is one
-    (the paper's title shortcut; several where documents about the subject were added), else the top `n_docs` by
-    TF-IDF, with `named` those alone that name the question's entity (`TfidfIndex.about`; the paper keeps all).
+    (the paper's title shortcut; several where documents about the subject were added), with `about` also the dated
+    documents that name it (`naming`: an update titled as news is one of the subject's documents), all versions of one
+    article, newest first; else the top `n_docs` by TF-IDF, with `named` those alone that name the question's entity
+    (`TfidfIndex.about`; the paper keeps all).
 
     The query is the subject for knowledge-base questions, else the question without mask and punctuation.
     """
     if subject:
-        titled = [doc for doc, _ in store.documents.find_titles(normalize_title(subject))]
+        norm = normalize_title(subject)
+        titled = store.documents.find_titles(norm)
         if titled:
-            return Selected(titled, [1.0] * len(titled), [titled], subject if named else None)
+            docs = [doc for doc, _ in titled]
+            extra = [d for d in naming(store, index, norm) if d not in set(docs)] if about else []
+            if extra:
+                dated = titled + list(zip(extra, [date for _, date in store.documents.dated_titles(extra)]))
+                docs = [doc for doc, _ in newest_first(dated)]
+            return Selected(docs, [1.0] * len(docs), [docs], subject if named else None)
     hidden = store.documents.hidden()
     docs, scores = index.ranked(subject or question_query(question), n_docs, hidden)
-    about = index.about(docs, names(question, subject) if named else [], hidden)  # another entity's never answers
-    docs, scores = [d for d, a in zip(docs, about) if a], [s for s, a in zip(scores, about) if a]
+    about_entity = index.about(
+        docs, names(question, subject) if named else [], hidden
+    )  # another entity's never answers
+    docs, scores = [d for d, a in zip(docs, about_entity) if a], [s for s, a in zip(scores, about_entity) if a]
     return Selected(docs, scores, versions(docs, store.documents.dated_titles(docs)))
+
+
+def naming(store: Datastore, index: TfidfIndex, norm_title: str) -> list[int]:
+    """The live documents with a date of their own whose text names the subject titled `norm_title` by its title or
+    an alias (holds every word of the name, as `TfidfIndex.about` tells), in index order: where a subject's fact
+    changed, a dated item about it takes part in its conflicts whatever its own title."""
+    dated = store.documents.dated()
+    if not len(dated):
+        return []
+    found: set[int] = set()
+    for name in store.documents.aliases(norm_title):
+        words = [t for t in tokenize(name) if _keep(t)]
+        if words:
+            found |= {d for d, a in zip(dated.tolist(), index.about(dated.tolist(), words)) if a}
+    return sorted(found)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from bertknn.model.sentences import SCORED_WORDS, SentenceMatch
 from bertknn.query import sentences
 from bertknn.query.combine import calibrate, confident_lam, interpolate
 from bertknn.query.knn import vote
+from bertknn.query.linking import Link, links
 from bertknn.query.prediction import Prediction, evidence, ranked, superseded
 from bertknn.query.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, RemoteShards, Search
 from bertknn.query.settings import Settings
@@ -44,6 +46,7 @@ class Query:
     subject: str | None
     ids: list[int]
     mask: int
+    link: Link | None = None  # the subject found in the text, where none was given (`linking.link`)
 
 
 @dataclass(frozen=True)
@@ -284,10 +287,18 @@ class BertKNN:
             with self.store.snapshot():  # the batch reads one commit: the latest when it begins (`refresh`)
                 self.refresh()
                 search = self.search(s.retrieval)
-                forwarded = self._forward(queries[start : start + batch_size], search, s)
+                forwarded = self._forward(self._linked(queries[start : start + batch_size], s), search, s)
                 with self.store.sqlite_errors():  # a damaged page met by a question: an error naming the file
                     out += [self.postprocess(f, top_k, evidence, s) for f in forwarded]
         return out
+
+    def _linked(self, batch: Sequence[Query], s: Settings) -> list[Query]:
+        """The questions, those asked without a subject given the one their text names (`linking.link`), with `link`."""
+        if not s.link:
+            return list(batch)
+        with self.store.sqlite_errors():
+            found = links(self.store, self.index, [q.text for q in batch], [q.subject for q in batch])
+        return [dataclasses.replace(q, subject=f.subject, link=f) if f else q for q, f in zip(batch, found)]
 
     def _forward(self, batch: Sequence[Query], search: Search, s: Settings) -> list[Forwarded]:
         """The questions' model pass, search and vote: the LM's distribution and the mask's state (one pass for the
@@ -331,6 +342,7 @@ class BertKNN:
             input_ids=f.query.ids,
             mask_index=f.query.mask,
             superseded=superseded(self.store, tok, f.found, f.words, s.temperature) if older else [],
+            linked=f.query.link,
         )
 
     def _question_texts_ahead(self, search: Search, batch: Sequence[Query], s: Settings) -> None:
@@ -405,7 +417,7 @@ class BertKNN:
         """The documents IR picks for each question (its first `n_docs`), and how many of them were embedded now: in a
         lazy datastore those not embedded yet are, in one run, `progress(done, total)` counting documents, so that a
         long wait is seen rather than spent inside a question."""
-        search = self.search("ir")
+        search, queries = self.search("ir"), self._linked(queries, self.settings)
         docs = [search.documents(q.text, q.subject, n_docs) for q in queries]
         return docs, self._embed([d for chosen in docs for d in chosen], progress)
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from bertknn.query.knn import neighbour_weights, outranked
+from bertknn.query.linking import Link
 from bertknn.query.search import Neighbours
 from bertknn.query.words import Words
 
@@ -74,6 +75,7 @@ class Prediction:
     input_ids: list[int] = field(default_factory=list, repr=False)
     mask_index: int = 0
     superseded: list[Neighbour] = field(default_factory=list)  # what older documents about the subject said instead
+    linked: Link | None = None  # the subject found in the question's text, where none was given (`subject` is it)
 
     def to_dict(self, tokenizer=None) -> dict:
         """JSON-ready form (without the distributions and neighbours); with a `tokenizer`, also each ranking in the
@@ -85,6 +87,7 @@ class Prediction:
             **{name: [{**asdict(t), "pieces": list(t.pieces)} for t in getattr(self, name)] for name in METHODS},
             "evidence": {word: [asdict(n) for n in found] for word, found in self.evidence.items()},
             "superseded": [asdict(n) for n in self.superseded],
+            "linked": self.linked.to_dict() if self.linked else None,
             "retrieval": self.retrieval,
         }
         if tokenizer is not None:

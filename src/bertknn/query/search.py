@@ -116,12 +116,15 @@ class DocumentSearch:
         shards: RemoteShards | None = None,
     ):
         self.store, self.index, self.embed, self.shards = store, index, embed, shards
-        self._ahead: dict[tuple[str, str | None, int, bool], Selected] = {}  # chosen by `ahead`
+        self._ahead: dict[tuple[str, str | None, int, bool, bool], Selected] = {}  # chosen by `ahead`
 
-    def scored(self, question: str, subject: str | None, n_docs: int, named: bool = True) -> Selected:
-        """The documents searched for a question (those titled `subject` if any, else TF-IDF's top n_docs; with
-        `named`, those naming the question's entity) and their retrieval scores."""
-        return select_documents(self.store, self.index, question, subject, int(n_docs), named)
+    def scored(
+        self, question: str, subject: str | None, n_docs: int, named: bool = True, about: bool = True
+    ) -> Selected:
+        """The documents searched for a question (those titled `subject` and, with `about`, the dated ones that name
+        it, if any; else TF-IDF's top n_docs; with `named`, those naming the question's entity) and their retrieval
+        scores (`retrieval.select_documents`)."""
+        return select_documents(self.store, self.index, question, subject, int(n_docs), named, about)
 
     def documents(self, question: str, subject: str | None, n_docs: int, named: bool = True) -> list[int]:
         """The documents of `scored`."""
@@ -147,27 +150,33 @@ class DocumentSearch:
 
     def search(self, question: str, subject: str | None, state: np.ndarray, settings: Settings) -> Neighbours:
         """The neighbours of one question."""
-        return self.among(self.scored(question, subject, settings.n_docs, settings.entity_filter), state, settings.k)
+        return self.among(self.scored(question, subject, *_choice(settings)), state, settings.k)
 
     def ahead(self, questions: Sequence[str], subjects: Sequence[str | None], settings: Settings) -> list[list[int]]:
         """The documents each question will search (`scored`), chosen before its state is known and kept for its
         `batch_search`, which then does not choose them again."""
-        n, named = int(settings.n_docs), settings.entity_filter
+        choice = _choice(settings)
         for question, subject in zip(questions, subjects):
-            self._ahead[question, subject, n, named] = self.scored(question, subject, n, named)
-        return [self._ahead[q, s, n, named].documents for q, s in zip(questions, subjects)]
+            self._ahead[(question, subject, *choice)] = self.scored(question, subject, *choice)
+        return [self._ahead[(q, s, *choice)].documents for q, s in zip(questions, subjects)]
 
     def batch_search(
         self, questions: Sequence[str], subjects: Sequence[str | None], states: np.ndarray, settings: Settings
     ) -> list[Neighbours]:
         """The neighbours of many questions; a lazy datastore embeds all their documents in one run."""
-        n, named = int(settings.n_docs), settings.entity_filter
+        choice = _choice(settings)
         chosen = [
-            self._ahead.pop((q, s, n, named), None) or self.scored(q, s, n, named) for q, s in zip(questions, subjects)
+            self._ahead.pop((q, s, *choice), None) or self.scored(q, s, *choice) for q, s in zip(questions, subjects)
         ]
         if self.embed is not None:
             self.embed(sorted({d for c in chosen for d in c.documents}))
         return [self.among(c, state, settings.k) for c, state in zip(chosen, states)]
+
+
+def _choice(settings: Settings) -> tuple[int, bool, bool]:
+    """What of the settings chooses a question's documents: n_docs, the entity filter, and whether dated documents
+    that name the subject are its documents (conflicts "newest")."""
+    return int(settings.n_docs), settings.entity_filter, settings.conflicts == "newest"
 
 
 def _nearest_first(entries: np.ndarray, dist: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

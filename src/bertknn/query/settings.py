@@ -130,7 +130,9 @@ class Settings:
     where its evidence is about as near as the old one's (`knn.version_weights`); "vote": all alike. entity_filter:
     TF-IDF's documents are searched only where they name the question's entity, holding all its names
     (`retrieval.TfidfIndex.about`), so that evidence about another entity never answers, and the subject's own
-    name in its article does not vote (`search.in_mentions`); off in the paper, whose retrieval keeps both.
+    name in its article does not vote (`search.in_mentions`); off in the paper, whose retrieval keeps both. link:
+    a question asked without a subject is given the one its text names (`linking.link`), so that it searches as if
+    the subject had been given; off in the paper, whose questions without one search by TF-IDF.
     Made with bad values, it raises ValueError naming every problem.
     """
 
@@ -191,6 +193,11 @@ class Settings:
         "about as nearly outvotes the older ones) or vote (all alike)",
         choices=CONFLICTS,
     )
+    link: bool = setting(
+        True,
+        "where no subject is given, find it in the question among the datastore's titles, aliases and the parts of "
+        "titles that name one article alone, and search as with that subject",
+    )
     entity_filter: bool = setting(
         True,
         "keep only retrieved documents that name the question's subject (or, without one, its capitalised names), "
@@ -247,6 +254,7 @@ class Settings:
             + (f"-f{self.lm_floor}" if self.lm_floor else "")
             + (f"-c{self.conflicts}" if self.conflicts != "newest" else "")
             + ("-named" if self.entity_filter else "")
+            + ("-linked" if self.link else "")
         )
         return f"n{self.n_docs}-k{self.k}-T{self.temperature}-l{self.lam}{extra}"
 
@@ -262,5 +270,6 @@ PAPER = Settings(  # the paper's method exactly (Kassner and Schütze)
     confidence_temperature=1.0,
     lm_floor=0.0,
     entity_filter=False,
+    link=False,
 )
 DEFAULT = Settings()  # bertknn's: the paper's with the retrieval-aware vote, the log-linear mixture, calibrated

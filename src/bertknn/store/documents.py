@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bertknn.store import names
 from bertknn.store.manifest import DatastoreError
 from bertknn.store.records import Provenance, newest_first
 from bertknn.store.schema import SQLITE
@@ -28,6 +29,7 @@ class Documents:
     def __init__(self, store: Datastore) -> None:
         self.store = store
         self._owners: tuple | None = None  # (entry count, range starts, documents) cached by `of`
+        self._dated: tuple | None = None  # (store version, documents) cached by `dated`
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -54,6 +56,25 @@ class Documents:
         (`newest_first`), each with its date (its own, else the newest registered before it)."""
         query = "SELECT idx, coalesce(date, since) FROM documents WHERE norm_title = ? AND state = 'live'"
         return newest_first(self.db.execute(query, (norm_title,)).fetchall())
+
+    def named(self, spans: list[str]) -> list[tuple[str, str, int]] | None:
+        """(name, normalised title, kind) of the names index's rows for those of `spans` that name a title with a
+        live document (names.py); None for a store made before the index (it links no subject until its next
+        writer gives it one)."""
+        if not names.indexed(self.db):
+            return None
+        return names.lookup(self.db, spans)
+
+    def aliases(self, norm_title: str) -> list[str]:
+        """A normalised title's names: itself and its documents' aliases (normalised)."""
+        return names.aliases_of(self.db, norm_title) if names.indexed(self.db) else [norm_title]
+
+    def dated(self) -> np.ndarray:
+        """The live documents that carry a date of their own, in index order (cached until the store changes)."""
+        if self._dated is None or self._dated[0] != self.store.version:
+            rows = self.db.execute("SELECT idx FROM documents WHERE date IS NOT NULL AND state = 'live'").fetchall()
+            self._dated = (self.store.version, np.asarray([r[0] for r in rows], np.int64))
+        return self._dated[1]
 
     def dated_titles(self, docs: list[int]) -> list[tuple[str, str | None]]:
         """(normalised title, date: its own, else the newest registered before it) of documents, by index: what

@@ -27,6 +27,7 @@ class Record:
     sentences: tuple[str, ...]
     digest: str
     date: str | None = None  # the document's date (`text.iso_date`), when its corpus gives one
+    aliases: tuple[str, ...] = ()  # other names of its subject (`text.Document.aliases`)
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,13 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from bertknn.store import names
+
 SQLITE = "store.sqlite"  # the file of a datastore directory that holds these tables
 WORDS = """CREATE TABLE IF NOT EXISTS words (value INTEGER PRIMARY KEY, pieces TEXT NOT NULL UNIQUE, word TEXT NOT NULL)
 """  # made by the first writer that stores a word of several tokens (a read-only format 1 store has none)
-SCHEMA = """
+SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS documents (
     idx INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, title TEXT NOT NULL, norm_title TEXT NOT NULL,
@@ -21,7 +24,8 @@ CREATE TABLE IF NOT EXISTS documents (
     digest TEXT,  -- sha256 of the document's title and passages: an add with other text under the same id is seen
     removed_id TEXT,  -- a removed document's id (its `id` becomes REMOVED_PREFIX + idx, so the id is free)
     date TEXT,  -- the document's own date (ISO 8601, `text.iso_date`), when its corpus gives one
-    since TEXT);  -- the newest date registered up to it (its own included): an undated document is as new as that
+    since TEXT,  -- the newest date registered up to it (its own included): an undated document is as new as that
+    aliases TEXT);  -- the other names of its subject (a JSON list), where its corpus gives them
 CREATE INDEX IF NOT EXISTS documents_title ON documents (norm_title);
 CREATE TABLE IF NOT EXISTS sentences (idx INTEGER PRIMARY KEY, doc INTEGER NOT NULL, text TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS sentences_doc ON sentences (doc);
@@ -30,12 +34,16 @@ CREATE TABLE IF NOT EXISTS entries (
 CREATE TABLE IF NOT EXISTS parts (  -- the commit point: the live parts of each index, all a reader opens
     kind TEXT NOT NULL, name TEXT NOT NULL, first INTEGER NOT NULL, stop INTEGER NOT NULL, PRIMARY KEY (kind, name));
 """
+    + names.TABLE
+    + ";\n"
+)
 ADDED = (  # columns of `documents` added after the first datastores, with their definitions
     ("state", "TEXT NOT NULL DEFAULT 'live'", "'live'"),
     ("digest", "TEXT", "NULL"),
     ("removed_id", "TEXT", "NULL"),
     ("date", "TEXT", "NULL"),
     ("since", "TEXT", "NULL"),
+    ("aliases", "TEXT", "NULL"),
 )
 STORE_ID, COMMITS = "store_id", "commits"  # meta rows: the datastore's id, and how many commits its writers made
 TIMEOUT_S = 30.0  # how long a connection waits for SQLite's own lock (another connection's transaction)
@@ -114,4 +122,5 @@ def writing(file: Path) -> sqlite3.Connection:
             with db:
                 db.execute(f"ALTER TABLE documents ADD COLUMN {name} {kind}")
     db.execute("CREATE INDEX IF NOT EXISTS documents_state ON documents (state)")
+    names.ensure(db)  # a store made before the names index gets it whole
     return db

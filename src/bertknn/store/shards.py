@@ -362,6 +362,17 @@ class ShardedDocuments:
         ]
         return newest_first(found)
 
+    def named(self, spans: list[str]) -> list[tuple[str, str, int]] | None:
+        found = [shard.documents.named(spans) for shard in self.store.shards]
+        return None if any(f is None for f in found) else sorted({row for rows in found for row in rows})
+
+    def aliases(self, norm_title: str) -> list[str]:
+        return list(dict.fromkeys(a for shard in self.store.shards for a in shard.documents.aliases(norm_title)))
+
+    def dated(self) -> np.ndarray:
+        starts = self.store.doc_starts
+        return np.concatenate([s.documents.dated() + starts[i] for i, s in enumerate(self.store.shards)])
+
     def hidden(self) -> np.ndarray:
         starts = self.store.doc_starts
         return np.concatenate([s.documents.hidden() + starts[i] for i, s in enumerate(self.store.shards)])

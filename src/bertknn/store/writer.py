@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertknn.store import atomic, schema
+from bertknn.store import atomic, names, schema
 from bertknn.store import evidence as evidence_table
 from bertknn.store.atomic import write_json
 from bertknn.store.datastore import (
@@ -113,11 +113,13 @@ class DatastoreWriter:
         since = row[0] if row else None  # never decreasing with idx: the last document's is the newest so far
         for doc_idx, doc in enumerate(docs, first):
             since = max(since, doc.date) if since and doc.date else since or doc.date
+            aliases = json.dumps(list(doc.aliases)) if doc.aliases else None
             self.db.execute(
-                "INSERT INTO documents (idx, id, title, norm_title, state, digest, date, since) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (doc_idx, doc.id, doc.title, doc.norm_title, state, doc.digest, doc.date, since),
+                "INSERT INTO documents (idx, id, title, norm_title, state, digest, date, since, aliases) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (doc_idx, doc.id, doc.title, doc.norm_title, state, doc.digest, doc.date, since, aliases),
             )
+            names.add(self.db, doc.title, doc.aliases)  # in the transaction that registers it
             rows = [(sent_idx + i, doc_idx, t) for i, t in enumerate(doc.sentences)]
             self.db.executemany("INSERT INTO sentences VALUES (?, ?, ?)", rows)
             sent_idx += len(doc.sentences)

@@ -1,0 +1,124 @@
+"""Subject linking: a question's subject found in its own text among the datastore's names (titles, aliases and the
+parts of titles that name one article alone: `store.names`), for questions asked without one.
+
+Every span of the question's words (up to MAX_WORDS, not across its mask) is looked up in one query. The span kept:
+one that holds a capitalised word of the question before one that does not (so that "official language" does not
+outrank "France" where both title a document; a question written in lower case has none and takes the longest), then
+the most words, then a title or alias before a part of a title (a part names a title only where no other title has
+it), then the most characters, then the first. Where a span names several titles (an alias two articles share), the one
+whose documents TF-IDF scores best for the question is linked. No span: no subject, and the question searches by
+TF-IDF as without linking.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bertknn.index.retrieval import TfidfIndex, question_query
+from bertknn.store import names
+from bertknn.store.datastore import Datastore
+from bertknn.text import MASK, normalize_title, stopwords
+
+MAX_WORDS = 8  # the longest span looked up, in words
+WORD = re.compile(r"\w+(?:['’.-]\w+)*")  # a word, with the apostrophes, dots and hyphens inside it
+
+
+@dataclass(frozen=True)
+class Link:
+    """The subject linked for a question: the title of its documents, the question's text that names it (its span
+    of characters) and how that text names it ("title", "alias" or "part of the title")."""
+
+    subject: str
+    text: str
+    span: tuple[int, int]
+    by: str
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return {"subject": self.subject, "text": self.text, "span": list(self.span), "by": self.by}
+
+
+def spans(question: str) -> list[tuple[int, int, int, bool]]:
+    """(start, end, words, capitalised) of each span of up to MAX_WORDS words of `question` that does not cross its
+    mask and holds a word that is not a stopword; capitalised: it holds a word written with a capital that is not a
+    stopword (so "The" opening a question does not count)."""
+    found = []
+    for part_start, part in _parts(question):
+        words = [(m.start() + part_start, m.end() + part_start, m.group()) for m in WORD.finditer(part)]
+        for i in range(len(words)):
+            for j in range(i, min(i + MAX_WORDS, len(words))):
+                chosen = words[i : j + 1]
+                lowered = [w.lower() for _, _, w in chosen]
+                if all(w in stopwords() for w in lowered):
+                    continue
+                capital = any(w[:1].isupper() and w.lower() not in stopwords() for _, _, w in chosen)
+                found.append((chosen[0][0], chosen[-1][1], len(chosen), capital))
+    return found
+
+
+def _parts(question: str) -> list[tuple[int, str]]:
+    """The question's text before and after each mask, with where each begins."""
+    out, start = [], 0
+    for m in re.finditer(re.escape(MASK), question):
+        out.append((start, question[start : m.start()]))
+        start = m.end()
+    return [*out, (start, question[start:])]
+
+
+def link(store: Datastore, index: TfidfIndex, question: str) -> Link | None:
+    """The subject `question` names (module docstring), or None: none of its spans names a title with a live
+    document, or the store has no names index yet."""
+    found = spans(question)
+    texts = [normalize_title(question[a:b]) for a, b, _, _ in found]
+    rows = store.documents.named(sorted(set(texts))) if texts else None
+    if not rows:
+        return None
+    by_name: dict[str, list[tuple[str, int]]] = {}
+    for name, title, kind in rows:
+        by_name.setdefault(name, []).append((title, kind))
+    best = None
+    for (a, b, n_words, capital), text in zip(found, texts):
+        titles = _titles(by_name.get(text, []))
+        if titles:
+            rank = (capital, n_words, titles[1] < names.PART, b - a, -a)
+            if best is None or rank > best[0]:
+                best = (rank, a, b, titles)
+    if best is None:
+        return None
+    _, a, b, (candidates, kind) = best
+    title = candidates[0] if len(candidates) == 1 else _best_scored(store, index, question, candidates)
+    docs = store.documents.find_titles(title)
+    shown = store.documents.titles([docs[0][0]])[0] if docs else title
+    return Link(shown, question[a:b], (a, b), names.KINDS[kind])
+
+
+def links(
+    store: Datastore, index: TfidfIndex, questions: Sequence[str], subjects: Sequence[str | None]
+) -> list[Link | None]:
+    """The link of each question asked without a subject (`link`); None where one was given or none is found."""
+    return [link(store, index, q) if s is None else None for q, s in zip(questions, subjects)]
+
+
+def _titles(rows: list[tuple[str, int]]) -> tuple[list[str], int] | None:
+    """The titles a name stands for and how (its strongest kind), or None: a title or alias names its titles; a part
+    of a title names one only where it names no other (no MORE row, one title)."""
+    if not rows:
+        return None
+    kind = min(k for _, k in rows)
+    titles = sorted({t for t, k in rows if k == kind})
+    if kind == names.PART and (names.MORE in titles or len(titles) > 1):
+        return None
+    return titles, kind
+
+
+def _best_scored(store: Datastore, index: TfidfIndex, question: str, titles: list[str]) -> str:
+    """Of several titles a span names, the one whose documents TF-IDF scores best for the question (ties: the first
+    in order)."""
+    docs, scores = index.scores(question_query(question), store.documents.hidden())
+    score = dict(zip(docs.tolist(), scores.tolist()))
+    best = [max((score.get(d, 0.0) for d, _ in store.documents.find_titles(t)), default=0.0) for t in titles]
+    return titles[int(np.argmax(best))]

@@ -1,0 +1,127 @@
+"""The names index: which titles a name may stand for, kept in store.sqlite beside the documents (table `names`), so
+that a question's subject is found in its text (`query.linking`).
+
+Each row says that a normalised name (`text.normalize_title`) names a normalised title, and how: TITLE (it is the
+title), ALIAS (one of its documents' aliases or redirects) or PART (a part of the title by which it may be named
+alone: the last word, a person's surname, or its leading words, a company's first word; a title's words before a
+parenthesis, "Mercury" of "Mercury (planet)"). A PART names a title only where it names no other: a name that is a
+part of more than MAX_PARTS titles keeps MAX_PARTS rows and one row of the title MORE, so that its rows stay few
+however common the name ("John") and a removal never makes it look unambiguous. Rows are keyed by title, not
+document: an article and its updates share theirs, and a removed document's rows stay until a rebuild, read only
+where the title has a live document. A writer adds a document's rows in the transaction that registers it; a store
+made before the index gets it whole from its next writer (`ensure`), and `bertknn repair` rebuilds it (`rebuild`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Iterable
+
+from bertknn.text import normalize_title, stopwords
+
+TITLE, ALIAS, PART = 0, 1, 2  # how a name names a title (lower: stronger)
+KINDS = {TITLE: "title", ALIAS: "alias", PART: "part of the title"}
+MORE = ""  # the title of the row that says a PART names more titles than its rows list
+MAX_PARTS = 2  # PART rows kept per name: enough to see that it is ambiguous
+LEADING = 3  # the longest run of leading words of a title kept as a PART
+META = "names"  # the meta row that says the index covers every document
+TABLE = """CREATE TABLE IF NOT EXISTS names (
+    name TEXT NOT NULL, title TEXT NOT NULL, kind INTEGER NOT NULL, PRIMARY KEY (name, title)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS names_title ON names (title)"""
+PAREN = re.compile(r"\s*\([^()]*\)\s*$")  # a Wikipedia title's disambiguation: "Mercury (planet)"
+
+
+def names_of(title: str, aliases: Iterable[str] = ()) -> list[tuple[str, int]]:
+    """(name, kind) of each normalised name of a document titled `title` with `aliases`: the title, the aliases,
+    and the parts of the title (its words before a parenthesis, its last word, its leading words up to LEADING),
+    a part of stopwords only, of one character or of digits left out. Strongest kind first for a name given twice."""
+    norm = normalize_title(title)
+    found = {norm: TITLE}
+    for alias in aliases:
+        found.setdefault(normalize_title(alias), ALIAS)
+    base = PAREN.sub("", norm)
+    words = base.split()
+    parts = [base]
+    if len(words) > 1:
+        parts += [words[-1], *(" ".join(words[:n]) for n in range(1, min(LEADING, len(words) - 1) + 1))]
+    for part in parts:
+        if _nameable(part):
+            found.setdefault(part, PART)
+    return [(name, kind) for name, kind in found.items() if name]
+
+
+def _nameable(part: str) -> bool:
+    """Whether a part of a title can name it alone: not stopwords only, more than one character, not a number."""
+    words = part.split()
+    return len(part) > 1 and not part.isdigit() and any(w not in stopwords() for w in words)
+
+
+def add(db: sqlite3.Connection, title: str, aliases: Iterable[str] = ()) -> None:
+    """Record the names of a document (its title and aliases), in the caller's transaction."""
+    norm = normalize_title(title)
+    for name, kind in names_of(title, aliases):
+        if kind != PART:
+            db.execute(
+                "INSERT INTO names VALUES (?, ?, ?) ON CONFLICT (name, title) DO UPDATE SET kind = min(kind, "
+                "excluded.kind)",
+                (name, norm, kind),
+            )
+            continue
+        if db.execute("SELECT 1 FROM names WHERE name = ? AND title = ?", (name, norm)).fetchone():
+            continue
+        listed = db.execute("SELECT count(*) FROM names WHERE name = ? AND kind = ?", (name, PART)).fetchone()[0]
+        db.execute("INSERT OR IGNORE INTO names VALUES (?, ?, ?)", (name, norm if listed < MAX_PARTS else MORE, PART))
+
+
+def rebuild(db: sqlite3.Connection) -> int:
+    """The index made again from the documents' titles and aliases (every document's, removed ones too: a row is read
+    only where its title has a live document), in the caller's transaction; return the rows written."""
+    db.execute("DELETE FROM names")
+    for title, aliases in db.execute("SELECT title, aliases FROM documents ORDER BY idx").fetchall():
+        add(db, title, json.loads(aliases) if aliases else ())
+    db.execute("INSERT INTO meta VALUES (?, '1') ON CONFLICT (key) DO UPDATE SET value = '1'", (META,))
+    return db.execute("SELECT count(*) FROM names").fetchone()[0]
+
+
+def ensure(db: sqlite3.Connection) -> None:
+    """Give a store made before the names index its index (a writer's first step), in one transaction."""
+    if db.execute("SELECT 1 FROM meta WHERE key = ?", (META,)).fetchone() is None:
+        with db:
+            rebuild(db)
+
+
+def indexed(db: sqlite3.Connection) -> bool:
+    """Whether the store has its names index (a store made before it has none until its next writer)."""
+    try:
+        return db.execute("SELECT 1 FROM meta WHERE key = ?", (META,)).fetchone() is not None
+    except sqlite3.OperationalError:  # no meta table: an empty store
+        return False
+
+
+def lookup(db: sqlite3.Connection, spans: list[str]) -> list[tuple[str, str, int]]:
+    """(name, title, kind) of the names among `spans` whose title has a live document (the MORE rows of ambiguous
+    parts too), one query."""
+    return db.execute(
+        "SELECT n.name, n.title, n.kind FROM json_each(?) j JOIN names n ON n.name = j.value WHERE n.title = '' OR "
+        "EXISTS (SELECT 1 FROM documents d WHERE d.norm_title = n.title AND d.state = 'live')",
+        (json.dumps(spans),),
+    ).fetchall()
+
+
+def aliases_of(db: sqlite3.Connection, title: str) -> list[str]:
+    """The names (title and aliases, not parts) of a normalised title."""
+    rows = db.execute("SELECT name FROM names WHERE title = ? AND kind < ?", (title, PART)).fetchall()
+    return [r[0] for r in rows] or [title]
+
+
+def problems(db: sqlite3.Connection) -> list[str]:
+    """What is wrong with the names index (`bertknn verify`): live documents whose title it lacks."""
+    if not indexed(db):
+        return []
+    lacking = db.execute(
+        "SELECT count(*) FROM documents d WHERE d.state = 'live' AND NOT EXISTS (SELECT 1 FROM names n WHERE "
+        "n.name = d.norm_title AND n.title = d.norm_title)"
+    ).fetchone()[0]
+    return [f"the names index lacks the titles of {lacking} live document(s)"] if lacking else []
