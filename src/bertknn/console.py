@@ -101,6 +101,11 @@ def render(prediction: Prediction, top_k: int = 10, evidence_words: int = 3) -> 
         table.add_row(*cells)
     docs = ", ".join(prediction.documents) or "none (BERT alone answers)"
     lines = [f"[dim]documents:[/] {shown(docs)}"]
+    if prediction.linked is not None:  # asked without a subject: the one the question names
+        found = prediction.linked
+        lines.insert(
+            0, f"[dim]subject:[/] {shown(found.subject)} [dim](linked from {shown(repr(found.text))}, {found.by})[/]"
+        )
     for word, neighbours in list(prediction.evidence.items())[:evidence_words]:
         for n in neighbours:
             a, b = n.span

@@ -394,10 +394,12 @@ def connect_ro(store: Path) -> sqlite3.Connection:
 
 def tables(store: Path) -> dict:
     """documents (id, title, state, start, end), sentences and entries, in index order; the evidence vectors and
-    their references, in id order."""
+    their references, in id order; the names index (written in the transaction of its documents), by name."""
     with connect_ro(store) as db:
         held = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'evidence'").fetchone()
+        named = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'names'").fetchone()
         return {
+            "names": db.execute("SELECT * FROM names ORDER BY name, title").fetchall() if named else [],
             "documents": db.execute("SELECT idx, id, title, state, start, end FROM documents ORDER BY idx").fetchall(),
             "sentences": db.execute("SELECT * FROM sentences ORDER BY idx").fetchall(),
             "entries": db.execute("SELECT * FROM entries ORDER BY idx").fetchall(),

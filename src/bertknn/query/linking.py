@@ -4,9 +4,11 @@ parts of titles that name one article alone: `store.names`), for questions asked
 Every span of the question's words (up to MAX_WORDS, not across its mask) is looked up in one query. The span kept:
 one that holds a capitalised word of the question before one that does not (so that "official language" does not
 outrank "France" where both title a document; a question written in lower case has none and takes the longest), then
-the most words, then a title or alias before a part of a title (a part names a title only where no other title has
-it), then the most characters, then the first. Where a span names several titles (an alias two articles share), the one
-whose documents TF-IDF scores best for the question is linked. No span: no subject, and the question searches by
+the most words, then a title or alias before a part of a title, then the most characters, then the first. A part
+of a title links only where it names no other title, stands alone in the question (the words beside it stopwords:
+"saddle" of "saddle blanket" does not) and is not a common word (in more than COMMON of the documents and COMMON_DOCS:
+"born" of "Born in 68" is). Where a span names several titles (an alias two articles share), the one whose documents TF-IDF scores
+best for the question is linked. No span: no subject, and the question searches by
 TF-IDF as without linking.
 """
 
@@ -24,7 +26,10 @@ from bertknn.store.datastore import Datastore
 from bertknn.text import MASK, normalize_title, stopwords
 
 MAX_WORDS = 8  # the longest span looked up, in words
-WORD = re.compile(r"\w+(?:['’.-]\w+)*")  # a word, with the apostrophes, dots and hyphens inside it
+COMMON = 0.01  # a word in more than this share of the documents is no part of a title that names it alone ("born")
+COMMON_DOCS = 10  # ... and in more than this many: in a small store no part is common
+CLOSING = re.compile(r"[.)!?]{1,2}")  # punctuation a title may end with
+WORD = re.compile(r"\w+(?:[.-]\w+)*")  # a word, with the dots and hyphens inside it ("Dante's": Dante, s)
 
 
 @dataclass(frozen=True)
@@ -42,21 +47,26 @@ class Link:
         return {"subject": self.subject, "text": self.text, "span": list(self.span), "by": self.by}
 
 
-def spans(question: str) -> list[tuple[int, int, int, bool]]:
-    """(start, end, words, capitalised) of each span of up to MAX_WORDS words of `question` that does not cross its
-    mask and holds a word that is not a stopword; capitalised: it holds a word written with a capital that is not a
-    stopword (so "The" opening a question does not count)."""
+def spans(question: str) -> list[tuple[int, int, int, bool, bool]]:
+    """(start, end, words, capitalised, alone) of each span of up to MAX_WORDS words of `question` that does not cross
+    its mask and holds a word that is not a stopword. capitalised: it holds a word written with a capital that is not a
+    stopword (so "The" opening a question does not count); alone: the words beside it are stopwords, a possessive's
+    "s" or none, so that it is not a piece of a longer name ("saddle" of "saddle blanket")."""
     found = []
     for part_start, part in _parts(question):
         words = [(m.start() + part_start, m.end() + part_start, m.group()) for m in WORD.finditer(part)]
+        plain = [w.lower() in stopwords() or w.lower() == "s" for _, _, w in words]
         for i in range(len(words)):
             for j in range(i, min(i + MAX_WORDS, len(words))):
-                chosen = words[i : j + 1]
-                lowered = [w.lower() for _, _, w in chosen]
-                if all(w in stopwords() for w in lowered):
+                if all(plain[i : j + 1]):
                     continue
-                capital = any(w[:1].isupper() and w.lower() not in stopwords() for _, _, w in chosen)
-                found.append((chosen[0][0], chosen[-1][1], len(chosen), capital))
+                capital = any(w[:1].isupper() and not p for (_, _, w), p in zip(words[i : j + 1], plain[i : j + 1]))
+                alone = (i == 0 or plain[i - 1]) and (j + 1 == len(words) or plain[j + 1])
+                end = words[j][1]
+                found.append((words[i][0], end, j + 1 - i, capital, alone))
+                closing = CLOSING.match(question, end)  # "F.C." or "(XJ)" or "Time!" ends with its punctuation
+                if closing:
+                    found.append((words[i][0], closing.end(), j + 1 - i, capital, alone))
     return found
 
 
@@ -73,7 +83,7 @@ def link(store: Datastore, index: TfidfIndex, question: str) -> Link | None:
     """The subject `question` names (module docstring), or None: none of its spans names a title with a live
     document, or the store has no names index yet."""
     found = spans(question)
-    texts = [normalize_title(question[a:b]) for a, b, _, _ in found]
+    texts = [normalize_title(question[a:b]) for a, b, *_ in found]
     rows = store.documents.named(sorted(set(texts))) if texts else None
     if not rows:
         return None
@@ -81,9 +91,9 @@ def link(store: Datastore, index: TfidfIndex, question: str) -> Link | None:
     for name, title, kind in rows:
         by_name.setdefault(name, []).append((title, kind))
     best = None
-    for (a, b, n_words, capital), text in zip(found, texts):
+    for (a, b, n_words, capital, alone), text in zip(found, texts):
         titles = _titles(by_name.get(text, []))
-        if titles:
+        if titles and (titles[1] < names.PART or (alone and not _common(index, text))):
             rank = (capital, n_words, titles[1] < names.PART, b - a, -a)
             if best is None or rank > best[0]:
                 best = (rank, a, b, titles)
@@ -101,6 +111,12 @@ def links(
 ) -> list[Link | None]:
     """The link of each question asked without a subject (`link`); None where one was given or none is found."""
     return [link(store, index, q) if s is None else None for q, s in zip(questions, subjects)]
+
+
+def _common(index: TfidfIndex, name: str) -> bool:
+    """Whether `name` (one word, a part of a title) is a common word of the documents (COMMON): "born" of "Born in
+    68" says nothing of that title."""
+    return " " not in name and len(index.containing(name)) > max(COMMON * index.n_docs, COMMON_DOCS)
 
 
 def _titles(rows: list[tuple[str, int]]) -> tuple[list[str], int] | None:

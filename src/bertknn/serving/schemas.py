@@ -158,6 +158,9 @@ class DocumentIn(BaseModel):
         "subject the newest wins where they disagree; without it, a document is as new as the documents added before "
         "it, and newer than them",
     )
+    aliases: Annotated[list[Annotated[str, Field(max_length=300), UTF8]] | None, Field(max_length=100)] = Field(
+        None, description="other names of the document's subject, by which a question may name it"
+    )
 
     @model_validator(mode="after")
     def _readable(self) -> DocumentIn:
@@ -204,6 +207,15 @@ class FillMaskOut(BaseModel):
     sequence: str = Field(description="the question with its mask filled")
 
 
+class LinkOut(BaseModel):
+    """The subject found in a question asked without one: its title, the question's text that names it and where."""
+
+    subject: str
+    text: str
+    span: list[int] = Field(description="the text's start and end in the question (characters)")
+    by: str = Field(description="how the text names it: title, alias or part of the title")
+
+
 class PredictionOut(BaseModel):
     """BERT's, kNN's and BERT-kNN's rankings, and the evidence behind the kNN answers."""
 
@@ -218,6 +230,9 @@ class PredictionOut(BaseModel):
     superseded: list[NeighbourOut] = Field(
         default_factory=list,
         description="where newer documents about the subject outvoted older ones: each older one's nearest statement",
+    )
+    linked: LinkOut | None = Field(
+        default=None, description="asked without a subject: the subject found in the question (subject is it)"
     )
     fill_mask: dict[str, list[FillMaskOut]] | None = Field(
         default=None, description="with fill_mask: the rankings (bert, knn, bert_knn) as the fill-mask pipeline's"

@@ -54,7 +54,8 @@ class Documents:
     def find_titles(self, norm_title: str) -> list[tuple[int, str | None]]:
         """The live documents whose normalised title (`text.normalize_title`) is `norm_title`, newest first
         (`newest_first`), each with its date (its own, else the newest registered before it)."""
-        query = "SELECT idx, coalesce(date, since) FROM documents WHERE norm_title = ? AND state = 'live'"
+        # `+state`: the title's index finds the few rows; the state's would scan every live document
+        query = "SELECT idx, coalesce(date, since) FROM documents WHERE norm_title = ? AND +state = 'live'"
         return newest_first(self.db.execute(query, (norm_title,)).fetchall())
 
     def named(self, spans: list[str]) -> list[tuple[str, str, int]] | None:
@@ -176,7 +177,7 @@ class Documents:
 
     def hidden(self) -> np.ndarray:
         """Indices of the documents no search may return (being added, or removed)."""
-        rows = self.db.execute("SELECT idx FROM documents WHERE state != 'live'").fetchall()
+        rows = self.db.execute("SELECT idx FROM documents WHERE state IN ('adding', 'removed')").fetchall()  # indexed
         return np.asarray([r[0] for r in rows], dtype=np.int64)
 
     def of(self, entries: np.ndarray) -> np.ndarray:

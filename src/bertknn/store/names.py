@@ -3,8 +3,8 @@ that a question's subject is found in its text (`query.linking`).
 
 Each row says that a normalised name (`text.normalize_title`) names a normalised title, and how: TITLE (it is the
 title), ALIAS (one of its documents' aliases or redirects) or PART (a part of the title by which it may be named
-alone: the last word, a person's surname, or its leading words, a company's first word; a title's words before a
-parenthesis, "Mercury" of "Mercury (planet)"). A PART names a title only where it names no other: a name that is a
+alone: its last word, a person's surname; its first word, a company's; its words before a parenthesis, "Mercury" of
+"Mercury (planet)"). A PART names a title only where it names no other: a name that is a
 part of more than MAX_PARTS titles keeps MAX_PARTS rows and one row of the title MORE, so that its rows stay few
 however common the name ("John") and a removal never makes it look unambiguous. Rows are keyed by title, not
 document: an article and its updates share theirs, and a removed document's rows stay until a rebuild, read only
@@ -25,7 +25,7 @@ TITLE, ALIAS, PART = 0, 1, 2  # how a name names a title (lower: stronger)
 KINDS = {TITLE: "title", ALIAS: "alias", PART: "part of the title"}
 MORE = ""  # the title of the row that says a PART names more titles than its rows list
 MAX_PARTS = 2  # PART rows kept per name: enough to see that it is ambiguous
-LEADING = 3  # the longest run of leading words of a title kept as a PART
+MIN_PART = 3  # the shortest part of a title kept, in characters
 META = "names"  # the meta row that says the index covers every document
 TABLE = """CREATE TABLE IF NOT EXISTS names (
     name TEXT NOT NULL, title TEXT NOT NULL, kind INTEGER NOT NULL, PRIMARY KEY (name, title)) WITHOUT ROWID;
@@ -34,28 +34,18 @@ PAREN = re.compile(r"\s*\([^()]*\)\s*$")  # a Wikipedia title's disambiguation: 
 
 
 def names_of(title: str, aliases: Iterable[str] = ()) -> list[tuple[str, int]]:
-    """(name, kind) of each normalised name of a document titled `title` with `aliases`: the title, the aliases,
-    and the parts of the title (its words before a parenthesis, its last word, its leading words up to LEADING),
-    a part of stopwords only, of one character or of digits left out. Strongest kind first for a name given twice."""
-    norm = normalize_title(title)
-    found = {norm: TITLE}
+    """(name, kind) of each normalised name of a document titled `title` with `aliases`: the title, the aliases, and
+    the parts of the title (its words before a parenthesis; of a title of several words, its last and its first word),
+    a part that is a stopword or shorter than MIN_PART characters left out. The strongest kind of a name given twice."""
+    found = {normalize_title(title): TITLE}
     for alias in aliases:
         found.setdefault(normalize_title(alias), ALIAS)
-    base = PAREN.sub("", norm)
+    base = PAREN.sub("", normalize_title(title))
     words = base.split()
-    parts = [base]
-    if len(words) > 1:
-        parts += [words[-1], *(" ".join(words[:n]) for n in range(1, min(LEADING, len(words) - 1) + 1))]
-    for part in parts:
-        if _nameable(part):
+    for part in [base, *([words[-1], words[0]] if len(words) > 1 else [])]:
+        if len(part) >= MIN_PART and part not in stopwords() and not part.isdigit():
             found.setdefault(part, PART)
     return [(name, kind) for name, kind in found.items() if name]
-
-
-def _nameable(part: str) -> bool:
-    """Whether a part of a title can name it alone: not stopwords only, more than one character, not a number."""
-    words = part.split()
-    return len(part) > 1 and not part.isdigit() and any(w not in stopwords() for w in words)
 
 
 def add(db: sqlite3.Connection, title: str, aliases: Iterable[str] = ()) -> None:
@@ -105,7 +95,7 @@ def lookup(db: sqlite3.Connection, spans: list[str]) -> list[tuple[str, str, int
     parts too), one query."""
     return db.execute(
         "SELECT n.name, n.title, n.kind FROM json_each(?) j JOIN names n ON n.name = j.value WHERE n.title = '' OR "
-        "EXISTS (SELECT 1 FROM documents d WHERE d.norm_title = n.title AND d.state = 'live')",
+        "EXISTS (SELECT 1 FROM documents d WHERE d.norm_title = n.title AND +d.state = 'live')",  # by the title's index
         (json.dumps(spans),),
     ).fetchall()
 

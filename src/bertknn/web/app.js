@@ -134,6 +134,9 @@ function drawEvidence(evidence, topToken) {
 function drawPrediction(p) {
   const docs = p.documents.length ? p.documents.join(", ") : "none (BERT alone answers)";
   $("documents").textContent = `Documents searched: ${docs}`;
+  const found = p.linked;  // asked without a subject: the one the question names
+  $("linked").textContent = found ? `Subject: ${found.subject} (found in the question: "${found.text}", ${found.by})` : "";
+  $("linked").hidden = !found;
   for (const name of RANKINGS) drawRanking(name, p[name]);
   drawEvidence(p.evidence, p.knn.length ? p.knn[0].token : null);
   $("result").hidden = false;
