@@ -139,6 +139,16 @@ CASES = {
             rf"^Bytes per context \({NUMBER} contexts\): {NUMBER} without evidence vectors, {NUMBER} with \(",
         ],
     ),
+    "linking": (
+        "linking.py",
+        [],
+        "lama",
+        [
+            r"^\| updated, update's words \| all \| no subject, linked \| \d+/\d+ \(\d+ old\) \| ",
+            r"^\| no subject, linked \| [\d.]+ \| [\d.]+ \| [\d.]+ \| \d+ \| ",
+            r"^\| synthetic \(spans and lookup\) \| 2,000 \| ",
+        ],
+    ),
     "splitters": ("splitters.py", [], "wiki", [r"^\| pysbd \(older datastores\) \| ", r"^\| sentencex \| "]),
     "verify": ("verify.py", [], None, [r"^open-time sample \(\d+ \+ last\) +[\d.]+ s"]),
     "words": (

@@ -38,7 +38,7 @@ def writable_client(built):
         yield c
 
 
-FIELDS = ("question", "subject", "documents", "retrieval", "bert", "knn", "bert_knn", "evidence", "superseded")
+FIELDS = ("question", "subject", "documents", "retrieval", "bert", "knn", "bert_knn", "evidence", "superseded", "linked")
 
 
 def _as_json(prediction) -> dict:
@@ -258,6 +258,20 @@ def test_fill_mask_format_on_request(client, built):
         ]
         assert [a["score"] for a in got] == pytest.approx([a["score"] for a in want])
     assert "fill_mask" not in client.post("/predict", json=ILSA).json()
+
+
+def test_a_document_added_with_aliases_is_linked_from_a_question_naming_it_by_one(writable_client):
+    doc = {"id": "n1", "title": "Brannoc Vey", "text": "Brannoc Vey was born in Oslo.", "aliases": ["Bran the Boatman"]}
+    assert writable_client.post("/documents", json=doc).status_code == 201
+    answer = writable_client.post("/predict", json={"text": "Bran the Boatman was born in [MASK] ."}).json()
+    assert answer["subject"] == "Brannoc Vey" and answer["documents"] == ["Brannoc Vey"]
+    assert answer["linked"] == {"subject": "Brannoc Vey", "text": "Bran the Boatman", "span": [0, 16], "by": "alias"}
+    off = writable_client.post(
+        "/predict", json={"text": "Bran the Boatman was born in [MASK] .", "options": {"link": False}}
+    )
+    assert off.json()["linked"] is None and off.json()["subject"] is None
+    bad = writable_client.post("/documents", json={**doc, "id": "n2", "aliases": "Bran"})
+    assert bad.status_code == 422 and "aliases" in bad.text
 
 
 OPENAPI_DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "openapi.json"

@@ -122,6 +122,14 @@ def test_question_shows_three_rankings_and_highlighted_evidence(browser, server)
     assert browser.find_element(By.CSS_SELECTOR, "#evidence .doc h3").text == "Ilsa Varnhold"
     assert "Documents searched: Ilsa Varnhold" in browser.find_element(By.ID, "documents").text
     assert not browser.find_element(By.ID, "error").is_displayed()
+    assert not browser.find_element(By.ID, "linked").is_displayed()  # a subject was given: nothing linked
+
+
+def test_a_question_without_a_subject_shows_the_subject_found_in_it(browser, server):
+    _ask(browser, server, "Ilsa Varnhold was born in [MASK] .")
+    linked = WebDriverWait(browser, WAIT_S).until(ec.visibility_of_element_located((By.ID, "linked")))
+    assert linked.text == 'Subject: Ilsa Varnhold (found in the question: "Ilsa Varnhold", title)'
+    assert "Documents searched: Ilsa Varnhold" in browser.find_element(By.ID, "documents").text
 
 
 def test_example_button_asks_its_question(browser, server):

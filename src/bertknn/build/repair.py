@@ -28,6 +28,7 @@ import faiss
 from bertknn.index import NPROBE, faiss_files, faiss_index, retrieval, tfidf_files
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.index.retrieval import SEGMENT_DOCS
+from bertknn.store import names
 from bertknn.store.datastore import CODEC, CODES, COUNTS, KEYS, SQLITE, VALUES, Datastore, DatastoreError
 from bertknn.store.integrity import is_index_file
 from bertknn.store.manifest import RECORD
@@ -70,6 +71,7 @@ class _Found:
     faiss_files: set[str] = field(default_factory=set)  # its files that checksums found damaged
     damaged: set[str] = field(default_factory=set)  # the index files checksums found damaged (or a directory in place)
     stray: list[str] = field(default_factory=list)  # damaged index files no list names (left by an interrupted writer)
+    names: bool = False  # the names index lacks live documents' titles: made again from the documents
     notes: list[str] = field(default_factory=list)
     blocks: int = 0
 
@@ -137,8 +139,10 @@ def _find(store: Datastore, report: Progress) -> _Found:
         readers=(_keep(retrieval.problems, ir), _keep(faiss_files.problems, knn)),
     )
     damage = [d for d in checked.damage if is_index_file(d.file)]
-    mendable = {str(d) for d in damage} | set(ir) | set(knn)
+    lacking = names.problems(store.db)
+    mendable = {str(d) for d in damage} | set(ir) | set(knn) | set(lacking)
     found = _Found([p for p in checked.problems if p not in mendable], notes=checked.notes, blocks=checked.blocks)
+    found.names = bool(lacking)
     if found.primary:
         return found
     files = found.damaged = {d.file for d in damage}
@@ -161,7 +165,9 @@ def _mend(shards: list[tuple[Datastore, _Found]], top: Path, report: Progress, d
     first (a sharded datastore's quantizer may be trained again on all its shards, which are then opened whole); a
     line for each, naming the shard in a sharded datastore."""
     lines: list[str] = []
-    todo = [(store, found) for store, found in shards if found.segments or found.faiss or found.stray]
+    todo = [(store, found) for store, found in shards if found.segments or found.faiss or found.stray or found.names]
+    for store, found in todo:
+        lines += _where(store, top, _mend_names(store) if found.names else [])
     for store, found in todo:
         if store.parts(tfidf_files.KIND) is None:  # a store made before parts were listed: listed first, as writers do
             store.writer.commit_parts(tfidf=tfidf_files.listed(store), faiss=faiss_files.listing(store))
@@ -174,6 +180,13 @@ def _mend(shards: list[tuple[Datastore, _Found]], top: Path, report: Progress, d
         if left:
             raise DatastoreError(f"{store.path}: its index is still damaged after the repair: {left[0]}")
     return lines
+
+
+def _mend_names(store: Datastore) -> list[str]:
+    """The names index made again from the documents' titles and aliases, in one transaction."""
+    with store.sqlite_errors(), store.writer.db as db:
+        rows = names.rebuild(db)
+    return [f"the names index (in {SQLITE}): made again from the documents' titles and aliases, {rows:,} names"]
 
 
 def _clean(store: Datastore, found: _Found) -> list[str]:

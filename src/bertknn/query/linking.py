@@ -4,12 +4,12 @@ parts of titles that name one article alone: `store.names`), for questions asked
 Every span of the question's words (up to MAX_WORDS, not across its mask) is looked up in one query. The span kept:
 one that holds a capitalised word of the question before one that does not (so that "official language" does not
 outrank "France" where both title a document; a question written in lower case has none and takes the longest), then
-the most words, then a title or alias before a part of a title, then the most characters, then the first. A part
-of a title links only where it names no other title, stands alone in the question (the words beside it stopwords:
-"saddle" of "saddle blanket" does not) and is not a common word (in more than COMMON of the documents and COMMON_DOCS:
-"born" of "Born in 68" is). Where a span names several titles (an alias two articles share), the one whose documents TF-IDF scores
-best for the question is linked. No span: no subject, and the question searches by
-TF-IDF as without linking.
+the most words, then a title or alias before a part of a title, then the most characters, then the first. A part of
+a title links only where it names no other title, stands alone in the question (the words beside it stopwords:
+"saddle" of "saddle blanket" does not) and is not a common word (in more than COMMON of the documents and
+COMMON_DOCS: "born" of "Born in 68" is). Where a span names several titles (an alias two articles share), the one
+whose documents TF-IDF scores best for the question is linked. No span: no subject, and the question searches by TF-
+IDF as without linking.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ MORE = ""  # the title of the row that says a PART names more titles than its ro
 MAX_PARTS = 2  # PART rows kept per name: enough to see that it is ambiguous
 MIN_PART = 3  # the shortest part of a title kept, in characters
 META = "names"  # the meta row that says the index covers every document
+NAMES_PROBLEM = "store.sqlite: the names index lacks the titles of {} live document(s); `bertknn repair` rebuilds it"
 TABLE = """CREATE TABLE IF NOT EXISTS names (
     name TEXT NOT NULL, title TEXT NOT NULL, kind INTEGER NOT NULL, PRIMARY KEY (name, title)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS names_title ON names (title)"""
@@ -114,4 +115,4 @@ def problems(db: sqlite3.Connection) -> list[str]:
         "SELECT count(*) FROM documents d WHERE d.state = 'live' AND NOT EXISTS (SELECT 1 FROM names n WHERE "
         "n.name = d.norm_title AND n.title = d.norm_title)"
     ).fetchone()[0]
-    return [f"the names index lacks the titles of {lacking} live document(s)"] if lacking else []
+    return [NAMES_PROBLEM.format(lacking)] if lacking else []

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bertknn.store import names
 from bertknn.store.datastore import (
     APPEND_ONLY,
     COUNTS,
@@ -80,7 +81,7 @@ def verify(
     report.damage = list(damage)
     report.problems += [str(d) for d in damage]
     try:
-        report.problems += _entry_problems(store)
+        report.problems += _entry_problems(store) + names.problems(store.db)
     except DatastoreError as err:
         report.problems.append(str(err))
     for reader in readers:
