@@ -53,14 +53,17 @@ def spans(question: str) -> list[tuple[int, int, int, bool, bool]]:
     stopword (so "The" opening a question does not count); alone: the words beside it are stopwords, a possessive's
     "s" or none, so that it is not a piece of a longer name ("saddle" of "saddle blanket")."""
     found = []
+    stop = stopwords()
     for part_start, part in _parts(question):
         words = [(m.start() + part_start, m.end() + part_start, m.group()) for m in WORD.finditer(part)]
-        plain = [w.lower() in stopwords() or w.lower() == "s" for _, _, w in words]
+        plain = [w.lower() in stop or w.lower() == "s" for _, _, w in words]
+        capitals = [w[:1].isupper() and not p for (_, _, w), p in zip(words, plain)]
         for i in range(len(words)):
+            content = capital = False
             for j in range(i, min(i + MAX_WORDS, len(words))):
-                if all(plain[i : j + 1]):
+                content, capital = content or not plain[j], capital or capitals[j]
+                if not content:
                     continue
-                capital = any(w[:1].isupper() and not p for (_, _, w), p in zip(words[i : j + 1], plain[i : j + 1]))
                 alone = (i == 0 or plain[i - 1]) and (j + 1 == len(words) or plain[j + 1])
                 end = words[j][1]
                 found.append((words[i][0], end, j + 1 - i, capital, alone))
@@ -88,8 +91,10 @@ def link(store: Datastore, index: TfidfIndex, question: str) -> Link | None:
     if not rows:
         return None
     by_name: dict[str, list[tuple[str, int]]] = {}
-    for name, title, kind in rows:
+    shown = {}
+    for name, title, kind, written in rows:
         by_name.setdefault(name, []).append((title, kind))
+        shown[title] = written
     best = None
     for (a, b, n_words, capital, alone), text in zip(found, texts):
         titles = _titles(by_name.get(text, []))
@@ -101,9 +106,7 @@ def link(store: Datastore, index: TfidfIndex, question: str) -> Link | None:
         return None
     _, a, b, (candidates, kind) = best
     title = candidates[0] if len(candidates) == 1 else _best_scored(store, index, question, candidates)
-    docs = store.documents.find_titles(title)
-    shown = store.documents.titles([docs[0][0]])[0] if docs else title
-    return Link(shown, question[a:b], (a, b), names.KINDS[kind])
+    return Link(shown[title], question[a:b], (a, b), names.KINDS[kind])
 
 
 def links(

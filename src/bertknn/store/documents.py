@@ -58,17 +58,15 @@ class Documents:
         query = "SELECT idx, coalesce(date, since) FROM documents WHERE norm_title = ? AND +state = 'live'"
         return newest_first(self.db.execute(query, (norm_title,)).fetchall())
 
-    def named(self, spans: list[str]) -> list[tuple[str, str, int]] | None:
-        """(name, normalised title, kind) of the names index's rows for those of `spans` that name a title with a
-        live document (names.py); None for a store made before the index (it links no subject until its next
+    def named(self, spans: list[str]) -> list[tuple[str, str, int, str]] | None:
+        """(name, normalised title, kind, title) of the names index's rows for those of `spans` that name a title with
+        a live document (`names.lookup`); None for a store made before the index (it links no subject until its next
         writer gives it one)."""
-        if not names.indexed(self.db):
-            return None
         return names.lookup(self.db, spans)
 
     def aliases(self, norm_title: str) -> list[str]:
         """A normalised title's names: itself and its documents' aliases (normalised)."""
-        return names.aliases_of(self.db, norm_title) if names.indexed(self.db) else [norm_title]
+        return names.aliases_of(self.db, norm_title)
 
     def dated(self) -> np.ndarray:
         """The live documents that carry a date of their own, in index order (cached until the store changes)."""

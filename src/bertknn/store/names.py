@@ -91,19 +91,31 @@ def indexed(db: sqlite3.Connection) -> bool:
         return False
 
 
-def lookup(db: sqlite3.Connection, spans: list[str]) -> list[tuple[str, str, int]]:
-    """(name, title, kind) of the names among `spans` whose title has a live document (the MORE rows of ambiguous
-    parts too), one query."""
-    return db.execute(
-        "SELECT n.name, n.title, n.kind FROM json_each(?) j JOIN names n ON n.name = j.value WHERE n.title = '' OR "
-        "EXISTS (SELECT 1 FROM documents d WHERE d.norm_title = n.title AND +d.state = 'live')",  # by the title's index
-        (json.dumps(spans),),
-    ).fetchall()
+def lookup(db: sqlite3.Connection, spans: list[str]) -> list[tuple[str, str, int, str]] | None:
+    """(name, normalised title, kind, a live document's title as written) of the names among `spans` whose title has
+    a live document (and the MORE rows of ambiguous parts, their title as written ""), one query; None where the store
+    has no names index (made before it: its next writer gives it one)."""
+    try:
+        return db.execute(
+            "SELECT name, title, kind, shown FROM (SELECT n.name, n.title, n.kind, CASE WHEN n.title = '' THEN '' ELSE "
+            "(SELECT d.title FROM documents d WHERE d.norm_title = n.title AND +d.state = 'live' LIMIT 1) END AS shown "
+            "FROM json_each(?) j JOIN names n ON n.name = j.value) WHERE shown IS NOT NULL",  # by the title's index
+            (json.dumps(spans),),
+        ).fetchall()
+    except sqlite3.OperationalError as err:
+        if "no such table" in str(err):
+            return None
+        raise
 
 
 def aliases_of(db: sqlite3.Connection, title: str) -> list[str]:
-    """The names (title and aliases, not parts) of a normalised title."""
-    rows = db.execute("SELECT name FROM names WHERE title = ? AND kind < ?", (title, PART)).fetchall()
+    """The names (title and aliases, not parts) of a normalised title (the title alone without a names index)."""
+    try:
+        rows = db.execute("SELECT name FROM names WHERE title = ? AND kind < ?", (title, PART)).fetchall()
+    except sqlite3.OperationalError as err:
+        if "no such table" in str(err):
+            return [title]
+        raise
     return [r[0] for r in rows] or [title]
 
 

@@ -362,7 +362,7 @@ class ShardedDocuments:
         ]
         return newest_first(found)
 
-    def named(self, spans: list[str]) -> list[tuple[str, str, int]] | None:
+    def named(self, spans: list[str]) -> list[tuple[str, str, int, str]] | None:
         found = [shard.documents.named(spans) for shard in self.store.shards]
         return None if any(f is None for f in found) else sorted({row for rows in found for row in rows})
 
