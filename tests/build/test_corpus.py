@@ -154,6 +154,17 @@ def test_a_dump_gives_its_articles_as_plain_paragraphs(dumps):
         corpus = open_corpus(path)
         assert [(where, doc) for where, doc in corpus.located()] == [(f"{path}: page 12", ARTICLE_DOCUMENT)]
         assert corpus.count() is None  # a dump has no count: build reads it in full
+        assert corpus.take_redirects() == [("Varnhold", "Ilsa Varnhold")] and corpus.take_redirects() == []
+
+
+def test_a_dump_s_redirects_are_aliases_of_their_targets_in_the_built_store(dumps, tmp_path, encoder):
+    from bertknn.query.linking import link
+    from bertknn.query.pipeline import BertKNN
+
+    knn = BertKNN.build(dumps[1], tmp_path / "s", encoder)
+    found = link(knn.store, knn.index, "Varnhold plays the [MASK] .")
+    assert (found.subject, found.text, found.by) == ("Ilsa Varnhold", "Varnhold", "alias")  # not its surname: an alias
+    assert knn.store.db.execute("SELECT * FROM redirects").fetchall() == [("varnhold", "ilsa varnhold")]
 
 
 def test_fingerprints_follow_the_bytes(sources, tmp_path):

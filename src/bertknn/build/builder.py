@@ -334,16 +334,16 @@ def _refuse_duplicates(corpus: Corpus, suspects: set[int]) -> None:
             first[doc.id] = where
 
 
-def _register(store: Datastore, chunk: list[tuple[str, Record]]) -> None:
-    """Register whole documents in one transaction; CorpusError naming where a document was read when its id is
-    taken (by a registered document or one before it in `chunk`): the store's index finds it, not a set in memory.
-    """
+def _register(store: Datastore, chunk: list[tuple[str, Record]], redirects: list[tuple[str, str]] = ()) -> None:
+    """Register whole documents (and the `redirects` read with them: aliases of their targets) in one transaction;
+    CorpusError naming where a document was read when its id is taken (by a registered document or one before it in
+    `chunk`): the store's index finds it, not a set in memory."""
     taken = set(store.documents.states([rec.id for _, rec in chunk]))
     for where, rec in chunk:
         if rec.id in taken:
             raise CorpusError(f"{where}: duplicate document id {rec.id!r}")
         taken.add(rec.id)
-    store.writer.register([rec for _, rec in chunk])
+    store.writer.register([rec for _, rec in chunk], redirects=redirects)
 
 
 def build(
@@ -423,9 +423,11 @@ def _register_all(
     for i, (where, rec) in enumerate(recorded, store.n_documents):
         chunk.append((where, rec))
         if len(chunk) == REGISTER_DOCS or i == n_docs - 1:
-            _register(store, chunk)
+            _register(store, chunk, source.take_redirects())
             chunk = []
             report("reading", store.n_documents, n_docs)
+    if redirects := source.take_redirects():  # those of the pages after the last article
+        _register(store, [], redirects)
 
 
 def register(corpus: str | Path, out: str | Path, manifest: dict) -> Datastore:

@@ -95,6 +95,11 @@ class Corpus(ABC):
     def _read(self) -> Iterator[tuple[str, Document]]:
         """The documents with where each was read (`located` adds the check for an empty corpus)."""
 
+    def take_redirects(self) -> list[tuple[str, str]]:
+        """The (redirect title, target title) pairs read since the last call (a Wikipedia dump's redirect pages, which
+        name their target article: its aliases); none in other formats, whose documents carry their own aliases."""
+        return []
+
     @abstractmethod
     def count(self) -> int | None:
         """The number of documents from the format's metadata, without reading them; None where it has none."""
@@ -246,7 +251,8 @@ class DrqaCorpus(_FileCorpus):
 class WikipediaDump(_FileCorpus):
     """A MediaWiki XML export (`*-pages-articles*.xml.bz2` or .xml), streamed page by page with mwxml.
 
-    Articles only: pages of namespace 0 that are not redirects. id = page id, title = page title, passages = the
+    Articles only: pages of namespace 0 that are not redirects (the redirects' titles are kept as aliases of their
+    targets: `take_redirects`). id = page id, title = page title, passages = the
     paragraphs of the last revision's text made plain with mwparserfromhell: templates, footnotes, tables, headings
     and file and category links dropped, links shown as their text. A page with no text left is skipped.
     """
@@ -274,8 +280,11 @@ class WikipediaDump(_FileCorpus):
                 namespaces = dump.site_info.namespaces or []
                 hidden = {"media", "file", "image", "category"}
                 hidden |= {ns.name.casefold() for ns in namespaces if ns.id in HIDDEN_NAMESPACES}
+                self._redirects: list[tuple[str, str]] = []
                 for page in dump:
                     root.element.clear()  # what iterparse keeps of the pages read so far
+                    if page.namespace == 0 and page.redirect:
+                        self._redirects.append((page.title, page.redirect))
                     if page.namespace != 0 or page.redirect:
                         continue
                     text, date = "", None
@@ -295,6 +304,11 @@ class WikipediaDump(_FileCorpus):
     def count(self) -> None:
         """A dump records no count of its articles."""
         return None
+
+    def take_redirects(self) -> list[tuple[str, str]]:
+        """The redirects read since the last call (a reader's pass collects them as it goes)."""
+        taken, self._redirects = getattr(self, "_redirects", []), []
+        return taken
 
 
 def plain_paragraphs(code: Any, hidden_namespaces: set[str]) -> list[str]:

@@ -8,7 +8,9 @@ alone: its last word, a person's surname; its first word, a company's; its words
 part of more than MAX_PARTS titles keeps MAX_PARTS rows and one row of the title MORE, so that its rows stay few
 however common the name ("John") and a removal never makes it look unambiguous. Rows are keyed by title, not
 document: an article and its updates share theirs, and a removed document's rows stay until a rebuild, read only
-where the title has a live document. A writer adds a document's rows in the transaction that registers it; a store
+where the title has a live document. A Wikipedia dump's redirects are aliases of their targets (kept in the table
+`redirects`, since a redirect names a title, not a document). A writer adds a document's rows in the transaction that
+registers it; a store
 made before the index gets it whole from its next writer (`ensure`), and `bertknn repair` rebuilds it (`rebuild`).
 """
 
@@ -30,7 +32,9 @@ META = "names"  # the meta row that says the index covers every document
 NAMES_PROBLEM = "store.sqlite: the names index lacks the titles of {} live document(s); `bertknn repair` rebuilds it"
 TABLE = """CREATE TABLE IF NOT EXISTS names (
     name TEXT NOT NULL, title TEXT NOT NULL, kind INTEGER NOT NULL, PRIMARY KEY (name, title)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS names_title ON names (title)"""
+CREATE INDEX IF NOT EXISTS names_title ON names (title);
+CREATE TABLE IF NOT EXISTS redirects (name TEXT NOT NULL, title TEXT NOT NULL, PRIMARY KEY (name, title)) WITHOUT ROWID
+"""  # redirects: a Wikipedia dump's redirect titles and their targets, normalised, kept for `rebuild`
 PAREN = re.compile(r"\s*\([^()]*\)\s*$")  # a Wikipedia title's disambiguation: "Mercury (planet)"
 
 
@@ -54,16 +58,29 @@ def add(db: sqlite3.Connection, title: str, aliases: Iterable[str] = ()) -> None
     norm = normalize_title(title)
     for name, kind in names_of(title, aliases):
         if kind != PART:
-            db.execute(
-                "INSERT INTO names VALUES (?, ?, ?) ON CONFLICT (name, title) DO UPDATE SET kind = min(kind, "
-                "excluded.kind)",
-                (name, norm, kind),
-            )
+            _named(db, name, norm, kind)
             continue
         if db.execute("SELECT 1 FROM names WHERE name = ? AND title = ?", (name, norm)).fetchone():
             continue
         listed = db.execute("SELECT count(*) FROM names WHERE name = ? AND kind = ?", (name, PART)).fetchone()[0]
         db.execute("INSERT OR IGNORE INTO names VALUES (?, ?, ?)", (name, norm if listed < MAX_PARTS else MORE, PART))
+
+
+def add_redirects(db: sqlite3.Connection, redirects: Iterable[tuple[str, str]]) -> None:
+    """Record redirects ((redirect title, target title) pairs) as aliases of their targets, in the caller's
+    transaction; kept in the `redirects` table too, for `rebuild`."""
+    rows = [(normalize_title(name), normalize_title(title)) for name, title in redirects]
+    db.executemany("INSERT OR IGNORE INTO redirects VALUES (?, ?)", rows)
+    for name, title in rows:
+        _named(db, name, title, ALIAS)
+
+
+def _named(db: sqlite3.Connection, name: str, title: str, kind: int) -> None:
+    """A row saying that `name` names `title` as `kind` says (where one is there, the stronger kind stays)."""
+    db.execute(
+        "INSERT INTO names VALUES (?, ?, ?) ON CONFLICT (name, title) DO UPDATE SET kind = min(kind, excluded.kind)",
+        (name, title, kind),
+    )
 
 
 def rebuild(db: sqlite3.Connection) -> int:
@@ -72,6 +89,8 @@ def rebuild(db: sqlite3.Connection) -> int:
     db.execute("DELETE FROM names")
     for title, aliases in db.execute("SELECT title, aliases FROM documents ORDER BY idx").fetchall():
         add(db, title, json.loads(aliases) if aliases else ())
+    for name, title in db.execute("SELECT name, title FROM redirects ORDER BY name, title").fetchall():
+        _named(db, name, title, ALIAS)
     db.execute("INSERT INTO meta VALUES (?, '1') ON CONFLICT (key) DO UPDATE SET value = '1'", (META,))
     return db.execute("SELECT count(*) FROM names").fetchone()[0]
 

@@ -98,10 +98,12 @@ class DatastoreWriter:
             sums.forget(names)
             sums.save()
 
-    def register(self, docs: list[Record], state: str = "live") -> None:
-        """Add documents and their sentences (text only, not yet embedded) in one transaction."""
+    def register(self, docs: list[Record], state: str = "live", redirects: Sequence[tuple[str, str]] = ()) -> None:
+        """Add documents and their sentences (text only, not yet embedded), and `redirects` ((alias, title) pairs: a
+        Wikipedia dump's), in one transaction."""
         with self.store.sqlite_errors(), self.db:
             self._insert(docs, state)
+            names.add_redirects(self.db, redirects)
         self.store.n_documents += len(docs)
 
     def _insert(self, docs: list[Record], state: str) -> None:
