@@ -8,7 +8,7 @@ they are titled.
   facts, then a later dated update of one of them, titled by the subject (4) or as a news item (4), over the first
   --base-docs evidence documents in a lazy datastore. Questions: the updated fact in the update's words and in the
   article's, and two facts the update does not touch; with the subject, without it (linked), without it and linking
-  off. dev: even-numbered subjects, test: odd.
+  off. dev: subjects 0, 1, 4, 5, test: 2, 3, 6, 7 (each half two updates titled by the subject, two as news).
 - LAMA dev: `tune.DevSplit` (--lama-dev facts per T-REx and Google-RE relation, seed 1, disjoint from the reports'
   sample) over the lazy datastore of the whole evidence corpus: macro P@1 with the subject, without it linked, and
   without it with linking off (the paper's search); how many questions were linked.
@@ -52,7 +52,7 @@ def updates(args) -> None:
     knn.add_documents(docs)
     knn.add_documents(news)  # later, dated: each changes one fact of its subject
     print(f"\n## Updates: {len(docs)} articles and {len(news)} dated updates over {args.base_docs} evidence documents")
-    print("BERT-kNN P@1 (old answer kept); dev: even-numbered subjects, test: odd\n")
+    print("BERT-kNN P@1 (old answer kept); dev: subjects 0, 1, 4, 5; test: 2, 3, 6, 7\n")
     print("| questions | update titled | mode | dev | test |\n|---|---|---|---|---|")
     modes = {"subject": {}, "no subject, linked": {}, "no subject, linking off": {"link": False}}
     for mode, options in modes.items():
@@ -60,7 +60,7 @@ def updates(args) -> None:
         found = knn.predict_batch([q["question"] for q in questions], subjects, top_k=1, evidence=0, **options)
         hits, old = defaultdict(list), defaultdict(list)
         for q, p in zip(questions, found):
-            half = "dev" if int(q["document"].rsplit("-", 1)[1]) % 2 == 0 else "test"
+            half = _half(q)
             answer = p.bert_knn[0].token.lower() if p.bert_knn else ""
             for key in ((q["kind"], q["update_title"], half), (q["kind"], "all", half)):
                 hits[key].append(answer == q["answer"])
@@ -72,6 +72,11 @@ def updates(args) -> None:
                 kept = f" ({sum(old[(kind, titled, half)])} old)" if kind.startswith("updated") else ""
                 cells.append(f"{sum(got)}/{len(got)}{kept}" if got else "-")
             print(f"| {kind} | {titled} | {mode} | {' | '.join(cells)} |", flush=True)
+
+
+def _half(q: dict) -> str:
+    """dev: subjects 0, 1, 4, 5; test: 2, 3, 6, 7 (each half two updates titled by the subject, two as news)."""
+    return "dev" if int(q["document"].rsplit("-", 1)[1]) // 2 % 2 == 0 else "test"
 
 
 def lama(args):
