@@ -12,7 +12,7 @@ from bertknn.query.pipeline import BertKNN
 from bertknn.query.settings import PAPER
 from bertknn.store.names import ALIAS, PART, TITLE, names_of
 from bertknn.text import normalize_title, stopwords
-from tests.conftest import write_corpus, writable
+from tests.conftest import writable, write_corpus
 from tests.query.test_versions import KNN_ONLY
 
 DOCS = [
@@ -47,22 +47,32 @@ def reference(question_words: list[str], mask: int) -> tuple[str, str, str] | No
             held = table.setdefault(name, {})
             held[normalize_title(doc["title"])] = min(kind, held.get(normalize_title(doc["title"]), kind))
     parts = [question_words[:mask], question_words[mask:]]
+    stop = stopwords()
+    cased = any(w[:1].isupper() and w.lower() not in stop for w in question_words)
     best = None
     offset = 0
     for part in parts:
-        plain = [w.lower() in stopwords() for w in part]
+        plain = [w.lower() in stop for w in part]
         for i in range(len(part)):
             for j in range(i, min(i + 8, len(part))):
                 text = " ".join(part[i : j + 1])
                 held = table.get(normalize_title(text), {})
-                if not held or all(plain[i : j + 1]):
+                capital = any(w[:1].isupper() and not p for w, p in zip(part[i : j + 1], plain[i : j + 1]))
+                if not held or all(plain[i : j + 1]) or (cased and not capital):
                     continue
                 kind = min(held.values())
                 titles = sorted(t for t, k in held.items() if k == kind)
-                alone = (i == 0 or plain[i - 1]) and (j + 1 == len(part) or plain[j + 1])
+                sides = [(i - 1, i - 2), (j + 1, j + 2)]  # the word beside the span, and the one beyond it
+                alone = all(
+                    not 0 <= at < len(part)
+                    or (
+                        (plain[at] and not (part[at][:1].isupper() and at != 0))
+                        and not (0 <= beyond < len(part) and part[beyond][:1].isupper() and not plain[beyond])
+                    )
+                    for at, beyond in sides
+                )
                 if kind == PART and (len(titles) > 1 or not alone):
                     continue
-                capital = any(w[:1].isupper() and not p for w, p in zip(part[i : j + 1], plain[i : j + 1]))
                 rank = (capital, j + 1 - i, kind < PART, len(text), -(offset + i))
                 if best is None or rank > best[0]:
                     best = (rank, titles, text, kind)

@@ -38,7 +38,8 @@ def writable_client(built):
         yield c
 
 
-FIELDS = ("question", "subject", "documents", "retrieval", "bert", "knn", "bert_knn", "evidence", "superseded", "linked")
+FIELDS = ("question", "subject", "documents", "retrieval", "bert", "knn", "bert_knn", "evidence", "superseded")
+FIELDS = (*FIELDS, "linked")
 
 
 def _as_json(prediction) -> dict:

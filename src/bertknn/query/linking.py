@@ -50,27 +50,46 @@ class Link:
 def spans(question: str) -> list[tuple[int, int, int, bool, bool]]:
     """(start, end, words, capitalised, alone) of each span of up to MAX_WORDS words of `question` that does not cross
     its mask and holds a word that is not a stopword. capitalised: it holds a word written with a capital that is not a
-    stopword (so "The" opening a question does not count); alone: the words beside it are stopwords, a possessive's
-    "s" or none, so that it is not a piece of a longer name ("saddle" of "saddle blanket")."""
+    stopword ("The" opening a question does not count); in a question that has such a word anywhere (written in
+    proper case), only capitalised spans are given: "law" of "The law in Guyana" is no name there. alone: no word
+    beside it is written with a capital or is another word than a stopword or a possessive's "s", nor is one beyond a
+    stopword beside it capitalised, so that it is not a piece of a longer name ("saddle" of "saddle blanket",
+    "Shire" of "Shire of Strathbogie", "Giulio" of "Giulio De Petra")."""
     found = []
     stop = stopwords()
-    for part_start, part in _parts(question):
-        words = [(m.start() + part_start, m.end() + part_start, m.group()) for m in WORD.finditer(part)]
+    parts = [
+        (start, [(m.start() + start, m.end() + start, m.group()) for m in WORD.finditer(text)])
+        for start, text in _parts(question)
+    ]
+    cased = any(w[:1].isupper() and w.lower() not in stop for _, words in parts for _, _, w in words)
+    for _, words in parts:
         plain = [w.lower() in stop or w.lower() == "s" for _, _, w in words]
         capitals = [w[:1].isupper() and not p for (_, _, w), p in zip(words, plain)]
+        named = [w[:1].isupper() for _, _, w in words]  # capitalised, stopwords too ("De" of "Giulio De Petra")
         for i in range(len(words)):
             content = capital = False
             for j in range(i, min(i + MAX_WORDS, len(words))):
                 content, capital = content or not plain[j], capital or capitals[j]
-                if not content:
+                if not content or (cased and not capital):
                     continue
-                alone = (i == 0 or plain[i - 1]) and (j + 1 == len(words) or plain[j + 1])
+                alone = _alone(plain, named, capitals, i - 1, -1) and _alone(plain, named, capitals, j + 1, 1)
                 end = words[j][1]
                 found.append((words[i][0], end, j + 1 - i, capital, alone))
                 closing = CLOSING.match(question, end)  # "F.C." or "(XJ)" or "Time!" ends with its punctuation
                 if closing:
                     found.append((words[i][0], closing.end(), j + 1 - i, capital, alone))
     return found
+
+
+def _alone(plain: list[bool], named: list[bool], capitals: list[bool], at: int, step: int) -> bool:
+    """Whether the word at `at` (beside a span, on the side `step` points to) leaves the span alone: none there, or a
+    stopword written in lower case beyond which (a stopword's further side) no capitalised word follows."""
+    if not 0 <= at < len(plain):
+        return True
+    if not plain[at] or (named[at] and at != 0):
+        return False
+    beyond = at + step
+    return not (0 <= beyond < len(plain) and capitals[beyond])
 
 
 def _parts(question: str) -> list[tuple[int, str]]:
