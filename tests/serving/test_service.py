@@ -38,8 +38,10 @@ def writable_client(built):
         yield c
 
 
-FIELDS = ("question", "subject", "documents", "retrieval", "bert", "knn", "bert_knn", "evidence", "superseded")
-FIELDS = (*FIELDS, "linked")
+FIELDS = (
+    *("question", "subject", "documents", "retrieval", "bert", "knn", "bert_knn", "evidence", "superseded"),
+    "linked",
+)
 
 
 def _as_json(prediction) -> dict:
