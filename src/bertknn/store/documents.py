@@ -69,9 +69,15 @@ class Documents:
         return names.aliases_of(self.db, norm_title)
 
     def dated(self) -> np.ndarray:
-        """The live documents that carry a date of their own, in index order (cached until the store changes)."""
+        """The live documents added after the build (past the documents of the corpus the manifest records) that
+        carry a date of their own, in index order (cached until the store changes): the updates and news items that
+        take part in the conflicts of the subjects they name (`retrieval.naming`). The build's own articles do not,
+        though a dump dates each one: another article that names a subject is no version of its article."""
         if self._dated is None or self._dated[0] != self.store.version:
-            rows = self.db.execute("SELECT idx FROM documents WHERE date IS NOT NULL AND state = 'live'").fetchall()
+            corpus = self.store.manifest.get("corpus") or {}
+            built = corpus.get("documents") if isinstance(corpus, dict) else None
+            query = "SELECT idx FROM documents WHERE idx >= ? AND date IS NOT NULL AND +state = 'live'"
+            rows = self.db.execute(query, (built,)).fetchall() if isinstance(built, int) else []
             self._dated = (self.store.version, np.asarray([r[0] for r in rows], np.int64))
         return self._dated[1]
 
