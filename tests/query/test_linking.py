@@ -174,3 +174,13 @@ def test_a_dated_update_titled_as_news_wins_and_the_older_statement_is_supersede
         assert (before.token, before.doc_id) == ("lisbon", "d1")
     alike = built.predict("Ilsa Varnhold was born in [MASK] .", settings=KNN_ONLY.replace(conflicts="vote"))
     assert alike.documents == ["Ilsa Varnhold"]  # the news item takes part in the subject's conflicts only
+
+
+def test_a_dated_article_of_the_built_corpus_is_no_version_of_the_subject_it_names(tmp_path, encoder):
+    docs = [
+        {"id": "a", "title": "Ilsa Varnhold", "text": "Ilsa Varnhold was born in Lisbon.", "date": "2020-01-01"},
+        {"id": "b", "title": "Porto", "text": "Ilsa Varnhold was born in Porto, the city says.", "date": "2024-01-01"},
+    ]
+    knn = BertKNN.build(write_corpus(tmp_path / "c.jsonl", docs), tmp_path / "s", encoder)
+    p = knn.predict("Ilsa Varnhold was born in [MASK] .", settings=KNN_ONLY)
+    assert p.documents == ["Ilsa Varnhold"] and p.superseded == []  # an article about Porto, as a dump dates each
