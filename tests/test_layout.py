@@ -68,9 +68,11 @@ def test_storage_imports_neither_the_model_nor_the_tokenizer():
         assert _imports(reads) <= {
             "bertknn.store.datastore",
             "bertknn.store.manifest",
+            "bertknn.store.names",  # the names index's lookups
             "bertknn.store.records",
             "bertknn.store.schema",
         }
+    assert _imports("store.names") == {"bertknn.text"}  # normalised names: string functions, no tokenizer
     assert not any(name.startswith(("bertknn.model", "bertknn.text")) for name in _imports("store.writer"))
     assert _imports("store.lock") == {"bertknn.store.manifest"}
     assert _imports("store.records") == _imports("store.schema") == set()

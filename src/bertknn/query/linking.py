@@ -14,9 +14,11 @@ IDF as without linking.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -25,6 +27,7 @@ from bertknn.store import names
 from bertknn.store.datastore import Datastore
 from bertknn.text import MASK, normalize_title, stopwords
 
+Q = TypeVar("Q")  # a question record (`pipeline.Query`)
 MAX_WORDS = 8  # the longest span looked up, in words
 COMMON = 0.01  # a word in more than this share of the documents is no part of a title that names it alone ("born")
 COMMON_DOCS = 10  # ... and in more than this many: in a small store no part is common
@@ -128,11 +131,11 @@ def link(store: Datastore, index: TfidfIndex, question: str) -> Link | None:
     return Link(shown[title], question[a:b], (a, b), names.KINDS[kind])
 
 
-def links(
-    store: Datastore, index: TfidfIndex, questions: Sequence[str], subjects: Sequence[str | None]
-) -> list[Link | None]:
-    """The link of each question asked without a subject (`link`); None where one was given or none is found."""
-    return [link(store, index, q) if s is None else None for q, s in zip(questions, subjects)]
+def linked(store: Datastore, index: TfidfIndex, queries: Sequence[Q]) -> list[Q]:
+    """The queries (records with `text`, `subject` and `link`: `pipeline.Query`), those asked without a subject given
+    the one their text names (`link`), with the link."""
+    found = [link(store, index, q.text) if q.subject is None else None for q in queries]
+    return [dataclasses.replace(q, subject=f.subject, link=f) if f else q for q, f in zip(queries, found)]
 
 
 def _common(index: TfidfIndex, name: str) -> bool:

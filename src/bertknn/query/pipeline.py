@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,9 +22,9 @@ from bertknn.model.sentences import SCORED_WORDS, SentenceMatch
 from bertknn.query import sentences
 from bertknn.query.combine import calibrate, confident_lam, interpolate
 from bertknn.query.knn import vote
-from bertknn.query.linking import Link, links
+from bertknn.query.linking import Link, linked
 from bertknn.query.prediction import Prediction, evidence, ranked, superseded
-from bertknn.query.search import DocumentSearch, FaissSearch, MergedSearch, Neighbours, RemoteShards, Search
+from bertknn.query.search import DocumentSearch, Neighbours, RemoteShards, Search, searcher
 from bertknn.query.settings import Settings
 from bertknn.query.words import Words, lexicon, scored
 from bertknn.store.datastore import Datastore, DatastoreError
@@ -294,11 +293,8 @@ class BertKNN:
 
     def _linked(self, batch: Sequence[Query], s: Settings) -> list[Query]:
         """The questions, those asked without a subject given the one their text names (`linking.link`), with `link`."""
-        if not s.link:
-            return list(batch)
         with self.store.sqlite_errors():
-            found = links(self.store, self.index, [q.text for q in batch], [q.subject for q in batch])
-        return [dataclasses.replace(q, subject=f.subject, link=f) if f else q for q, f in zip(batch, found)]
+            return linked(self.store, self.index, batch) if s.link else list(batch)
 
     def _forward(self, batch: Sequence[Query], search: Search, s: Settings) -> list[Forwarded]:
         """The questions' model pass, search and vote: the LM's distribution and the mask's state (one pass for the
@@ -425,14 +421,7 @@ class BertKNN:
         """The searcher of a retrieval setting ("ir", "faiss" or "ir+faiss"), over the datastore as loaded now."""
         embed = self._embed if self.store.manifest.lazy else None
         documents = DocumentSearch(self.store, self.index, embed, self.remote_shards)
-        if retrieval == "ir":
-            return documents
-        if self.faiss is None:
-            raise self.faiss_error or DatastoreError(
-                f"{self.store.path} has no FAISS index: create one with `bertknn index {self.store.path}`"
-            )
-        faiss = FaissSearch(self.store, self.faiss)
-        return faiss if retrieval == "faiss" else MergedSearch(documents, faiss, self.store)
+        return searcher(documents, retrieval, self.faiss, self.faiss_error)
 
     def _embed(self, docs: list[int], progress: Callable[[int, int], None] | None = None) -> int:
         """Those of `docs` that a lazy datastore holds no keys for yet, embedded by the writer side in one run

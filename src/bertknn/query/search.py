@@ -25,7 +25,7 @@ from bertknn.index.exact import candidates, nearest
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.index.retrieval import Selected, TfidfIndex, select_documents
 from bertknn.query.settings import Settings
-from bertknn.store.datastore import Datastore
+from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.records import Provenance
 
 
@@ -240,3 +240,19 @@ class MergedSearch:
     def ahead(self, questions: Sequence[str], subjects: Sequence[str | None], settings: Settings) -> None:
         """None: the second search's documents come from its neighbours."""
         return None
+
+
+def searcher(
+    documents: DocumentSearch, retrieval: str, faiss: FaissIndex | None, faiss_error: Exception | None = None
+) -> Search:
+    """The searcher of a retrieval setting: "ir" the document search, "faiss" the FAISS index's, "ir+faiss" both
+    merged; DatastoreError (or `faiss_error`, why it could not be loaded) where FAISS is asked for and there is none."""
+    if retrieval == "ir":
+        return documents
+    store = documents.store
+    if faiss is None:
+        raise faiss_error or DatastoreError(
+            f"{store.path} has no FAISS index: create one with `bertknn index {store.path}`"
+        )
+    found = FaissSearch(store, faiss)
+    return found if retrieval == "faiss" else MergedSearch(documents, found, store)

@@ -30,11 +30,6 @@ MAX_PARTS = 2  # PART rows kept per name: enough to see that it is ambiguous
 MIN_PART = 3  # the shortest part of a title kept, in characters
 META = "names"  # the meta row that says the index covers every document
 NAMES_PROBLEM = "store.sqlite: the names index lacks the titles of {} live document(s); `bertknn repair` rebuilds it"
-TABLE = """CREATE TABLE IF NOT EXISTS names (
-    name TEXT NOT NULL, title TEXT NOT NULL, kind INTEGER NOT NULL, PRIMARY KEY (name, title)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS names_title ON names (title);
-CREATE TABLE IF NOT EXISTS redirects (name TEXT NOT NULL, title TEXT NOT NULL, PRIMARY KEY (name, title)) WITHOUT ROWID
-"""  # redirects: a Wikipedia dump's redirect titles and their targets, normalised, kept for `rebuild`
 PAREN = re.compile(r"\s*\([^()]*\)\s*$")  # a Wikipedia title's disambiguation: "Mercury (planet)"
 
 

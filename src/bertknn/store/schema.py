@@ -9,11 +9,16 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from bertknn.store import names
-
 SQLITE = "store.sqlite"  # the file of a datastore directory that holds these tables
 WORDS = """CREATE TABLE IF NOT EXISTS words (value INTEGER PRIMARY KEY, pieces TEXT NOT NULL UNIQUE, word TEXT NOT NULL)
 """  # made by the first writer that stores a word of several tokens (a read-only format 1 store has none)
+NAMES_TABLES = """
+CREATE TABLE IF NOT EXISTS names (  -- names.py: a name, the normalised title it names, how (title, alias, part)
+    name TEXT NOT NULL, title TEXT NOT NULL, kind INTEGER NOT NULL, PRIMARY KEY (name, title)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS names_title ON names (title);
+CREATE TABLE IF NOT EXISTS redirects (  -- a Wikipedia dump's redirect titles and their targets, normalised
+    name TEXT NOT NULL, title TEXT NOT NULL, PRIMARY KEY (name, title)) WITHOUT ROWID;
+"""
 SCHEMA = (
     """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -34,8 +39,7 @@ CREATE TABLE IF NOT EXISTS entries (
 CREATE TABLE IF NOT EXISTS parts (  -- the commit point: the live parts of each index, all a reader opens
     kind TEXT NOT NULL, name TEXT NOT NULL, first INTEGER NOT NULL, stop INTEGER NOT NULL, PRIMARY KEY (kind, name));
 """
-    + names.TABLE
-    + ";\n"
+    + NAMES_TABLES
 )
 ADDED = (  # columns of `documents` added after the first datastores, with their definitions
     ("state", "TEXT NOT NULL DEFAULT 'live'", "'live'"),
@@ -122,5 +126,4 @@ def writing(file: Path) -> sqlite3.Connection:
             with db:
                 db.execute(f"ALTER TABLE documents ADD COLUMN {name} {kind}")
     db.execute("CREATE INDEX IF NOT EXISTS documents_state ON documents (state)")
-    names.ensure(db)  # a store made before the names index gets it whole
     return db

@@ -46,6 +46,8 @@ class DatastoreWriter:
     def __init__(self, store: Datastore) -> None:
         self.store = store
         self._began = held(store.db)[1]  # store.sqlite's commits when the write began
+        with store.sqlite_errors():
+            names.ensure(store.db)  # a store made before the names index gets it whole
 
     @property
     def db(self) -> sqlite3.Connection:
