@@ -45,3 +45,21 @@ def smoke_corpus(n: int = SMOKE_DOCS) -> Path:
     """The first `n` documents of the evidence corpus in a temporary file (removed at exit): what a smoke form reads
     instead of the whole corpus."""
     return first_documents(n, scratch() / "evidence_head.jsonl")
+
+
+def lama_dev(args):
+    """(encoder, reader, facts) of a LAMA dev run: the model `args.model` in ONNX Runtime, `tune.DevSplit`'s
+    `args.lama_dev` facts per T-REx and Google-RE relation, and the lazy datastore of `args.corpus` they are asked
+    over (a smoke form: its first SMOKE_FACTS facts, the store beside its corpus)."""
+    from bertknn.evaluation.facts import GROUPS, load_lama
+    from bertknn.evaluation.run import lama_reader
+    from bertknn.evaluation.tune import DevSplit
+    from bertknn.model.encoder import Encoder
+
+    encoder = Encoder.load(args.model, runtime="onnx")
+    facts = load_lama(DATA / "lama", encoder.tokenizer, GROUPS, warn=lambda m: None)
+    dev = DevSplit(per_relation=args.lama_dev, squad=0).choose(facts)
+    directory = None
+    if args.smoke:
+        dev, directory = dev[:SMOKE_FACTS], args.corpus.parent / "store"
+    return encoder, lama_reader(args.corpus, encoder, directory), dev

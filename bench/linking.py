@@ -28,7 +28,7 @@ from collections import defaultdict
 from contextlib import closing
 from pathlib import Path
 
-from evidence import DATA, EVIDENCE, SMOKE, SMOKE_FACTS, first_documents, scratch, smoke_corpus
+from evidence import EVIDENCE, SMOKE, first_documents, lama_dev, scratch, smoke_corpus
 
 FRESH = Path(__file__).resolve().parent / "fresh_facts"
 
@@ -80,19 +80,10 @@ def _half(q: dict) -> str:
 
 
 def lama(args):
-    from bertknn.evaluation.facts import GROUPS, ir_subject, load_lama
+    from bertknn.evaluation.facts import ir_subject
     from bertknn.evaluation.metrics import macro_metrics, rank_of
-    from bertknn.evaluation.run import lama_reader
-    from bertknn.evaluation.tune import DevSplit
-    from bertknn.model.encoder import Encoder
 
-    encoder = Encoder.load(args.model, runtime="onnx")
-    facts = load_lama(DATA / "lama", encoder.tokenizer, GROUPS, warn=lambda m: None)
-    dev = DevSplit(per_relation=args.lama_dev, squad=0).choose(facts)
-    directory = None
-    if args.smoke:
-        dev, directory = dev[:SMOKE_FACTS], args.corpus.parent / "store"
-    reader = lama_reader(args.corpus, encoder, directory)
+    encoder, reader, dev = lama_dev(args)
     if args.skip_lama:
         return reader, [f.question for f in dev]
     print(f"\n## LAMA dev: {len(dev)} facts ({args.lama_dev} per T-REx/Google-RE relation, seed 1); macro P@1\n")

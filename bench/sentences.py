@@ -60,13 +60,12 @@ from collections import defaultdict
 from pathlib import Path
 
 from evidence import (
-    DATA,
     EVIDENCE,
     SMOKE,
-    SMOKE_FACTS,
     SMOKE_FRESH,
     first_documents,
     first_fresh,
+    lama_dev,
     scratch,
     smoke_corpus,
 )
@@ -262,19 +261,10 @@ def choice(args) -> None:
 
 
 def lama(args) -> None:
-    from bertknn.evaluation.facts import GROUPS, ir_subject, load_lama
+    from bertknn.evaluation.facts import ir_subject
     from bertknn.evaluation.metrics import macro_metrics, rank_of
-    from bertknn.evaluation.run import lama_reader
-    from bertknn.evaluation.tune import DevSplit
-    from bertknn.model.encoder import Encoder
 
-    encoder = Encoder.load(args.model, runtime="onnx")
-    facts = load_lama(DATA / "lama", encoder.tokenizer, GROUPS, warn=lambda m: None)
-    dev = DevSplit(per_relation=args.lama_dev, squad=0).choose(facts)
-    directory = None
-    if args.smoke:
-        dev, directory = dev[:SMOKE_FACTS], args.corpus.parent / "store"
-    reader = lama_reader(args.corpus, encoder, directory)
+    encoder, reader, dev = lama_dev(args)
     per = f"{args.lama_dev} per T-REx/Google-RE relation, seed 1"
     print(f"\n## LAMA dev: {len(dev)} facts ({per}); macro P@1\n")
     print("| subject | sentence_temperature | BERT | kNN | BERT-kNN | s |\n|---|---|---|---|---|---|")
