@@ -39,6 +39,14 @@ def linked(tmp_path_factory, encoder):
     return BertKNN.build(write_corpus(tmp / "c.jsonl", DOCS), tmp / "s", encoder)
 
 
+def _named(part: list[str], plain: list[bool], at: int, beyond: int) -> bool:
+    """Whether the word at `at` beside a span continues a name: written with a capital (not a stopword opening the
+    question), or a stopword with a capitalised word that is no stopword beyond it."""
+    if part[at][:1].isupper() and (at != 0 or not plain[at]):
+        return True
+    return plain[at] and 0 <= beyond < len(part) and part[beyond][:1].isupper() and not plain[beyond]
+
+
 def reference(question_words: list[str], mask: int) -> tuple[str, str, str] | None:
     """The link by a scan of every span against the names of DOCS made in Python (no SQL): (title, text, kind)."""
     table: dict[str, dict[str, int]] = {}
@@ -63,14 +71,11 @@ def reference(question_words: list[str], mask: int) -> tuple[str, str, str] | No
                 kind = min(held.values())
                 titles = sorted(t for t, k in held.items() if k == kind)
                 sides = [(i - 1, i - 2), (j + 1, j + 2)]  # the word beside the span, and the one beyond it
-                alone = all(
-                    not 0 <= at < len(part)
-                    or (
-                        (plain[at] and not (part[at][:1].isupper() and at != 0))
-                        and not (0 <= beyond < len(part) and part[beyond][:1].isupper() and not plain[beyond])
-                    )
-                    for at, beyond in sides
-                )
+                beside = [(at, beyond) for at, beyond in sides if 0 <= at < len(part)]
+                bare = not any(_named(part, plain, at, beyond) for at, beyond in beside)
+                alone = bare and all(plain[at] for at, _ in beside)
+                if not bare:
+                    continue
                 if kind == PART and (len(titles) > 1 or not alone):
                     continue
                 rank = (capital, j + 1 - i, kind < PART, len(text), -(offset + i))

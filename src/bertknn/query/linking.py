@@ -4,8 +4,9 @@ parts of titles that name one article alone: `store.names`), for questions asked
 Every span of the question's words (up to MAX_WORDS, not across its mask) is looked up in one query. The span kept:
 one that holds a capitalised word of the question before one that does not (so that "official language" does not
 outrank "France" where both title a document; a question written in lower case has none and takes the longest), then
-the most words, then a title or alias before a part of a title, then the most characters, then the first. A part of
-a title links only where it names no other title, stands alone in the question (the words beside it stopwords:
+the most words, then a title or alias before a part of a title, then the most characters, then the first. A span
+that is a piece of a longer name written with capitals links nothing ("Arthur" of "Arthur Erickson"). A part of a
+title links only where it names no other title, stands alone in the question (the words beside it stopwords:
 "saddle" of "saddle blanket" does not) and is not a common word (in more than COMMON of the documents and
 COMMON_DOCS: "born" of "Born in 68" is). Where a span names several titles (an alias two articles share), the one
 whose documents TF-IDF scores best for the question is linked. No span: no subject, and the question searches by TF-
@@ -50,14 +51,14 @@ class Link:
         return {"subject": self.subject, "text": self.text, "span": list(self.span), "by": self.by}
 
 
-def spans(question: str) -> list[tuple[int, int, int, bool, bool]]:
-    """(start, end, words, capitalised, alone) of each span of up to MAX_WORDS words of `question` that does not cross
-    its mask and holds a word that is not a stopword. capitalised: it holds a word written with a capital that is not a
-    stopword ("The" opening a question does not count); in a question that has such a word anywhere (written in
-    proper case), only capitalised spans are given: "law" of "The law in Guyana" is no name there. alone: no word
-    beside it is written with a capital or is another word than a stopword or a possessive's "s", nor is one beyond a
-    stopword beside it capitalised, so that it is not a piece of a longer name ("saddle" of "saddle blanket",
-    "Shire" of "Shire of Strathbogie", "Giulio" of "Giulio De Petra")."""
+def spans(question: str) -> list[tuple[int, int, int, bool, bool, bool]]:
+    """(start, end, words, capitalised, alone, bare) of each span of up to MAX_WORDS words of `question` that does not
+    cross its mask and holds a word that is not a stopword. capitalised: it holds a word written with a capital that
+    is not a stopword ("The" opening a question does not count); in a question that has such a word anywhere
+    (written in proper case), only capitalised spans are given: "law" of "The law in Guyana" is no name there. bare:
+    no word beside it is written with a capital, nor one beyond a stopword beside it, so that it is not a piece of a
+    longer name ("Arthur" of "Arthur Erickson", "Shire" of "Shire of Strathbogie", "Giulio" of "Giulio De Petra");
+    alone: bare, and the words beside it are stopwords or a possessive's "s" ("saddle" of "saddle blanket" is not)."""
     found = []
     stop = stopwords()
     parts = [
@@ -75,24 +76,28 @@ def spans(question: str) -> list[tuple[int, int, int, bool, bool]]:
                 content, capital = content or not plain[j], capital or capitals[j]
                 if not content or (cased and not capital):
                     continue
-                alone = _alone(plain, named, capitals, i - 1, -1) and _alone(plain, named, capitals, j + 1, 1)
+                sides = [_beside(plain, named, capitals, at, step) for at, step in ((i - 1, -1), (j + 1, 1))]
+                bare, alone = all(side > 0 for side in sides), all(side > 1 for side in sides)
                 end = words[j][1]
-                found.append((words[i][0], end, j + 1 - i, capital, alone))
+                found.append((words[i][0], end, j + 1 - i, capital, alone, bare))
                 closing = CLOSING.match(question, end)  # "F.C." or "(XJ)" or "Time!" ends with its punctuation
                 if closing:
-                    found.append((words[i][0], closing.end(), j + 1 - i, capital, alone))
+                    found.append((words[i][0], closing.end(), j + 1 - i, capital, alone, bare))
     return found
 
 
-def _alone(plain: list[bool], named: list[bool], capitals: list[bool], at: int, step: int) -> bool:
-    """Whether the word at `at` (beside a span, on the side `step` points to) leaves the span alone: none there, or a
-    stopword written in lower case beyond which (a stopword's further side) no capitalised word follows."""
+def _beside(plain: list[bool], named: list[bool], capitals: list[bool], at: int, step: int) -> int:
+    """What the word at `at` (beside a span, on the side `step` points to) makes of the span: 0 a piece of a longer
+    name (a capitalised word there, or beyond a stopword there), 1 a piece of a longer phrase (a word in lower case
+    that is no stopword), 2 alone (no word, or a stopword written in lower case with no capitalised word beyond)."""
     if not 0 <= at < len(plain):
-        return True
-    if not plain[at] or (named[at] and at != 0):
-        return False
+        return 2
+    if named[at] and (at != 0 or not plain[at]):  # a stopword opening the question ("The") names nothing
+        return 0
+    if not plain[at]:
+        return 1
     beyond = at + step
-    return not (0 <= beyond < len(plain) and capitals[beyond])
+    return 0 if 0 <= beyond < len(plain) and capitals[beyond] else 2
 
 
 def _parts(question: str) -> list[tuple[int, str]]:
@@ -118,9 +123,9 @@ def link(store: Datastore, index: TfidfIndex, question: str) -> Link | None:
         by_name.setdefault(name, []).append((title, kind))
         shown[title] = written
     best = None
-    for (a, b, n_words, capital, alone), text in zip(found, texts):
+    for (a, b, n_words, capital, alone, bare), text in zip(found, texts):
         titles = _titles(by_name.get(text, []))
-        if titles and (titles[1] < names.PART or (alone and not _common(index, text))):
+        if titles and bare and (titles[1] < names.PART or (alone and not _common(index, text))):
             rank = (capital, n_words, titles[1] < names.PART, b - a, -a)
             if best is None or rank > best[0]:
                 best = (rank, a, b, titles)
