@@ -39,12 +39,18 @@ def linked(tmp_path_factory, encoder):
     return BertKNN.build(write_corpus(tmp / "c.jsonl", DOCS), tmp / "s", encoder)
 
 
-def _named(part: list[str], plain: list[bool], at: int, beyond: int) -> bool:
-    """Whether the word at `at` beside a span continues a name: written with a capital (not a stopword opening the
-    question), or a stopword with a capitalised word that is no stopword beyond it."""
-    if part[at][:1].isupper() and (at != 0 or not plain[at]):
+def _named(part: list[str], plain: list[bool], at: int, beyond: int, first: bool) -> bool:
+    """Whether the word at `at` beside a span continues a name: capitalised without opening the question (`first`:
+    the part before the mask, whose first word opens it), or a connector ("of", "the") with a capitalised word that
+    is no stopword and opens nothing beyond it."""
+
+    def capitalised(k: int) -> bool:
+        return part[k][:1].isupper() and not (first and k == 0)
+
+    if capitalised(at):
         return True
-    return plain[at] and 0 <= beyond < len(part) and part[beyond][:1].isupper() and not plain[beyond]
+    connector = part[at].lower() in ("of", "the")
+    return connector and 0 <= beyond < len(part) and capitalised(beyond) and not plain[beyond]
 
 
 def reference(question_words: list[str], mask: int) -> tuple[str, str, str] | None:
@@ -72,13 +78,13 @@ def reference(question_words: list[str], mask: int) -> tuple[str, str, str] | No
                 titles = sorted(t for t, k in held.items() if k == kind)
                 sides = [(i - 1, i - 2), (j + 1, j + 2)]  # the word beside the span, and the one beyond it
                 beside = [(at, beyond) for at, beyond in sides if 0 <= at < len(part)]
-                bare = not any(_named(part, plain, at, beyond) for at, beyond in beside)
+                bare = not any(_named(part, plain, at, beyond, part is parts[0]) for at, beyond in beside)
                 alone = bare and all(plain[at] for at, _ in beside)
                 if not bare:
                     continue
                 if kind == PART and (len(titles) > 1 or not alone):
                     continue
-                rank = (capital, j + 1 - i, kind < PART, len(text), -(offset + i))
+                rank = (True, capital, j + 1 - i, kind < PART, len(text), -(offset + i))  # one sentence: all near
                 if best is None or rank > best[0]:
                     best = (rank, titles, text, kind)
         offset += len(part) + 1
@@ -120,6 +126,13 @@ def test_an_alias_a_surname_and_a_title_before_its_parenthesis_link_their_articl
     assert link(linked.store, linked.index, "Kessling's birthplace is [MASK] .").text == "Kessling"
     assert link(linked.store, linked.index, "Mercury is the smallest [MASK] .").subject == "Mercury (planet)"
     assert link(linked.store, linked.index, "Nobody here was born in [MASK] .") is None
+    # the subject of the mask's sentence before a longer title in a sentence before it; a capital opening a sentence
+    # (or after punctuation) continues no name
+    near = "Ilsa Varnhold sang, they say. Later Port Elsmere had [MASK] ."
+    assert link(linked.store, linked.index, near).subject == "Port Elsmere"
+    assert link(linked.store, linked.index, "People around Kessling were in [MASK] .").subject == "Oudemeer Kessling"
+    assert link(linked.store, linked.index, "Tomas, Kessling was in [MASK] .").subject == "Oudemeer Kessling"
+    assert link(linked.store, linked.index, "Lena Kessling was in [MASK] .") is None  # a piece of another name
 
 
 def test_an_ambiguous_surname_links_nothing_until_it_names_one_article(tmp_path, encoder):

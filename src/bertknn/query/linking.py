@@ -19,6 +19,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TypeVar
 
 import numpy as np
@@ -32,6 +33,11 @@ Q = TypeVar("Q")  # a question record (`pipeline.Query`)
 MAX_WORDS = 8  # the longest span looked up, in words
 COMMON = 0.01  # a word in more than this share of the documents is no part of a title that names it alone ("born")
 COMMON_DOCS = 10  # ... and in more than this many: in a small store no part is common
+SENTENCE_END = re.compile(r"[.!?\n]")  # punctuation after which a capital opens a sentence, names nothing
+BETWEEN_SENTENCES = re.compile(r"[.!?](?:\s|$)|\n")  # a sentence's end
+CONNECTORS = frozenset(  # words inside names
+    ["of", "the", "de", "del", "della", "di", "da", "du", "van", "von", "der", "den", "la", "le", "and", "y", "for"]
+)
 CLOSING = re.compile(r"[.)!?]{1,2}")  # punctuation a title may end with
 WORD = re.compile(r"\w+(?:[.-]\w+)*")  # a word, with the dots and hyphens inside it ("Dante's": Dante, s)
 
@@ -66,17 +72,22 @@ def spans(question: str) -> list[tuple[int, int, int, bool, bool, bool]]:
         for start, text in _parts(question)
     ]
     cased = any(w[:1].isupper() and w.lower() not in stop for _, words in parts for _, _, w in words)
-    for _, words in parts:
-        plain = [w.lower() in stop or w.lower() == "s" for _, _, w in words]
+    for start, words in parts:
+        lowered = [w.lower() for _, _, w in words]
+        plain = [w in stop or w == "s" for w in lowered]
         capitals = [w[:1].isupper() and not p for (_, _, w), p in zip(words, plain)]
-        named = [w[:1].isupper() for _, _, w in words]  # capitalised, stopwords too ("De" of "Giulio De Petra")
+        gaps = ["", *(question[a[1] : b[0]] for a, b in pairwise(words))]  # the text before each word
+        apart = [k == 0 or bool(gap.strip()) for k, gap in enumerate(gaps)]  # punctuation (or the mask) before it
+        opens = [(k == 0 and start == 0) or bool(SENTENCE_END.search(gap)) for k, gap in enumerate(gaps)]
+        named = [w[:1].isupper() and not o for (_, _, w), o in zip(words, opens)]  # "De" of "Giulio De Petra" too
+        context = (lowered, plain, named, apart)
         for i in range(len(words)):
             content = capital = False
             for j in range(i, min(i + MAX_WORDS, len(words))):
                 content, capital = content or not plain[j], capital or capitals[j]
                 if not content or (cased and not capital):
                     continue
-                sides = [_beside(plain, named, capitals, at, step) for at, step in ((i - 1, -1), (j + 1, 1))]
+                sides = [_beside(context, at, step) for at, step in ((i - 1, -1), (j + 1, 1))]
                 bare, alone = all(side > 0 for side in sides), all(side > 1 for side in sides)
                 end = words[j][1]
                 found.append((words[i][0], end, j + 1 - i, capital, alone, bare))
@@ -86,18 +97,30 @@ def spans(question: str) -> list[tuple[int, int, int, bool, bool, bool]]:
     return found
 
 
-def _beside(plain: list[bool], named: list[bool], capitals: list[bool], at: int, step: int) -> int:
+def _beside(context: tuple[list[str], list[bool], list[bool], list[bool]], at: int, step: int) -> int:
     """What the word at `at` (beside a span, on the side `step` points to) makes of the span: 0 a piece of a longer
-    name (a capitalised word there, or beyond a stopword there), 1 a piece of a longer phrase (a word in lower case
-    that is no stopword), 2 alone (no word, or a stopword written in lower case with no capitalised word beyond)."""
-    if not 0 <= at < len(plain):
+    name (a capitalised word there that opens no sentence, or one beyond a connector there: "Shire of Strathbogie"),
+    1 a piece of a longer phrase (a word in lower case that is no stopword), 2 alone (no word, punctuation between, or
+    a stopword). `context`: the words in lower case, whether each is a stopword, is capitalised without opening a
+    sentence, and follows punctuation."""
+    lowered, plain, named, apart = context
+    if not 0 <= at < len(lowered) or apart[max(at, at - step)]:
         return 2
-    if named[at] and (at != 0 or not plain[at]):  # a stopword opening the question ("The") names nothing
+    if named[at]:
         return 0
     if not plain[at]:
         return 1
     beyond = at + step
-    return 0 if 0 <= beyond < len(plain) and capitals[beyond] else 2
+    joined = 0 <= beyond < len(lowered) and not apart[max(at, beyond)]
+    return 0 if lowered[at] in CONNECTORS and joined and named[beyond] and not plain[beyond] else 2
+
+
+def _near(question: str, a: int, b: int) -> bool:
+    """Whether the span a..b lies in the mask's sentence (no sentence's end between them): a subject named there
+    before one named in a sentence before ("Simon Chan (..., Singapore). Beirut is a twin city of [MASK]")."""
+    m = question.find(MASK)
+    between = question[b:m] if b <= m else question[m + len(MASK) : a]
+    return not BETWEEN_SENTENCES.search(between)
 
 
 def _parts(question: str) -> list[tuple[int, str]]:
@@ -126,7 +149,7 @@ def link(store: Datastore, index: TfidfIndex, question: str) -> Link | None:
     for (a, b, n_words, capital, alone, bare), text in zip(found, texts):
         titles = _titles(by_name.get(text, []))
         if titles and bare and (titles[1] < names.PART or (alone and not _common(index, text))):
-            rank = (capital, n_words, titles[1] < names.PART, b - a, -a)
+            rank = (_near(question, a, b), capital, n_words, titles[1] < names.PART, b - a, -a)
             if best is None or rank > best[0]:
                 best = (rank, a, b, titles)
     if best is None:
