@@ -224,9 +224,10 @@ def test_the_service_answers_from_a_pruned_store_with_the_counts_in_its_evidence
     from bertknn.serving.service import create_app
 
     reader = BertKNN(built.encoder, prune(built.store.path, tmp_path / "pruned", np.inf))
-    want = reader.predict(QUESTION, top_k=5, evidence=3)
+    want = reader.predict(QUESTION, top_k=5, evidence=3, link=False)  # TF-IDF's documents: merged contexts among them
     with TestClient(create_app(reader), base_url="http://localhost") as client:
-        response = client.post("/predict", json={"text": QUESTION, "top_k": 5, "evidence": 3})
+        body = {"text": QUESTION, "top_k": 5, "evidence": 3, "options": {"link": False}}
+        response = client.post("/predict", json=body)
     assert response.status_code == 200, response.text
     shown = [n for ns in response.json()["evidence"].values() for n in ns]
     assert [n["count"] for n in shown] == [n.count for ns in want.evidence.values() for n in ns]

@@ -13,6 +13,7 @@ from bertknn.evaluation.report import write_report
 from bertknn.evaluation.results import results_name, results_run
 from bertknn.evaluation.run import evaluate_facts, lama_reader
 from bertknn.evaluation.tune import FactCache, cache_facts, grid_search
+from bertknn.query.pipeline import BertKNN
 from bertknn.query.settings import PAPER
 from bertknn.store.manifest import Manifest
 
@@ -37,17 +38,20 @@ def test_ranks_equal_a_direct_computation(built, facts, tmp_path):
     assert squad["ranks"]["bert_knn"] == squad["ranks"]["bert"] and squad["ceiling"] is False
 
 
-def test_without_subjects_every_question_retrieves_from_its_own_text(built, facts, tmp_path):
+def test_without_subjects_every_question_is_asked_as_a_user_asks_it(built, facts, tmp_path):
     name = results_name(built, "full", with_subject=False)
     assert name.endswith("-full-nosubject.jsonl") and name != results_name(built, "full")
     rows = evaluate_facts(built, facts, tmp_path / name, with_subject=False)
     for fact, row in zip(facts, rows):
-        pred = built.predict(fact.question)  # no subject: TF-IDF on the question's words, no title shortcut
+        pred = built.predict(fact.question)  # no subject: the one its text names (linking), else TF-IDF
         assert row["documents"] == pred.documents and row["ranks"]["bert_knn"] == rank_of(
             pred.p, fact.answer_id, None, built.encoder.vocab_size
         )
     with_subject = evaluate_facts(built, facts, tmp_path / "with.jsonl")
-    assert rows[1]["documents"] != with_subject[1]["documents"] == ["Ilsa Varnhold"]
+    assert rows[1]["documents"] == with_subject[1]["documents"] == ["Ilsa Varnhold"]  # the subject, linked
+    unlinked = BertKNN(built.encoder, built.store, link=False)  # TF-IDF on the question's words, no title shortcut
+    plain = evaluate_facts(unlinked, facts, tmp_path / "plain.jsonl", with_subject=False)
+    assert plain[1]["documents"] != with_subject[1]["documents"]
 
 
 def test_a_lazy_datastore_embeds_each_batchs_documents_in_view(facts, small_corpus, encoder, tmp_path):
@@ -123,14 +127,17 @@ def test_results_names_read_back_as_what_the_run_did():
     }
     tuned = Settings(n_docs=1, k=64, temperature=34.51, lam=0.25, doc_temperature=0.2, lam_by="entropy", lm_words=0)
     tuned = tuned.replace(sentence_temperature=0.1)
-    assert results_name(Run(tuned), "full").endswith("-dt0.2-entropy-loglin-w0-st0.1-ct1.25-f0.4-named-full.jsonl")
+    assert results_name(Run(tuned), "full").endswith(
+        "-dt0.2-entropy-loglin-w0-st0.1-ct1.25-f0.4-named-linked-full.jsonl"
+    )
     assert results_run(results_name(Run(tuned), "common", with_subject=False)) == {
         "block": "11",
         "hyperparameters": "n1-k64-T34.51-l0.25",
         "vote": "retrieval-aware (doc_temperature 0.2)",
         "mixture": "log-linear",
         "lambda": "adaptive (entropy)",
-        "options": "lm_words 0, sentence_temperature 0.1, confidence_temperature 1.25, lm_floor 0.4, entity filter",
+        "options": "lm_words 0, sentence_temperature 0.1, confidence_temperature 1.25, lm_floor 0.4, entity filter, "
+        "subject linking",
         "vocabulary": "common",
         "questions": "without the subject",
     }

@@ -393,8 +393,8 @@ def test_the_paper_and_bad_values_of_the_sentence_temperature():
         Settings(sentence_temperature=-1)
     with pytest.raises(ValueError, match="sentence_temperature must be a number >= 0"):
         Settings(sentence_temperature=float("nan"))
-    assert Settings(sentence_temperature=0.5).file_tag().endswith("-st0.5-ct1.25-f0.4-named")
-    assert Settings().file_tag().endswith("-st0.015-ct1.25-f0.4-named")  # on by default
+    assert Settings(sentence_temperature=0.5).file_tag().endswith("-st0.5-ct1.25-f0.4-named-linked")
+    assert Settings().file_tag().endswith("-st0.015-ct1.25-f0.4-named-linked")  # on by default
     assert "-st" not in Settings(sentence_temperature=0).file_tag()
     with pytest.raises(TypeError, match="unknown hyperparameter"):  # the floor is part of the method, not a setting
         Settings().replace(sentence_floor=0.5)

@@ -15,7 +15,7 @@ from bertknn.evaluation.metrics import summarize
 RESULTS_NAME = re.compile(
     r"results-L(?P<layer>\d+)-(?P<hparams>n\d+-k\d+-T[^-]+-l[^-]+?)(?:-dt(?P<dt>[0-9.]+))?(?:-(?P<lam_by>entropy))?"
     r"(?P<loglin>-loglin)?(?P<options>(?:-(?:w|b|st|sf|ct|f)[0-9.]+)*)(?:-c(?P<conflicts>vote))?(?P<named>-named)?"
-    r"-(?P<vocab>full|common)(?P<nosubject>-nosubject)?\.jsonl"
+    r"(?P<linked>-linked)?-(?P<vocab>full|common)(?P<nosubject>-nosubject)?\.jsonl"
 )
 OPTION_TAGS = {
     "w": "lm_words",
@@ -51,6 +51,7 @@ def results_run(name: str) -> dict[str, str] | None:
             [f"{OPTION_TAGS[tag]} {value}" for tag, value in re.findall(r"-([a-z]+)([0-9.]+)", found["options"])]
             + (["conflicts vote"] if found["conflicts"] else [])
             + (["entity filter"] if found["named"] else [])
+            + (["subject linking"] if found["linked"] else [])
         )
         or "none",
         "vocabulary": found["vocab"],
