@@ -363,30 +363,31 @@ def select_documents(
         titled = store.documents.find_titles(norm)
         if titled:
             docs = [doc for doc, _ in titled]
-            extra = [d for d in naming(store, index, norm) if d not in set(docs)] if about else []
+            held = set(docs)
+            extra = [d for d in naming(store, index, norm) if d not in held] if about else []
             if extra:
                 dated = titled + list(zip(extra, [date for _, date in store.documents.dated_titles(extra)]))
                 docs = [doc for doc, _ in newest_first(dated)]
             return Selected(docs, [1.0] * len(docs), [docs], subject if named else None)
     hidden = store.documents.hidden()
     docs, scores = index.ranked(subject or question_query(question), n_docs, hidden)
-    about_entity = index.about(
-        docs, names(question, subject) if named else [], hidden
-    )  # another entity's never answers
+    about_entity = index.about(docs, names(question, subject) if named else [], hidden)  # not another entity's
     docs, scores = [d for d, a in zip(docs, about_entity) if a], [s for s, a in zip(scores, about_entity) if a]
     return Selected(docs, scores, versions(docs, store.documents.dated_titles(docs)))
 
 
 def naming(store: Datastore, index: TfidfIndex, norm_title: str) -> list[int]:
-    """The live documents with a date of their own whose text names the subject titled `norm_title` by its title or
-    an alias (holds every word of the name, as `TfidfIndex.about` tells), in index order: where a subject's fact
-    changed, a dated item about it takes part in its conflicts whatever its own title."""
+    """The live documents added after the build with a date of their own (`Documents.dated`) whose text names the
+    subject titled `norm_title` by its title or an alias (holds every word of the name, as `TfidfIndex.about`
+    tells), in index order: where a subject's fact changed, a dated item about it takes part in its conflicts
+    whatever its own title."""
     dated = store.documents.dated()
     if not len(dated):
         return []
     found: set[int] = set()
+    candidates = dated.tolist()
     for name in store.documents.aliases(norm_title):
         words = [t for t in tokenize(name) if _keep(t)]
         if words:
-            found |= {d for d, a in zip(dated.tolist(), index.about(dated.tolist(), words)) if a}
+            found |= {d for d, a in zip(candidates, index.about(candidates, words)) if a}
     return sorted(found)
