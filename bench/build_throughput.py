@@ -27,8 +27,8 @@ import torch
 from evidence import SMOKE, SMOKE_BERT
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
-from bertknn.build import builder
-from bertknn.build.corpus import record
+from bertknn.ingest import builder
+from bertknn.ingest.corpus import record
 from bertknn.model.default_model import base_model_dir
 from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime

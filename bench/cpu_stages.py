@@ -19,9 +19,9 @@ from itertools import islice
 
 from evidence import EVIDENCE, SMOKE
 
-from bertknn.build import workers
-from bertknn.build.corpus import open_corpus, record_located
 from bertknn.index.retrieval import feature_array
+from bertknn.ingest import workers
+from bertknn.ingest.corpus import open_corpus, record_located
 
 
 def rate(fn, items: list, n: int) -> float:

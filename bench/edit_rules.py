@@ -26,9 +26,9 @@ from evidence import DATA, SMOKE
 
 import bertknn.query.knn as knn_module
 import bertknn.query.pipeline as pipeline_module
-from bertknn.build.writer import Writer
 from bertknn.demo import DEMO_CORPUS
 from bertknn.evaluation.edits_data import load_edits, split_edits
+from bertknn.ingest.ingester import Writer
 from bertknn.query.pipeline import BertKNN
 from bertknn.store.datastore import Datastore
 

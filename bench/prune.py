@@ -1,4 +1,4 @@
-"""Pruned datastores (`bertknn prune`, build/prune.py): contexts kept, bytes per context, LAMA P@1, the fresh-facts
+"""Pruned datastores (`bertknn prune`, ingest/prune.py): contexts kept, bytes per context, LAMA P@1, the fresh-facts
 set and question time, per merging radius and key form.
 
     python bench/prune.py [--radii "none;20;40;80"] [--codecs "SQ4;PQ96"] [--dev 5] [--timed 60] [--corpus F] [--smoke]
@@ -57,7 +57,7 @@ def _bytes(path: Path, contexts: int) -> float:
 
 
 def _row(name: str, radius: str, path: Path, encoder, dev, args, contexts: int, seconds: float) -> None:
-    from bertknn.build.writer import Writer
+    from bertknn.ingest.ingester import Writer
     from bertknn.query.pipeline import BertKNN
     from bertknn.store.datastore import Datastore
 
@@ -88,8 +88,8 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, default=EVIDENCE, help="the corpus [default: the evidence corpus]")
     parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
-    from bertknn.build.prune import prune
-    from bertknn.build.writer import Writer
+    from bertknn.ingest.ingester import Writer
+    from bertknn.ingest.prune import prune
     from bertknn.store.datastore import Datastore
 
     directory, most, threads = None, None, None

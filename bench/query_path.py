@@ -51,7 +51,7 @@ from bertknn.model.default_model import base_model_dir
 from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime
 from bertknn.query import pipeline
-from bertknn.query import sentences as query_sentences
+from bertknn.query import sentence_weights as query_sentences
 from bertknn.query.combine import interpolate
 from bertknn.query.knn import knn_distribution
 from bertknn.query.pipeline import BertKNN

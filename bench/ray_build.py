@@ -38,7 +38,7 @@ def main() -> None:
         args.docs, args.shard_docs, args.workers, threads = 6, 3, 1, 1
     import ray
 
-    from bertknn.build import distributed
+    from bertknn.ingest import distributed
     from bertknn.model.runtime import Runtime
     from bertknn.query.pipeline import BertKNN
     from bertknn.store.shards import ShardedDatastore

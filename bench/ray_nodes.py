@@ -80,7 +80,7 @@ def _one_build(corpus: Path, out: Path, model: str, shard_docs: int, nodes: int,
     import ray
     from ray.cluster_utils import Cluster
 
-    from bertknn.build import distributed
+    from bertknn.ingest import distributed
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     workers = [cluster.add_node(num_cpus=node_cpus) for _ in range(nodes)]

@@ -72,8 +72,8 @@ def main() -> None:
     import uvicorn
     from ray import serve
 
-    from bertknn.build import distributed
     from bertknn.index.faiss_index import ShardedFaiss
+    from bertknn.ingest import distributed
     from bertknn.model.runtime import Runtime
     from bertknn.query.pipeline import BertKNN
     from bertknn.serving import ray_serve

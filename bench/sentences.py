@@ -286,7 +286,7 @@ def lama(args) -> None:
 
 
 def cost(args) -> None:
-    from bertknn.build.writer import Writer
+    from bertknn.ingest.ingester import Writer
     from bertknn.model.encoder import Encoder
     from bertknn.model.runtime import Runtime
     from bertknn.model.sentences import sentence_encoder

@@ -85,7 +85,7 @@ def writable(encoder, store, **options):
     """A `BertKNN` over `store` with the writer side that `BertKNN.load` supplies (adds, removes, a lazy store's
     embedding): a `BertKNN` made without one only reads."""
     from bertknn import BertKNN
-    from bertknn.build.writer import Writer
+    from bertknn.ingest.ingester import Writer
 
     return BertKNN(encoder, store, writer=Writer(store, encoder), **options)
 

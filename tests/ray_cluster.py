@@ -1,8 +1,8 @@
-"""What the Ray tests (tests/build/test_distributed.py, tests/serving/test_ray_serve.py) share: the town documents
+"""What the Ray tests (tests/ingest/test_distributed.py, tests/serving/test_ray_serve.py) share: the town documents
 they build on, and two module-scoped fixtures that each of those files takes in with
 `cluster, built = ray_cluster.cluster, ray_cluster.built`, so that each file starts (and shuts down) its own local
 cluster of 2 CPUs and makes its own build, whichever files a pytest worker runs. Below them, what the simulated clusters
-of several nodes share (tests/build/test_multinode.py, test_multinode_loss.py)."""
+of several nodes share (tests/ingest/test_multinode.py, test_multinode_loss.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 import bertknn  # noqa: E402
-from bertknn.build import distributed  # noqa: E402
+from bertknn.ingest import distributed  # noqa: E402
 from bertknn.query.pipeline import BertKNN  # noqa: E402
 from bertknn.store.shards import ShardedDatastore  # noqa: E402
 
@@ -66,7 +66,7 @@ def built(cluster, tmp_path_factory, tiny_model_dir):
     return path, top, single
 
 
-# --- several nodes on one machine (tests/build/test_multinode*.py) ---
+# --- several nodes on one machine (tests/ingest/test_multinode*.py) ---
 
 
 def free_port() -> int:

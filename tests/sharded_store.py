@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bertknn.build import distributed
+from bertknn.ingest import distributed
 from bertknn.model.encoder import Encoder
 from bertknn.query.pipeline import BertKNN
 from bertknn.store.atomic import write_json

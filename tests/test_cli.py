@@ -18,8 +18,9 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from bertknn import BertKNN, cli
+from bertknn import BertKNN
 from bertknn.cli import app
+from bertknn.cli import main as cli
 from bertknn.model.runtime import Runtime
 from bertknn.query.settings import DEFAULT, PAPER
 from bertknn.store.datastore import Datastore, read_committed

@@ -29,7 +29,7 @@ def _imports(module: str) -> set[str]:
     return {name for name in found if name.startswith("bertknn") and name != "bertknn"}
 
 
-LAYERS = ["text", "model", "store", "index", "build", "query", "evaluation", "serving"]  # the order data flows
+LAYERS = ["text", "model", "store", "index", "ingest", "query", "evaluation", "serving"]  # the order data flows
 
 
 def _layer(name: str) -> int | None:
@@ -53,6 +53,7 @@ def test_storage_imports_neither_the_model_nor_the_tokenizer():
         "bertknn.store.atomic",
         "bertknn.store.codec",
         "bertknn.store.documents",
+        "bertknn.store.errors",
         "bertknn.store.evidence",
         "bertknn.store.identity",
         "bertknn.store.integrity",
@@ -66,7 +67,7 @@ def test_storage_imports_neither_the_model_nor_the_tokenizer():
     }
     for reads in ("store.documents", "store.lexicon"):  # the store's reads by concept (the store: for type hints)
         assert _imports(reads) <= {
-            "bertknn.store.datastore",
+            "bertknn.store.protocol",
             "bertknn.store.manifest",
             "bertknn.store.names",  # the names index's lookups
             "bertknn.store.records",
@@ -78,20 +79,44 @@ def test_storage_imports_neither_the_model_nor_the_tokenizer():
     assert _imports("store.records") == _imports("store.schema") == set()
     assert _imports("store.manifest") == {"bertknn.text"}  # FORMER_SPLITTER: a name
     # the evidence texts: string functions, no tokenizer (the store: for type hints)
-    assert _imports("store.evidence") == {"bertknn.text", "bertknn.store.datastore"}
+    assert _imports("store.evidence") == {"bertknn.text", "bertknn.store.protocol"}
     assert _imports("store.codec") == {"bertknn.store.atomic"}
-    assert _imports("store.integrity") == {"bertknn.store.atomic"}
+    assert _imports("store.integrity") == {"bertknn.store.atomic", "bertknn.store.lock"}  # LOCK_FILE: not data
     assert _imports("store.atomic") == set()
     assert not any(name.startswith(("bertknn.model", "bertknn.text")) for name in _imports("store.shards"))
 
 
+def _modules() -> dict[str, set[str]]:
+    """Each module of the package ("store.datastore"; a package by its name) and the package's modules it imports,
+    those imported for type hints only and inside functions included."""
+    files = {".".join(f.relative_to(SRC).with_suffix("").parts): f for f in SRC.rglob("*.py")}
+    names = {m.removesuffix(".__init__"): m for m in files}
+    return {name: {i.removeprefix("bertknn.") for i in _imports(m)} & set(names) for name, m in names.items()}
+
+
+def test_no_module_imports_itself_through_others():
+    """No import circle: a module reached again from what it imports, with type hints' and functions' imports."""
+    graph, circles = _modules(), []
+    for start in sorted(graph):
+        seen, todo = set(), list(graph[start])
+        while todo:
+            name = todo.pop()
+            if name == start:
+                circles.append(start)
+                break
+            if name not in seen:
+                seen.add(name)
+                todo += graph[name]
+    assert circles == []
+
+
 def test_the_builder_sits_between_model_and_store():
-    assert {"bertknn.store.datastore", "bertknn.model.encoder", "bertknn.text"} <= _imports("build.builder")
-    assert not any("query" in name or "cli" in name for name in _imports("build.builder"))
+    assert {"bertknn.store.datastore", "bertknn.model.encoder", "bertknn.text"} <= _imports("ingest.builder")
+    assert not any("query" in name or "cli" in name for name in _imports("ingest.builder"))
 
 
 def test_the_corpus_readers_know_nothing_of_the_model():
-    assert _imports("build.corpus") == {"bertknn.store.datastore", "bertknn.store.records", "bertknn.text"}
+    assert _imports("ingest.corpus") == {"bertknn.store.datastore", "bertknn.store.records", "bertknn.text"}
 
 
 def test_no_function_of_the_package_is_over_sixty_lines():

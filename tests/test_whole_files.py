@@ -10,8 +10,8 @@ import faiss
 import pytest
 from typer.testing import CliRunner
 
-from bertknn import cli
 from bertknn.cli import app
+from bertknn.console import console
 from bertknn.index.faiss_files import save
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.store import atomic
@@ -26,7 +26,7 @@ runner = CliRunner()
 @pytest.fixture(autouse=True)
 def wide_console(monkeypatch):
     """Lines as wide as any temporary path: a message is never wrapped inside a file name."""
-    monkeypatch.setattr(cli.console, "width", 1000)
+    monkeypatch.setattr(console, "width", 1000)
 
 
 def _cli(*args: object):

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from gpu_build import Utilisation, synced
 
-from bertknn.build.builder import contexts
+from bertknn.ingest.builder import contexts
 from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime
 from bertknn.text import parse_document, split_sentences

@@ -138,9 +138,9 @@ TFIDF = "tf-idf"
 @contextmanager
 def timed_stages(stages: Stages):
     """The builder's stage functions wrapped by `stages` while inside (restored after)."""
-    from bertknn.build import builder
-    from bertknn.build import corpus as corpus_module
-    from bertknn.build.writer import Writer
+    from bertknn.ingest import builder
+    from bertknn.ingest import corpus as corpus_module
+    from bertknn.ingest.ingester import Writer
     from bertknn.store.documents import Documents
     from bertknn.store.writer import DatastoreWriter
 
@@ -181,7 +181,7 @@ def _jsonl(path: Path) -> list[dict]:
 def build(args, work: Path, sampler: Sampler, figures: dict):
     import torch
 
-    from bertknn.build.builder import contexts
+    from bertknn.ingest.builder import contexts
     from bertknn.model.encoder import Encoder
     from bertknn.model.runtime import Runtime
     from bertknn.query.pipeline import BertKNN

@@ -12,8 +12,8 @@ from pathlib import Path
 from rich.console import RenderableType
 from rich.markup import escape
 
-from bertknn.build.writer import Writer
 from bertknn.console import prob, render
+from bertknn.ingest.ingester import Writer
 from bertknn.model.default_model import DEFAULT_MODEL
 from bertknn.model.encoder import Encoder, cache_dir
 from bertknn.model.runtime import Runtime

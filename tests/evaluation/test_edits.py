@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from bertknn import cli
 from bertknn.cli import app
+from bertknn.console import console
 from bertknn.evaluation.edits import Editor, default_rows, evaluate_edits
 from bertknn.evaluation.edits_answers import SCORES, probability, target_tokens
 from bertknn.evaluation.edits_data import EditRecord, EditsError, load_edits, questions_of, split_edits
@@ -450,7 +450,7 @@ def _files(path: Path) -> dict[str, str]:
 
 
 def test_the_command_writes_the_report_and_leaves_the_datastore_as_it_was(built, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli.console, "width", 200)  # lines as on a wide terminal: not wrapped
+    monkeypatch.setattr(console, "width", 200)  # lines as on a wide terminal: not wrapped
     rome = [
         {
             "case_id": i,

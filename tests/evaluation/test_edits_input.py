@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from bertknn import cli
 from bertknn.cli import app
+from bertknn.console import console
 from bertknn.evaluation.edits_data import EditsError, load_edits
 
 from ..conftest import SMALL_DOCS, write_corpus
@@ -74,7 +74,7 @@ def test_load_edits_names_the_file_record_and_problem(tmp_path, name):
 
 @pytest.mark.parametrize("name", BAD)
 def test_eval_edits_prints_one_line_and_exits_2(store, tmp_path, monkeypatch, name):
-    monkeypatch.setattr(cli.console, "width", 10_000)  # one line however long the temporary path
+    monkeypatch.setattr(console, "width", 10_000)  # one line however long the temporary path
     path, message = _bad_file(tmp_path, name)
     args = ["eval", "edits", str(store), str(path), "--backend", "torch", "--threads", "1"]
     result = CliRunner().invoke(app, args)

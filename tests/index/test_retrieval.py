@@ -14,9 +14,9 @@ import pytest
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 from sklearn.utils import murmurhash3_32
 
-from bertknn.build.writer import Writer
 from bertknn.index.retrieval import TfidfIndex, question_query
 from bertknn.index.tfidf_files import compact, listing
+from bertknn.ingest.ingester import Writer
 from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.records import Part
 

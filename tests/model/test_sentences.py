@@ -21,7 +21,7 @@ from bertknn.model.sentences import (
     SentenceMatch,
     log_weights,
 )
-from bertknn.query import sentences
+from bertknn.query import sentence_weights
 from bertknn.query.knn import document_vote, knn_distribution, vote
 from bertknn.query.pipeline import BertKNN
 from bertknn.query.settings import PAPER, Settings
@@ -274,7 +274,7 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder)
     found = knn.search("ir").search(question, "Maren Holtby", state, s)
     words = knn.words(found)
     plain = vote(knn.store, found, s, words)
-    weigh = partial(sentences.weights, knn.store, knn.sentence_match)  # the sentence weights of this store
+    weigh = partial(sentence_weights.weights, knn.store, knn.sentence_match)  # the sentence weights of this store
     rows = knn.store.documents.provenance(found.entries.tolist())
     sims = np.array([knn.sentence_match.scores([[(question, r.sentence, r.span, r.title)]])[0][0] for r in rows])
     assert np.isnan(sims[[r.sentence[slice(*r.span)].lower() == "born" for r in rows]]).all()  # a word it asks with
@@ -305,7 +305,7 @@ def test_the_vote_weighs_the_sentences_of_the_best_words_only(tmp_path, encoder)
     sure = np.full(words.vocab, 1e-9)
     sure[[top, above, below]] = 1.0, 1.1 * LM_SHARE, 0.9 * LM_SHARE
     assert first >= words.vocab  # "holtby" here (several tokens, unscored by the LM): kept, scored NaN (the question's)
-    (by_sure,) = sentences.weights(
+    (by_sure,) = sentence_weights.weights(
         knn.store, knn.sentence_match, [question], [found], [words], [plain], s, [sure / sure.sum()]
     )
     np.testing.assert_allclose(by_sure, expected(np.isin(at, [top, above, first])), rtol=MODEL_RTOL)
@@ -370,7 +370,7 @@ def test_predict_embeds_the_questions_text_beside_the_lms_pass_where_its_documen
 def test_the_lm_chooses_the_words_whose_evidence_is_scored_a_word_of_several_tokens_with_its_bonus():
     from types import SimpleNamespace
 
-    from bertknn.query.sentences import _by_lm
+    from bertknn.query.sentence_weights import _by_lm
 
     # a vocabulary of 5 tokens and two words of several tokens (lexicon numbers 7 and 9): "port elsmere", "holtby"
     words = Words(5, np.array([7, 9]), ((1, 2), (3, 4)), ("port elsmere", "holtby"), np.array([0.001, 0.001]))

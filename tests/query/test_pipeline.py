@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from bertknn import BertKNN, DatastoreError, QuestionError
-from bertknn.build import builder
 from bertknn.index.exact import nearest
+from bertknn.ingest import builder
 from bertknn.query.combine import calibrate
 from bertknn.query.knn import knn_distribution
 from bertknn.query.search import in_mentions

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bertknn import BertKNN, DatastoreError
-from bertknn.cli.settings import QuerySettings
+from bertknn.cli.options import QuerySettings
 from bertknn.evaluation.results import results_name
 from bertknn.query.settings import (
     DEFAULT,
@@ -325,17 +325,17 @@ def test_every_setting_is_an_option_of_the_cli_and_the_service_with_its_bounds()
 
 def test_the_cli_gives_the_settings_its_options_make(tmp_path):
     """What a command is called with: the options given, over the paper's with --paper; --no-sentence-weights."""
-    from bertknn.cli import settings
+    from bertknn.cli import options
 
-    signature = settings.exposed(inspect.signature(_command, eval_str=True))
+    signature = options.exposed(inspect.signature(_command, eval_str=True))
     assert [p.name for p in signature.parameters.values()][:2] == ["datastore", "n_docs"]
     given = signature.bind(tmp_path, k=4, paper=True, no_sentence_weights=True).arguments
     given = {name: given.get(name, p.default) for name, p in signature.parameters.items()}
-    made = settings.gathered(given)
+    made = options.gathered(given)
     assert made["datastore"] == tmp_path and made["top_k"] == 10
     paper = {name: value for name, value in PAPER.replace(k=4).as_dict().items() if name != "retrieval"}
     assert made["settings"] == paper | {"sentence_temperature": 0.0}  # the retrieval stays the datastore's
-    assert settings.gathered({**given, "paper": False, "no_sentence_weights": False})["settings"] == {"k": 4}
+    assert options.gathered({**given, "paper": False, "no_sentence_weights": False})["settings"] == {"k": 4}
 
 
 def _command(datastore: Path, settings: QuerySettings = None, top_k: int = 10) -> None:  # a command's shape

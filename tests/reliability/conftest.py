@@ -196,7 +196,7 @@ class Proc:
 ZYGOTE = r"""
 import json, os, sys, time
 import faiss
-import bertknn.cli as cli
+from bertknn.cli import main as cli
 import bertknn.store.datastore, bertknn.store.writer, bertknn.index.faiss_index
 import bertknn.query.pipeline, bertknn.index.retrieval
 

@@ -28,10 +28,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from bertknn import BertKNN
-from bertknn.build.corpus import digest
 from bertknn.index import faiss_files, retrieval
+from bertknn.ingest.corpus import digest
 from bertknn.store import verify as checks
-from bertknn.store.datastore import REPLACING_PREFIX
+from bertknn.store.schema import REPLACING_PREFIX
 from bertknn.text import parse_document
 
 from ..conftest import write_corpus

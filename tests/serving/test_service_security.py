@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from bertknn import cli
+from bertknn.cli import main as cli
 from bertknn.model.runtime import Runtime
 from bertknn.query.pipeline import BertKNN
 from bertknn.serving.schemas import PredictRequest

@@ -1,5 +1,5 @@
 """Datastore storage: evidence and document ranges read back, corruption reported; `assert_same_store` compares two
-stores' keys, values and SQLite tables (the builder's tests, tests/build/test_builder.py, use it)."""
+stores' keys, values and SQLite tables (the builder's tests, tests/ingest/test_builder.py, use it)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from bertknn.build import builder
+from bertknn.ingest import builder
 from bertknn.store.datastore import Datastore, DatastoreError
 
 from ..conftest import SMALL_DOCS

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bertknn.build import evidence as build_evidence
-from bertknn.build.prune import prune
-from bertknn.build.writer import Writer
+from bertknn.ingest import evidence_encoding as build_evidence
+from bertknn.ingest.ingester import Writer
+from bertknn.ingest.prune import prune
 from bertknn.model.sentences import SENTENCE_MODEL, sentence_encoder
 from bertknn.query.pipeline import BertKNN
 from bertknn.store import evidence

@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from bertknn import BertKNN
-from bertknn.build.repair import repair
-from bertknn.build.writer import Writer
 from bertknn.cli import app
+from bertknn.ingest.ingester import Writer
+from bertknn.ingest.repair import repair
 from bertknn.store import verify as checks
 from bertknn.store.datastore import Datastore, DatastoreError
 

@@ -5,7 +5,7 @@ import sqlite3
 
 import pytest
 
-from bertknn.build.repair import repair
+from bertknn.ingest.repair import repair
 from bertknn.store.names import ALIAS, MORE, PART, TITLE, names_of, rebuild
 from bertknn.store.verify import verify
 from bertknn.text import CorpusError, parse_document

@@ -14,11 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from bertknn import BertKNN, DatastoreError
-from bertknn.build.repair import Unrepairable, rebuild_commands, repair
-from bertknn.build.writer import Writer
 from bertknn.cli import app
 from bertknn.index import faiss_files, retrieval, tfidf_files
 from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
+from bertknn.ingest.ingester import Writer
+from bertknn.ingest.repair import Unrepairable, rebuild_commands, repair
 from bertknn.store import verify as checks
 from bertknn.store.datastore import Datastore, read_committed
 from bertknn.store.shards import ShardedDatastore

@@ -15,8 +15,8 @@ import pytest
 
 from bertknn.query.pipeline import BertKNN
 from bertknn.store.datastore import DatastoreError
+from bertknn.store.protocol import DocumentReads, Store
 from bertknn.store.shards import ShardedDatastore
-from bertknn.store.store import DocumentReads, Store
 
 from ..conftest import SMALL_DOCS, write_corpus
 from ..sharded_store import make_sharded
@@ -84,7 +84,7 @@ CHECKED = textwrap.dedent(
     """\
     from bertknn.store.datastore import Datastore
     from bertknn.store.shards import ShardedDatastore
-    from bertknn.store.store import DocumentReads, Store
+    from bertknn.store.protocol import DocumentReads, Store
 
 
     def stores(single: Datastore, sharded: ShardedDatastore) -> list[Store]:

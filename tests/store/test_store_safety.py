@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from bertknn import BertKNN, DatastoreError
-from bertknn.build import builder
 from bertknn.cli import app
 from bertknn.index.faiss_index import FaissIndex
+from bertknn.ingest import builder
 from bertknn.query.settings import PAPER
 from bertknn.store import verify as checks
 from bertknn.store.datastore import Datastore, read_committed

@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 from bertknn import BertKNN, DatastoreError
-from bertknn.build.writer import Writer
+from bertknn.ingest.ingester import Writer
 from bertknn.store import integrity, schema
 from bertknn.store import verify as checks
 from bertknn.store.datastore import Datastore

@@ -9,19 +9,19 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from bertknn.cli import (
+from bertknn.cli.main import (
     DATA_DIR,
     BackendOption,
     DeviceOption,
     DtypeOption,
     Int8Option,
     PackOption,
-    QuerySettings,
     ThreadsOption,
     command,
     data_app,
     eval_app,
 )
+from bertknn.cli.options import QuerySettings
 from bertknn.console import console, p_at_1_table, phase_progress
 from bertknn.evaluation.facts import GROUPS
 from bertknn.model.default_model import DEFAULT_MODEL, HEAD_FILE

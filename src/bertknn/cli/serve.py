@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from bertknn.cli import BackendOption, DeviceOption, DtypeOption, ThreadsOption, _build, command
+from bertknn.cli.main import BackendOption, DeviceOption, DtypeOption, ThreadsOption, _build, command
 from bertknn.console import console, phase_progress
 from bertknn.model.default_model import DEFAULT_MODEL
 from bertknn.model.runtime import CLI_BACKEND, Runtime

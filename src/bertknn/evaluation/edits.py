@@ -37,10 +37,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from bertknn.build.writer import Writer
 from bertknn.evaluation.edits_answers import ASK_CHUNK, SCORES, Answer, Reading, ask, edit_scores
 from bertknn.evaluation.edits_data import KINDS, EditRecord, EditsError, Question, edit_document, questions_of
 from bertknn.evaluation.edits_easyedit import easyedit_metrics, easyedit_requests, request_document, request_questions
+from bertknn.ingest.ingester import Writer
 from bertknn.query.settings import PAPER, Settings
 from bertknn.store.datastore import DatastoreError
 from bertknn.store.lock import lock_holder

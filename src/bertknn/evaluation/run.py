@@ -131,8 +131,8 @@ def lama_reader(
     A new one starts from the registered documents and IR index of a cached datastore of the same corpus (another
     model or layer), since those do not depend on the model.
     """
-    from bertknn.build.builder import copy_registration
-    from bertknn.build.corpus import open_corpus
+    from bertknn.ingest.builder import copy_registration
+    from bertknn.ingest.corpus import open_corpus
     from bertknn.model.encoder import cache_dir
     from bertknn.query.pipeline import BertKNN
     from bertknn.store.datastore import Datastore

@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertknn.build import builder
-from bertknn.build.corpus import Corpus
-from bertknn.build.writer import Writer
 from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
 from bertknn.index.retrieval import TfidfIndex
+from bertknn.ingest import builder
+from bertknn.ingest.corpus import Corpus
+from bertknn.ingest.ingester import Writer
 from bertknn.model.default_model import DEFAULT_MODEL
 from bertknn.model.encoder import Encoder, QuestionError
 from bertknn.model.runtime import Runtime
 from bertknn.model.sentences import SCORED_WORDS, SentenceMatch
-from bertknn.query import sentences
+from bertknn.query import sentence_weights
 from bertknn.query.combine import calibrate, confident_lam, interpolate
 from bertknn.query.knn import vote
 from bertknn.query.linking import Link, linked
@@ -298,22 +298,28 @@ class BertKNN:
 
     def _forward(self, batch: Sequence[Query], search: Search, s: Settings) -> list[Forwarded]:
         """The questions' model pass, search and vote: the LM's distribution and the mask's state (one pass for the
-        batch), the neighbours, the words they hold, the vote over them, weighed by the neighbours' sentences
-        (`sentences.weights`, the words of several tokens among the vote's best scored by the LM first), and the LM's
-        scores of the words of several tokens the mixture needs (`lm_words`), all from the one pass (`words.scored`)."""
+        batch), the neighbours, the words they hold and the vote over them (`_voted`)."""
         self._question_texts_ahead(search, batch, s)
         probs, states = self.encoder.query_ids([(q.ids, q.mask) for q in batch])
         with self.store.sqlite_errors():
             found = search.batch_search([q.text for q in batch], [q.subject for q in batch], states, s)
-            words = [self.words(f) for f in found]
-            votes = [vote(self.store, f, s, w) for f, w in zip(found, words)]
-            if s.sentence_temperature:  # the LM's choice of words needs its scores of those of several tokens
-                best = [w.candidates(v, SCORED_WORDS) for w, v in zip(words, votes)]
-                words, texts = scored(words, best, probs), [q.text for q in batch]
-                weights = sentences.weights(self.store, self.sentence_match, texts, found, words, votes, s, probs)
-                votes = [vote(self.store, f, s, w, lw) for f, w, lw in zip(found, words, weights)]
-        words = scored(words, [w.candidates(v, s.lm_words) for w, v in zip(words, votes)], probs)
+            words, votes = self._voted(found, [self.words(f) for f in found], probs, [q.text for q in batch], s)
         return [Forwarded(*row) for row in zip(batch, probs, found, words, votes)]
+
+    def _voted(
+        self, found: list[Neighbours], words: list[Words], probs: Sequence[np.ndarray], texts: list[str], s: Settings
+    ) -> tuple[list[Words], list[np.ndarray]]:
+        """The vote of each question's neighbours over its words, weighed by the neighbours' sentences where a
+        question's text is given (`sentence_weights.weights`: the words of several tokens among the vote's best are
+        scored by the LM first), and the words with the LM's scores of those of several tokens the mixture needs
+        (`lm_words`), all from the questions' one pass (`probs`, `words.scored`). The one vote path: `predict` and
+        `distributions` alike."""
+        votes = [vote(self.store, f, s, w) for f, w in zip(found, words)]
+        if s.sentence_temperature and all(texts):  # the LM's choice of words needs its scores of those of several
+            words = scored(words, [w.candidates(v, SCORED_WORDS) for w, v in zip(words, votes)], probs)
+            weights = sentence_weights.weights(self.store, self.sentence_match, texts, found, words, votes, s, probs)
+            votes = [vote(self.store, f, s, w, lw) for f, w, lw in zip(found, words, weights)]
+        return scored(words, [w.candidates(v, s.lm_words) for w, v in zip(words, votes)], probs), votes
 
     def postprocess(self, forwarded: Forwarded, top_k: int, n_evidence: int, s: Settings) -> Prediction:
         """The answer to one question: the LM's distribution and the kNN's vote interpolated (`distributions`) and
@@ -443,22 +449,17 @@ class BertKNN:
         p_knn: np.ndarray | None = None,
         question: str = "",
     ) -> tuple[np.ndarray | None, np.ndarray]:
-        """p_kNN (`vote`, unless given) and the interpolated p of one question over `words` (default: `words(found)`
-        unscored, so the LM gives its words of several tokens 0), from `p_bert`, the LM's distribution over the
-        vocabulary, as the settings say: a constant or an adaptive lambda (`lam_by`), the linear or the log-linear
-        mixture (`mixture`; the latter with `word_bonus` for words of several tokens that `question` does not
-        contain); a vote made here weighs the neighbours' sentences against `question` (`sentence_temperature`; its
-        words of several tokens as `words` is scored: `predict` scores the vote's first, `words.scored`). The result is
-        calibrated (`combine.calibrate`: `confidence_temperature`, `lm_floor`)."""
+        """p_kNN and the interpolated p of one question, from `p_bert`, the LM's distribution over the vocabulary, as
+        the settings say: a constant or an adaptive lambda (`lam_by`), the linear or the log-linear mixture
+        (`mixture`; the latter with `word_bonus` for words of several tokens that `question` does not contain). Given
+        `p_knn` (with the `words` it is over), those are mixed; else the vote is made as `predict` makes it (`_voted`,
+        over `words`, default `words(found)`: with `question`, the neighbours' sentences weighed against it). The
+        result is calibrated (`combine.calibrate`: `confidence_temperature`, `lm_floor`)."""
         if not len(found.entries):
             return None, p_bert.astype(np.float64)
-        words = words or self.words(found)
         if p_knn is None:
-            p_knn = vote(self.store, found, s, words)
-            if s.sentence_temperature and question:
-                match = self.sentence_match
-                weights = sentences.weights(self.store, match, [question], [found], [words], [p_knn], s, [p_bert])[0]
-                p_knn = vote(self.store, found, s, words, weights)
+            (words,), (p_knn,) = self._voted([found], [words or self.words(found)], [p_bert], [question], s)
+        words = words or self.words(found)
         p_bert = words.lm(p_bert)
         lam = confident_lam(p_knn, s.lam, len(found.entries)) if s.lam_by == "entropy" else s.lam
         p_lm = p_bert.astype(np.float64)

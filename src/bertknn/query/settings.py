@@ -32,7 +32,7 @@ TUNED = (*HPARAMS, "mixture")  # what `bertknn tune` searches and stores
 @dataclass(frozen=True)
 class Spec:
     """A setting declared once: what it does, its bounds or choices, and its command-line flag. `Settings` checks
-    values by it; the CLI's options (cli/settings.py) and the service's request schema (serving/schemas.py) are made
+    values by it; the CLI's options (cli/options.py) and the service's request schema (serving/schemas.py) are made
     from it, so a setting appears everywhere or nowhere."""
 
     help: str

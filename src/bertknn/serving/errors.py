@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 
 from bertknn.store.atomic import DiskFullError
 from bertknn.store.datastore import BusyError, DatastoreError
-from bertknn.store.store import Store
+from bertknn.store.protocol import Store
 
 
 def _encodable(value: object) -> str | int:

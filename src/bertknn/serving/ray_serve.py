@@ -197,7 +197,7 @@ def run(
     import ray
     from ray import serve
 
-    from bertknn.build.distributed import on_gpu, start_ray
+    from bertknn.ingest.distributed import on_gpu, start_ray
 
     start_ray(address)
     ingress_cpus = float(runtime.threads or 1)

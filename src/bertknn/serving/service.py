@@ -32,8 +32,8 @@ from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 import bertknn
-from bertknn.build.writer import Writer
 from bertknn.demo import DEMO_CORPUS, demo_questions
+from bertknn.ingest.ingester import Writer
 from bertknn.model.encoder import QuestionError
 from bertknn.query.pipeline import BertKNN, Query
 from bertknn.query.prediction import Prediction

@@ -10,7 +10,7 @@ Layout of a datastore directory:
   trained codec keys.codec (codec.py), read as keys through the codec;
 - values.i32: int32 word ids, one per entry: a word of one token is its vocabulary id; a word of several tokens
   (format 2) a number from the manifest's `words_from` on, which the `words` table of store.sqlite maps to its tokens;
-- counts.i32, in a pruned store only (manifest `pruned`, build/prune.py): how many contexts each entry stands for
+- counts.i32, in a pruned store only (manifest `pruned`, ingest/prune.py): how many contexts each entry stands for
   (1 unless near-duplicates were merged into it), which the kNN vote weighs it by;
 - store.sqlite: documents (each with one contiguous entry range and a state), sentences, each entry's provenance,
   the words of several tokens, the vectors of the entries' evidence texts (evidence.py), and the commit point of the
@@ -55,9 +55,10 @@ from bertknn.store import atomic, identity, schema
 from bertknn.store import evidence as evidence_table
 from bertknn.store.codec import Decoded, KeyCodec
 from bertknn.store.documents import Documents
+from bertknn.store.errors import sqlite_errors
 from bertknn.store.integrity import ChecksumError, Checksums, Damage, damage_message
 from bertknn.store.lexicon import Lexicon
-from bertknn.store.lock import LOCK_FILE, LOCK_WAIT, BusyError, acquire_lock
+from bertknn.store.lock import LOCK_WAIT, BusyError, acquire_lock
 from bertknn.store.manifest import FLOAT16, RECORD, DatastoreError, Manifest, read_manifest, with_record
 from bertknn.store.records import Part
 from bertknn.store.schema import SQLITE, STORE_ID
@@ -66,14 +67,11 @@ from bertknn.store.snapshot import Snapshots
 if TYPE_CHECKING:
     from bertknn.store.writer import DatastoreWriter
 
-REMOVED_PREFIX = "\x1f"  # a control character, which document ids may not hold (text.parse_document)
-REPLACING_PREFIX = "\x1e"  # the id of a staged document that replaces the live one with its id when published
 RECHECK_S = 0.2  # pause before damage found on opening is looked at again
 SAMPLE_BLOCKS = 16  # checksum blocks checked at random when a store is opened (besides each file's last block)
 KEYS, CODES, CODEC = "keys.f16", "keys.codes", "keys.codec"  # float16 keys; or their codes and the codec (codec.py)
 VALUES, COUNTS = "values.i32", "counts.i32"  # each entry's word; and, in a pruned store, the contexts it stands for
 APPEND_ONLY = (KEYS, CODES, VALUES, COUNTS)  # files that only grow; bytes past the committed entries are not data
-NOT_DATA = {"manifest.json", "checksums.json", LOCK_FILE}  # files of a datastore that checksums do not cover
 
 
 def file_sha256(path: Path) -> str:
@@ -85,43 +83,12 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-@contextlib.contextmanager
-def sqlite_errors(what: str, hint: str) -> Iterator[None]:
-    """SQLite's errors about a damaged or foreign file as a DatastoreError naming `what` (integrity errors pass)."""
-    try:
-        yield
-    except sqlite3.IntegrityError:
-        raise
-    except sqlite3.DatabaseError as err:
-        code = getattr(err, "sqlite_errorcode", None)
-        if code == sqlite3.SQLITE_FULL or "disk is full" in str(err):
-            raise atomic.DiskFullError(Path(what)) from None  # SQLite rolled the transaction back: nothing damaged
-        if code is not None and code & 0xFF == sqlite3.SQLITE_READONLY:  # the file, not its content
-            raise DatastoreError(
-                f"{what} cannot be written ({err}): check its permissions and the file system (mounted read-only, "
-                "an immutable file); nothing was changed"
-            ) from None
-        raise DatastoreError(f"{what} is damaged or unreadable ({err}); {hint}") from None
-
-
 def file_stat(path: Path) -> list[int] | None:
     """(size, modification time in ns) of a file, None when it does not exist."""
     with contextlib.suppress(FileNotFoundError):
         info = path.stat()
         return [info.st_size, info.st_mtime_ns]
     return None
-
-
-def data_files(path: Path) -> list[str]:
-    """The files of a datastore directory that checksums cover (relative names), temporary files excluded."""
-    return sorted(
-        str(file.relative_to(path))
-        for file in [*path.iterdir(), *path.glob("tfidf_add_*/*")]
-        if file.is_file()
-        and file.name not in NOT_DATA
-        and not file.name.endswith(".tmp")
-        and not file.parent.name.endswith(".tmp")
-    )
 
 
 def read_committed(path: Path) -> Manifest:

@@ -17,7 +17,7 @@ from bertknn.store.records import Provenance, newest_first
 from bertknn.store.schema import SQLITE
 
 if TYPE_CHECKING:
-    from bertknn.store.datastore import Datastore
+    from bertknn.store.protocol import OneStore
 
 SQL_PARAMS = 900  # SQLite caps the number of parameters of one statement (999 in old builds)
 
@@ -26,7 +26,7 @@ class Documents:
     """The reads of one datastore's documents, through its connection of the moment (the writer's while it writes,
     so a writer reads its own commits)."""
 
-    def __init__(self, store: Datastore) -> None:
+    def __init__(self, store: OneStore) -> None:
         self.store = store
         self._owners: tuple | None = None  # (entry count, range starts, documents) cached by `of`
         self._dated: tuple | None = None  # (store version, documents) cached by `dated`

@@ -33,7 +33,7 @@ import numpy as np
 from bertknn.text import evidence_texts
 
 if TYPE_CHECKING:
-    from bertknn.store.datastore import Datastore
+    from bertknn.store.protocol import OneStore
 
 TABLE = "CREATE TABLE IF NOT EXISTS evidence (id INTEGER PRIMARY KEY, vector BLOB NOT NULL, refs INTEGER NOT NULL)"
 FIELD = "evidence"  # manifest: the sentence encoder whose vectors every entry's evidence texts have
@@ -136,7 +136,7 @@ def release(db: sqlite3.Connection, ids: np.ndarray) -> None:
 class EvidenceReads:
     """The evidence vectors of one datastore read (`Datastore.evidence`), through its connection of the moment."""
 
-    def __init__(self, store: Datastore) -> None:
+    def __init__(self, store: OneStore) -> None:
         self.store = store
 
     @property

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertknn.store.atomic import write_json
+from bertknn.store.lock import LOCK_FILE
 
 CHECKSUMS = "checksums.json"
 ALGORITHM = "blake2b-128"
@@ -206,4 +207,19 @@ def damage_message(path: Path, damage: list) -> str:
         f"{path} is damaged: {shown}. `bertknn verify {path}` checks every block; restore the damaged files from a "
         f"copy, or rebuild the datastore (`bertknn repair {path}` rebuilds damaged index files and says what else a "
         "rebuild needs)"
+    )
+
+
+NOT_DATA = {"manifest.json", "checksums.json", LOCK_FILE}  # files of a datastore that checksums do not cover
+
+
+def data_files(path: Path) -> list[str]:
+    """The files of a datastore directory that checksums cover (relative names), temporary files excluded."""
+    return sorted(
+        str(file.relative_to(path))
+        for file in [*path.iterdir(), *path.glob("tfidf_add_*/*")]
+        if file.is_file()
+        and file.name not in NOT_DATA
+        and not file.name.endswith(".tmp")
+        and not file.parent.name.endswith(".tmp")
     )

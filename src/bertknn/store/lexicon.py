@@ -14,14 +14,14 @@ from bertknn.store.manifest import DatastoreError
 from bertknn.store.schema import SQLITE
 
 if TYPE_CHECKING:
-    from bertknn.store.datastore import Datastore
+    from bertknn.store.protocol import OneStore
 
 
 class Lexicon:
     """The words of several tokens of one datastore (`Datastore.lexicon`), read through its connection of the
     moment."""
 
-    def __init__(self, store: Datastore) -> None:
+    def __init__(self, store: OneStore) -> None:
         self.store = store
 
     @property

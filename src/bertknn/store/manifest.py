@@ -99,7 +99,7 @@ class Manifest(dict):
 
     @property
     def pruned(self) -> dict | None:
-        """How the store was pruned (`build/prune.py`: radius, contexts before), None for an unpruned one."""
+        """How the store was pruned (`ingest/prune.py`: radius, contexts before), None for an unpruned one."""
         return self.get("pruned")
 
 

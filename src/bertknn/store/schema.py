@@ -10,6 +10,8 @@ import sqlite3
 from pathlib import Path
 
 SQLITE = "store.sqlite"  # the file of a datastore directory that holds these tables
+REMOVED_PREFIX = "\x1f"  # a control character, which document ids may not hold (text.parse_document)
+REPLACING_PREFIX = "\x1e"  # the id of a staged document that replaces the live one with its id when published
 WORDS = """CREATE TABLE IF NOT EXISTS words (value INTEGER PRIMARY KEY, pieces TEXT NOT NULL UNIQUE, word TEXT NOT NULL)
 """  # made by the first writer that stores a word of several tokens (a read-only format 1 store has none)
 NAMES_TABLES = """

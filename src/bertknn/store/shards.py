@@ -9,7 +9,7 @@ cannot drift from them (documents added to the last shard move no other shard's 
 document ranges, titles, evidence, hidden documents) go to the shards that hold what is asked, grouped so each shard
 is asked once.
 
-`store.Store` (store/store.py) is what the query path and the service use of a datastore: both `Datastore` and
+`store.Store` (store/protocol.py) is what the query path and the service use of a datastore: both `Datastore` and
 `ShardedDatastore` have it.
 """
 
@@ -23,10 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bertknn.store.datastore import Datastore, DatastoreError, sqlite_errors
+from bertknn.store.datastore import Datastore, DatastoreError
+from bertknn.store.errors import sqlite_errors
 from bertknn.store.manifest import Manifest
+from bertknn.store.protocol import Store
 from bertknn.store.records import Provenance, newest_first
-from bertknn.store.store import Store
 
 SHARDS_FILE = "shards.json"
 

@@ -18,10 +18,9 @@ from bertknn.store.datastore import (
     SQLITE,
     Datastore,
     DatastoreError,
-    data_files,
 )
 from bertknn.store.evidence import VIEWS, exists
-from bertknn.store.integrity import ChecksumError, Checksums, Damage
+from bertknn.store.integrity import ChecksumError, Checksums, Damage, data_files
 
 EVIDENCE_SAMPLE = 65_536  # live entries whose evidence texts `verify` looks up (the references are summed in full)
 

@@ -12,30 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import sqlite3
 from collections.abc import Sequence
-from contextlib import closing
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bertknn.store import atomic, names, schema
 from bertknn.store import evidence as evidence_table
-from bertknn.store.atomic import write_json
-from bertknn.store.datastore import (
-    REMOVED_PREFIX,
-    REPLACING_PREFIX,
-    SQLITE,
-    Datastore,
-    data_files,
-    sqlite_errors,
-)
 from bertknn.store.identity import held, new_id
-from bertknn.store.integrity import ChecksumError, Checksums, seal
+from bertknn.store.integrity import ChecksumError, Checksums, data_files, seal
 from bertknn.store.manifest import COMMITTED, IDENTITY, RECORD, DatastoreError, Manifest
 from bertknn.store.records import Part, Record
-from bertknn.store.schema import COMMITS, STORE_ID
+from bertknn.store.schema import COMMITS, REMOVED_PREFIX, REPLACING_PREFIX, SQLITE, STORE_ID
+
+if TYPE_CHECKING:
+    from bertknn.store.protocol import Written
 
 
 class DatastoreWriter:
@@ -43,7 +35,7 @@ class DatastoreWriter:
     staged, published and removed, entries appended with their words and evidence vectors, index parts committed, the
     manifest changed, checksums recorded. Reads go through `store`, which reads the writer's own commits meanwhile."""
 
-    def __init__(self, store: Datastore) -> None:
+    def __init__(self, store: Written) -> None:
         self.store = store
         self._began = held(store.db)[1]  # store.sqlite's commits when the write began
         with store.sqlite_errors():
@@ -196,14 +188,14 @@ class DatastoreWriter:
                 self._hide([idx for _, idx, state, _ in old if state == "live"])
                 self.db.executemany("UPDATE documents SET id = ? WHERE idx = ?", [(i, x) for x, i in replacing])
             self.db.execute("UPDATE documents SET state = 'live' WHERE state = 'adding'")
-            _write_parts(self.db, parts)
+            write_parts(self.db, parts)
         return published
 
     def commit_parts(self, **parts: list[Part]) -> None:
         """Replace the committed list of each index kind given (kind=list of its live parts), in one transaction.
         For the writer: files that no list names are deleted after, never before."""
         with self.store.sqlite_errors(), self.db:
-            _write_parts(self.db, parts)
+            write_parts(self.db, parts)
 
     def remove(self, ids: list[str]) -> tuple[list[str], list[str]]:
         """Hide documents from every search path, all in one transaction; return (removed now, removed before).
@@ -304,7 +296,7 @@ class DatastoreWriter:
 
     def fill_evidence(self, stop: int, evidence: evidence_table.Evidence) -> None:
         """A store made before evidence vectors: store those of entries [`evidence.filled`, stop) in one
-        transaction and record how far that got (`bertknn sentences`, build/evidence.py)."""
+        transaction and record how far that got (`bertknn sentences`, ingest/evidence_encoding.py)."""
         with self.store.sqlite_errors(), self.db:
             evidence_table.commit(self.db, evidence)
             self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (evidence_table.FILLED, str(stop)))
@@ -331,7 +323,7 @@ class DatastoreWriter:
         """Keep a copy of the manifest's model and key settings in SQLite, which opening the store compares, and the
         store's id (`identity.py`)."""
         with self.store.sqlite_errors(), self.db:
-            _record_identity(self.db, self.store.manifest)
+            write_identity(self.db, self.store.manifest)
 
     def set_manifest(self, **changes: object) -> None:
         """Commit changes of the fields that change after creation (`manifest.COMMITTED`; None removes one) in one
@@ -347,104 +339,22 @@ class DatastoreWriter:
             self.store.remap()
 
 
-def create(path: str | Path, manifest: dict) -> Datastore:
-    """A new, empty datastore directory with this manifest (`builder.create` makes the manifest from a model).
-
-    A directory that holds only temporary files (`*.tmp`: what a create killed before its manifest was in place
-    leaves) counts as empty; anything else is refused.
-    """
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise DatastoreError(f"{path} is a file, not a directory; choose a new or empty directory for the datastore")
-    leftovers = list(path.iterdir()) if path.exists() else []
-    if any(not p.name.endswith(".tmp") for p in leftovers):
-        raise DatastoreError(f"{path} exists and is not a datastore; choose an empty or new directory")
-    path.mkdir(parents=True, exist_ok=True)
-    atomic.remove_temporary(path)
-    manifest = {**manifest, STORE_ID: manifest.get(STORE_ID) or new_id()}
-    write_json(path / "manifest.json", manifest)
-    with sqlite_errors(str(path / SQLITE), "free space and rerun"), closing(schema.writing(path / SQLITE)) as db, db:
-        _record_identity(db, manifest)
-        _write_parts(db, {"tfidf": [], "faiss": []})  # a new store's indexes are listed from the start
-    return Datastore(path)
-
-
 def identity(manifest: dict) -> str:
     """The copy of a manifest's model and key settings that SQLite keeps, which opening the store compares."""
     return json.dumps({field: manifest.get(field) for field in IDENTITY})
 
 
-def _record_identity(db: sqlite3.Connection, manifest: dict) -> None:
+def write_identity(db: sqlite3.Connection, manifest: dict) -> None:
     """`identity` and the store's id (where its manifest has one) kept in SQLite, inside the caller's transaction."""
     db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(manifest),))
     if manifest.get(STORE_ID):
         db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (STORE_ID, manifest[STORE_ID]))
 
 
-def _write_parts(db: sqlite3.Connection, parts: dict[str, list[Part]]) -> None:
+def write_parts(db: sqlite3.Connection, parts: dict[str, list[Part]]) -> None:
     """Replace the committed list of each index kind given, inside the caller's transaction."""
     for kind, listed in parts.items():
         db.execute("DELETE FROM parts WHERE kind = ?", (kind,))
         db.executemany("INSERT INTO parts VALUES (?, ?, ?, ?)", [(kind, p.name, p.first, p.stop) for p in listed])
     if parts:
         db.execute("INSERT OR REPLACE INTO meta VALUES ('parts', '1')")
-
-
-def copy_registration(
-    source: str | Path,
-    path: str | Path,
-    manifest: dict,
-    parts: dict[str, list[Part]],
-    files: list[str],
-    words: bool = False,
-) -> Datastore:
-    """A new datastore at `path` (with this manifest) holding the documents and sentences of `source`, nothing
-    embedded, and the index parts given (`parts`: kind -> list, committed in the copy; `files`: their files and
-    folders, copied): registration does not depend on the model, so another model or layer can start from it.
-    With `words`, the words of several tokens are kept too (a copy for the same model: `prune`)."""
-    source, path = Path(source), Path(path)
-    tmp = atomic.new_folder(path)
-    try:
-        _fill_copy(source, tmp, manifest, parts, files, words)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-made stays (a kill leaves it to the next run)
-        raise
-    atomic.publish(tmp, path)
-    return Datastore(path)
-
-
-def _fill_copy(
-    source: Path, tmp: Path, manifest: dict, parts: dict[str, list[Part]], files: list[str], words: bool
-) -> None:
-    """`copy_registration`'s contents, written into the temporary folder `tmp`."""
-    with (
-        Datastore(source) as src,
-        sqlite_errors(str(tmp / SQLITE), "free space and rerun"),
-        atomic.naming(tmp / SQLITE),
-        closing(sqlite3.connect(tmp / SQLITE)) as db,
-        db,
-    ):
-        src.db.backup(db)
-        db.execute("UPDATE documents SET start = NULL, end = NULL")
-        db.execute("DELETE FROM entries")
-        db.execute("DELETE FROM meta")
-        db.execute(schema.WORDS)
-        if not words:
-            db.execute("DELETE FROM words")
-        db.execute("DELETE FROM parts")
-        db.execute(evidence_table.TABLE)
-        db.execute("DELETE FROM evidence")  # the copy's entries bring theirs
-        rows = [(kind, p.name, p.first, p.stop) for kind, listed in parts.items() for p in listed]
-        db.executemany("INSERT INTO parts VALUES (?, ?, ?, ?)", rows)
-        db.execute("INSERT INTO meta VALUES ('parts', '1')")
-    with (
-        sqlite_errors(str(tmp / SQLITE), "free space and rerun"),
-        closing(sqlite3.connect(tmp / SQLITE)) as db,
-    ):
-        db.execute("VACUUM")  # the source's entry rows leave free pages behind: the copy holds only what it keeps
-    for name in files:
-        atomic.copy(source / name, tmp / name)
-    manifest = {**manifest, STORE_ID: new_id()}  # a new datastore: not the source's
-    write_json(tmp / "manifest.json", manifest)
-    with sqlite_errors(str(tmp / SQLITE), "free space and rerun"), closing(schema.writing(tmp / SQLITE)) as db, db:
-        _record_identity(db, manifest)

@@ -4,7 +4,8 @@ transaction that publishes the new text; a reader sees the old document or the n
 
 import pytest
 
-from bertknn.store.datastore import REPLACING_PREFIX, DatastoreError
+from bertknn.store.datastore import DatastoreError
+from bertknn.store.schema import REPLACING_PREFIX
 from bertknn.store.writer import DatastoreWriter
 
 QUESTION, SUBJECT = "Ilsa Varnhold was born in [MASK] .", "Ilsa Varnhold"

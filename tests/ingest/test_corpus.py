@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from datasets import Dataset
 
-from bertknn.build import builder
-from bertknn.build.corpus import FORMATS, MissingDependency, open_corpus
+from bertknn.ingest import builder
+from bertknn.ingest.corpus import FORMATS, MissingDependency, open_corpus
 from bertknn.query.pipeline import BertKNN
 from bertknn.store.datastore import DatastoreError, file_sha256
 from bertknn.text import CorpusError, Document

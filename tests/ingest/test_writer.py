@@ -1,5 +1,5 @@
 """Adding or removing documents in place (atomic, resumable): `BertKNN.add_documents`/`remove_documents`, which
-delegate to `bertknn.build.writer.Writer`."""
+delegate to `bertknn.ingest.ingester.Writer`."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from bertknn import BertKNN, DatastoreError, cli
-from bertknn.build import builder
-from bertknn.build import writer as writer_module
-from bertknn.build.writer import Writer
+from bertknn import BertKNN, DatastoreError
 from bertknn.cli import app
+from bertknn.cli import main as cli
 from bertknn.index.faiss_index import FaissIndex
 from bertknn.index.retrieval import TfidfIndex
+from bertknn.ingest import builder
+from bertknn.ingest import ingester as writer_module
+from bertknn.ingest.ingester import Writer
 from bertknn.store import atomic
 from bertknn.store.datastore import Datastore
 from bertknn.store.shards import ShardedDatastore

@@ -1,4 +1,4 @@
-"""Builder stage (src/bertknn/build/builder.py): contents against direct computation, resumable builds, packing, key
+"""Builder stage (src/bertknn/ingest/builder.py): contents against direct computation, resumable builds, packing, key
 dtype, the model check and refusals."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertknn.build import builder
+from bertknn.ingest import builder
 from bertknn.model.encoder import Encoder
 from bertknn.store.datastore import Datastore, DatastoreError, read_committed
 from bertknn.store.writer import DatastoreWriter
@@ -82,7 +82,7 @@ def test_crash_between_keys_and_commit_resumes_exactly(tmp_path, encoder, monkey
 BUILD_SCRIPT = """
 import sys, time, torch
 torch.set_num_threads(1)
-from bertknn.build import builder
+from bertknn.ingest import builder
 from bertknn.store import datastore as ds
 from bertknn.model.encoder import Encoder
 builder.build(sys.argv[1], sys.argv[2], Encoder.load(sys.argv[3]), chunk_entries=8,
@@ -189,8 +189,8 @@ def test_int8_keys_are_recorded_follow_the_store_on_add_and_must_match_on_resume
 
 
 def test_worker_processes_register_and_index_exactly_as_one_process(tmp_path, encoder, monkeypatch):
-    from bertknn.build import workers
     from bertknn.index.retrieval import TfidfIndex
+    from bertknn.ingest import workers
     from bertknn.query.pipeline import BertKNN
 
     docs = [

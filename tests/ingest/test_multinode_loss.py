@@ -17,8 +17,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from bertknn.build import distributed  # noqa: E402
 from bertknn.index.faiss_index import ShardedFaiss  # noqa: E402
+from bertknn.ingest import distributed  # noqa: E402
 from bertknn.model.runtime import Runtime  # noqa: E402
 from bertknn.serving import ray_serve  # noqa: E402
 from bertknn.store.datastore import read_committed  # noqa: E402

@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertknn.build import builder, workers
-from bertknn.build.corpus import Corpus, digest, record
-from bertknn.build.repair import Repair
-from bertknn.build.repair import repair as repair_datastore
 from bertknn.index import NPROBE, faiss_files, tfidf_files
 from bertknn.index.faiss_files import AUTO
 from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
 from bertknn.index.merging import merge_plan
 from bertknn.index.retrieval import SEGMENT_DOCS, TfidfIndex, feature_array
 from bertknn.index.tfidf_files import compact
+from bertknn.ingest import builder, workers
+from bertknn.ingest.corpus import Corpus, digest, record
+from bertknn.ingest.repair import Repair
+from bertknn.ingest.repair import repair as repair_datastore
 from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime
 from bertknn.store import atomic
@@ -32,9 +32,9 @@ from bertknn.store.codec import KeyCodec
 from bertknn.store.datastore import CODEC, CODES, KEYS, DatastoreError
 from bertknn.store.lock import LAZY_WAIT_S
 from bertknn.store.manifest import FLOAT16
+from bertknn.store.protocol import Store
 from bertknn.store.records import Part
 from bertknn.store.shards import ShardedDatastore, open_store
-from bertknn.store.store import Store
 from bertknn.text import CorpusError, Document, parse_document
 
 if TYPE_CHECKING:

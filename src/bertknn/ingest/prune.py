@@ -24,14 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bertknn.build.builder import finish, require_built
 from bertknn.index import tfidf_files
+from bertknn.ingest.builder import finish, require_built
 from bertknn.store.atomic import write_json
+from bertknn.store.creation import copy_registration
 from bertknn.store.datastore import CODEC, Datastore, DatastoreError
 from bertknn.store.evidence import Evidence
+from bertknn.store.protocol import Store
 from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, fixed_top, is_sharded
-from bertknn.store.store import Store
-from bertknn.store.writer import copy_registration
 
 CHUNK_ENTRIES = 16_384  # source entries read per commit
 DROPPED = ("entries", "embedded", "documents", "key_codec_pending")  # what the copy counts anew

@@ -14,7 +14,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from bertknn.build import distributed  # noqa: E402
+from bertknn.ingest import distributed  # noqa: E402
 from bertknn.store.shards import ShardedDatastore  # noqa: E402
 
 from .. import ray_cluster  # noqa: E402
@@ -88,7 +88,7 @@ def test_a_build_index_and_service_on_two_nodes_equal_one_process(nodes, single,
         ]:
             for retrieval in ("ir", "faiss"):
                 if retrieval == "faiss" and local.faiss is None:
-                    from bertknn.build.writer import Writer
+                    from bertknn.ingest.ingester import Writer
 
                     Writer(local.store, local.encoder).index_keys("Flat")
                     local.refresh()

@@ -13,7 +13,8 @@ import numpy as np
 from bertknn.model.runtime import Runtime
 from bertknn.model.sentences import SENTENCE_MODEL, sentence_encoder
 from bertknn.store import evidence as table
-from bertknn.store.datastore import REMOVED_PREFIX, Datastore
+from bertknn.store.datastore import Datastore
+from bertknn.store.schema import REMOVED_PREFIX
 
 FILL_ENTRIES = 10_000  # entries whose evidence `fill` embeds and commits at a time
 log = logging.getLogger(__name__)

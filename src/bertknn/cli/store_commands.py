@@ -10,20 +10,20 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from bertknn.cli import (
+from bertknn.cli.main import (
     BackendOption,
     DatastoreArg,
     DeviceOption,
     DtypeOption,
     Int8Option,
     PackOption,
-    QuerySettings,
     ThreadsOption,
     WaitOption,
     _build,
     _writer_wait,
     command,
 )
+from bertknn.cli.options import QuerySettings
 from bertknn.console import console, phase_progress, render, shown
 from bertknn.index import NPROBE
 from bertknn.model.default_model import DEFAULT_MODEL
@@ -31,7 +31,7 @@ from bertknn.model.runtime import CLI_BACKEND
 from bertknn.store.lock import CLI_WAIT_S
 
 if TYPE_CHECKING:
-    from bertknn.build.corpus import Corpus
+    from bertknn.ingest.corpus import Corpus
 
 SKIPPED_SHOWN = 10  # entries of no corpus format a note names; the rest are counted
 
@@ -110,7 +110,7 @@ def build(
 ) -> None:
     """Embed every content word of a corpus (whole words, of any number of wordpieces) into a datastore and index its
     documents. Rerun to resume."""
-    from bertknn.build.corpus import open_corpus
+    from bertknn.ingest.corpus import open_corpus
 
     if engine not in ("local", "ray"):
         raise typer.BadParameter(f"--engine must be local or ray, not {engine!r}")
@@ -154,8 +154,8 @@ def _build_on_ray(
 ):
     """`build --engine ray`: shards on Ray (their keys then converted to `key_codec` here, shard by shard, as
     `convert-keys` does), then say what the sharded datastore holds."""
-    from bertknn.build import distributed
-    from bertknn.build.writer import Writer
+    from bertknn.ingest import distributed
+    from bertknn.ingest.ingester import Writer
     from bertknn.store.shards import ShardedDatastore
 
     began = time.time()
@@ -223,7 +223,7 @@ def index(
     """Index every key of a datastore with FAISS (for `--retrieval faiss`). Rerun to resume."""
     import faiss
 
-    from bertknn.build.writer import Writer
+    from bertknn.ingest.ingester import Writer
     from bertknn.store.shards import ShardedDatastore, open_store
 
     faiss.omp_set_num_threads(threads or os.cpu_count() or 1)
@@ -234,7 +234,7 @@ def index(
         raise typer.BadParameter("--engine is local, or ray for a sharded datastore (its shards filled in parallel)")
     options = {"on_ray": True} if engine == "ray" else {}
     if engine == "ray":
-        from bertknn.build.distributed import start_ray
+        from bertknn.ingest.distributed import start_ray
 
         start_ray(address)
     with _writer_wait(datastore, wait), phase_progress() as report:
@@ -263,7 +263,7 @@ def sentences(
     """Store the evidence vectors of a datastore made before them: each entry's sentence, word and clause embedded by
     the sentence encoder, so that its questions weigh their neighbours' sentences (a datastore built or added to now
     stores them as it goes; until then its questions are answered without the weights). Rerun to resume."""
-    from bertknn.build.evidence import fill
+    from bertknn.ingest.evidence_encoding import fill
     from bertknn.store.shards import ShardedDatastore, open_store
 
     began, store = time.time(), open_store(datastore)
@@ -297,7 +297,7 @@ def convert_keys(
     wait: WaitOption = CLI_WAIT_S,
 ) -> None:
     """Store a datastore's float16 keys compressed by a codec (resumable): questions read the codes from then on."""
-    from bertknn.build.writer import Writer
+    from bertknn.ingest.ingester import Writer
     from bertknn.store.shards import open_store
 
     writer = Writer(open_store(datastore))
@@ -330,7 +330,7 @@ def prune(
     wait: WaitOption = CLI_WAIT_S,
 ) -> None:
     """Copy a datastore with each document's near-duplicate entries merged into one that counts for all (resumable)."""
-    from bertknn.build.prune import prune as prune_store
+    from bertknn.ingest.prune import prune as prune_store
 
     began = time.time()
     with _writer_wait(datastore, wait), phase_progress() as report:
@@ -366,8 +366,8 @@ def add(
     ] = False,
 ) -> None:
     """Add documents: embedded and indexed in place, searchable at once. Rerun after a crash to complete it."""
-    from bertknn.build.corpus import digest, open_corpus
-    from bertknn.build.writer import Writer
+    from bertknn.ingest.corpus import digest, open_corpus
+    from bertknn.ingest.ingester import Writer
 
     source = open_corpus(corpus)
     _note_skipped(source)
@@ -406,7 +406,7 @@ def remove(
     wait: WaitOption = CLI_WAIT_S,
 ) -> None:
     """Remove documents: hidden from IR, kNN and FAISS search at once, all or none (their stored rows are kept)."""
-    from bertknn.build.writer import Writer
+    from bertknn.ingest.ingester import Writer
     from bertknn.store.shards import open_store
 
     with _writer_wait(datastore, wait):
@@ -461,8 +461,8 @@ def repair(datastore: DatastoreArg, wait: WaitOption = CLI_WAIT_S) -> None:
     """Rebuild a datastore's damaged index files (TF-IDF segments, FAISS index) from the documents and keys it keeps,
     after the checks of `bertknn verify`, under the writer lock. Damage to what it keeps (keys, values, documents,
     store.sqlite, the manifest) is refused, exit status 2, with nothing written: the error says how to rebuild."""
-    from bertknn.build.repair import Unrepairable
-    from bertknn.build.repair import repair as repair_datastore
+    from bertknn.ingest.repair import Unrepairable
+    from bertknn.ingest.repair import repair as repair_datastore
 
     try:
         with _writer_wait(datastore, wait), phase_progress() as report:

@@ -20,18 +20,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertknn.build import evidence, workers
-from bertknn.build.corpus import Corpus, open_corpus, record_located
 from bertknn.index import tfidf_files
+from bertknn.ingest import evidence_encoding, workers
+from bertknn.ingest.corpus import Corpus, open_corpus, record_located
 from bertknn.model.encoder import Encoder
 from bertknn.model.sentences import SENTENCE_MODEL
+from bertknn.store.creation import copy_registration as copy_store
+from bertknn.store.creation import create as create_store
 from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.evidence import FIELD
 from bertknn.store.lock import LAZY_WAIT_S
 from bertknn.store.manifest import FORMAT, VERSION
 from bertknn.store.records import Record
-from bertknn.store.writer import copy_registration as copy_store
-from bertknn.store.writer import create as create_store
 from bertknn.text import (
     SLOW_SPLITTERS,
     SPLITTER,
@@ -290,11 +290,12 @@ def _embed_chunk(
     store: Datastore, docs: list[int], rows: list, sentences: list[Sentence], encoder: Encoder, token_budget: int | None
 ) -> int:
     """The stages for whole documents: their sentences -> masked contexts -> keys (and, in a store with evidence
-    vectors, the sentence encoder's vectors of their evidence texts: build/evidence.py) -> appended to the store."""
+    vectors, the sentence encoder's vectors of their evidence texts: ingest/evidence_encoding.py) -> appended to the
+    store."""
     found = keys(encoder, sentences, store.manifest.pack, store.manifest.int8_keys, token_budget)
     held, words = values(store, encoder, sentences)
     spans = [s.spans for s in sentences]
-    said = evidence.chunk(store, rows, spans, encoder.runtime) if store.evidence.model else None
+    said = evidence_encoding.chunk(store, rows, spans, encoder.runtime) if store.evidence.model else None
     return store.writer.append(docs, rows, found, held, spans, words, evidence=said)
 
 
@@ -368,8 +369,8 @@ def build(
     (`embed`); with `lazy`, embedding is left for later and done per document on demand. `pack` > 1 masks that many
     targets per pass and `int8_keys` runs the encoder quantised (`Encoder.embed`); without `whole_words` only words of
     one token are stored (format 1, the paper's targets); with `names`, multi-word names too (`text.names_of`);
-    without `evidence`, no evidence vectors (build/evidence.py: the sentence weights read them); the manifest records
-    them all: a resume with others is refused, and later embedding (lazy, `add`) follows them.
+    without `evidence`, no evidence vectors (ingest/evidence_encoding.py: the sentence weights read them); the
+    manifest records them all: a resume with others is refused, and later embedding (lazy, `add`) follows them.
     `progress(phase, done, total)` reports the phases ("checking" where the format counts its documents from
     metadata, "reading", "embedding").
     Sentences are split in `n_workers` processes (0: every core for a corpus of `workers.PARALLEL_FROM`+ documents)

@@ -11,10 +11,10 @@ import pytest
 from datasets import Dataset
 from typer.testing import CliRunner
 
-from bertknn import cli
-from bertknn.build import builder
-from bertknn.build.corpus import open_corpus
 from bertknn.cli import app
+from bertknn.cli import main as cli
+from bertknn.ingest import builder
+from bertknn.ingest.corpus import open_corpus
 from bertknn.store.datastore import Datastore
 from bertknn.text import CorpusError
 
@@ -138,7 +138,7 @@ def test_files_of_no_corpus_format_in_a_directory_are_named_and_skipped(tmp_path
 
 def test_a_distributed_build_refuses_an_id_its_shards_would_each_hold_once(tmp_path, tiny_model_dir):
     """Shards of two documents each: the id given twice lands in two shards, whose own checks could not see it."""
-    from bertknn.build import distributed
+    from bertknn.ingest import distributed
 
     with pytest.raises(CorpusError, match=r"duplicate document id 'Ilsa Varnhold' \(given first at "):
         distributed.build(duplicated(tmp_path, "parquet-dir"), tmp_path / "sharded", str(tiny_model_dir), shard_docs=2)

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bertknn.build import builder
-from bertknn.build.corpus import open_corpus
-from bertknn.build.writer import Writer
+from bertknn.ingest import builder
+from bertknn.ingest.corpus import open_corpus
+from bertknn.ingest.ingester import Writer
 from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime
 from bertknn.store import atomic

@@ -1,4 +1,4 @@
-"""Pruning (build/prune.py): the greedy merge against a brute force, a pruned copy's entries, counts, keys, provenance
+"""Pruning (ingest/prune.py): the greedy merge against a brute force, a pruned copy's entries, counts, keys, provenance
 and vote, adds and removes on it, a resumed pruning, compressed and sharded stores, damage, the CLI and its refusals,
 the service."""
 
@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from bertknn import BertKNN, DatastoreError
-from bertknn.build import prune as prune_module
-from bertknn.build.prune import merge, prune
 from bertknn.cli import app
+from bertknn.ingest import prune as prune_module
+from bertknn.ingest.prune import merge, prune
 from bertknn.query.knn import knn_distribution, vote
 from bertknn.query.settings import PAPER
 from bertknn.store.datastore import Datastore
@@ -173,7 +173,7 @@ def test_an_interrupted_pruning_goes_on_to_the_same_files(built, tmp_path, monke
 
 
 def test_a_compressed_store_prunes_into_codes_of_the_same_codec(built, tmp_path):
-    from bertknn.build.writer import Writer
+    from bertknn.ingest.ingester import Writer
 
     Writer(built.store).convert_keys("SQ8")
     pruned = prune(built.store.path, tmp_path / "pruned", np.inf)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from bertknn.cli import BackendOption, DatastoreArg, DeviceOption, DtypeOption, ThreadsOption, command, eval_app
+from bertknn.cli.main import BackendOption, DatastoreArg, DeviceOption, DtypeOption, ThreadsOption, command, eval_app
 from bertknn.console import console, phase_progress
 from bertknn.model.runtime import CLI_BACKEND
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -136,3 +137,35 @@ class Store(Protocol):
 
     @property
     def writer(self) -> Any: ...
+
+
+class OneStore(Store, Protocol):
+    """What the reads by concept of one directory's datastore (`documents.Documents`, `lexicon.Lexicon`,
+    `evidence.EvidenceReads`) use of it (`Datastore`): besides `Store`, its SQLite connection of the moment and the
+    values its writers keep there. Typed here so that those modules need not import datastore.py, which makes them."""
+
+    @property
+    def db(self) -> sqlite3.Connection: ...
+
+    def read_meta(self, key: str) -> str | None: ...
+
+
+class Written(OneStore, Protocol):
+    """What the writer (`writer.DatastoreWriter`) uses of the store it writes (`Datastore`, while `writing()` holds
+    its lock): besides `OneStore`, the committed counts and manifest it keeps up to date, its key files and codec,
+    and what its seal records. Typed here so that writer.py need not import datastore.py, which opens it."""
+
+    manifest: Manifest  # type: ignore[assignment]  # the writer sets these as it commits
+    n_documents: int  # type: ignore[assignment]
+    version: tuple  # type: ignore[assignment]
+
+    @property
+    def codec(self) -> Any: ...
+
+    def data_version(self) -> tuple: ...
+
+    def entry_files(self) -> list[tuple[str, int]]: ...
+
+    def remap(self) -> None: ...
+
+    def sqlite_changes(self) -> int | None: ...

@@ -1,4 +1,4 @@
-"""The datastore built on Ray (src/bertknn/build/distributed.py; a real local cluster, 2 CPUs): shards equal to a
+"""The datastore built on Ray (src/bertknn/ingest/distributed.py; a real local cluster, 2 CPUs): shards equal to a
 single-process build, the sharded datastore read as one (IR scores, predictions, add, remove), a key-stage worker
 killed mid-shard, a driver killed mid-build, FAISS filled on Ray, refusals. The three tests that make builds of their
 own are in the slower group (marked smoke) that CI runs after the suite."""
@@ -25,8 +25,8 @@ from ..tolerances import FLOAT16_KEYS_RTOL, assert_neighbours_close, assert_rank
 
 ray = pytest.importorskip("ray")
 
-from bertknn.build import distributed  # noqa: E402
 from bertknn.index.retrieval import TfidfIndex  # noqa: E402
+from bertknn.ingest import distributed  # noqa: E402
 from bertknn.query.pipeline import BertKNN  # noqa: E402
 from bertknn.store import evidence  # noqa: E402
 from bertknn.store.datastore import DatastoreError, read_committed  # noqa: E402
@@ -178,7 +178,7 @@ def test_a_key_stage_worker_killed_mid_shard_is_retried_and_nothing_is_lost(clus
 
 DRIVER = """
 import sys, ray
-from bertknn.build import distributed
+from bertknn.ingest import distributed
 ray.init(address="local", num_cpus=2, log_to_driver=False, include_dashboard=False, _temp_dir=sys.argv[4])
 distributed.build(sys.argv[1], sys.argv[2], sys.argv[3], workers=1, shard_docs=60)
 """
@@ -308,8 +308,8 @@ def test_a_gpu_build_is_checked_against_the_cluster_not_the_driver(cluster, tmp_
 def test_a_ray_build_with_a_key_codec_stores_codes_in_every_shard_and_prunes_shard_by_shard(built, tmp_path):
     from typer.testing import CliRunner
 
-    from bertknn.build.prune import prune
     from bertknn.cli import app
+    from bertknn.ingest.prune import prune
 
     path, top, single = built
     out = shutil.copytree(path / "sharded", tmp_path / "sharded")  # a finished Ray build: the rerun converts its keys
@@ -336,7 +336,7 @@ def test_without_an_address_ray_starts_a_cluster_of_its_own_not_the_one_recorded
         (temp / "ray").mkdir()
         (temp / "ray" / "ray_current_cluster").write_text("127.0.0.1:1")  # nothing listens there
         script = (
-            "import ray\nfrom bertknn.build.distributed import start_ray\nstart_ray(None)\n"
+            "import ray\nfrom bertknn.ingest.distributed import start_ray\nstart_ray(None)\n"
             "print(ray.get_runtime_context().gcs_address)\nray.shutdown()\n"
         )
         env = os.environ | {"RAY_TMPDIR": str(temp), "RAY_ADDRESS": ""}
