@@ -147,8 +147,10 @@ CASES = {
             r"^\| updated, update's words \| all \| no subject, linked \| \d+/\d+ \(\d+ old\) \| ",
             r"^\| no subject, linked \| [\d.]+ \| [\d.]+ \| [\d.]+ \| \d+ \| ",
             r"^\| synthetic \(spans and lookup\) \| 2,000 \| ",
+            r"^a part naming two titles linked by TF-IDF instead of none: \d+ links change, \d+ of them ",
         ],
     ),
+    "writes": ("writes.py", [], None, [r"^\| this tree \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$"]),
     "splitters": ("splitters.py", [], "wiki", [r"^\| pysbd \(older datastores\) \| ", r"^\| sentencex \| "]),
     "verify": ("verify.py", [], None, [r"^open-time sample \(\d+ \+ last\) +[\d.]+ s"]),
     "words": (

@@ -267,6 +267,7 @@ def test_a_reader_opening_the_index_while_a_merge_commits_reads_one_consistent_l
         return real(path)
 
     monkeypatch.setattr(tfidf_files, "load_segment", racing)
+    tfidf_files._opened.cache_clear()  # the segments opened by the writer above: this reader opens them from disk
     loaded = TfidfIndex.load(store)
     assert opened == [store.path.name, "tfidf_add_000000000_000000005"]  # the old list's first, then the new list
     assert loaded.sizes == [5] and loaded.n_docs == 5

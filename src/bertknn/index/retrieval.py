@@ -264,7 +264,7 @@ def damaged_parts(store: Datastore, files: Iterable[str] = (), parts: list[Part]
     found = []
     for part in listed(store) if parts is None else parts:
         try:
-            open_part(store.path, part)
+            open_part(store.path, part, kept=False)
         except (FileNotFoundError, DatastoreError):
             found.append(part)
             continue

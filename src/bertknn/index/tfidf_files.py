@@ -6,6 +6,7 @@ is retrieval.py."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ FILES = ("tfidf_hashes.npy", "tfidf_indptr.npy", "tfidf_docs.npy", "tfidf_logtf.
 SEGMENT_PREFIX = "tfidf_add_"
 NDOCS = "tfidf_ndocs.txt"
 KIND = "tfidf"  # the IR index's parts in the datastore's commit point
+OPENED_SEGMENTS = 128  # segments kept open by the files they are (`open_part`): a large store lists a few dozen
 BASE = "."  # the name of the segment from document 0 written in the datastore directory itself
 MERGE_CHUNK = 1 << 22  # entries a merge holds in memory at a time (about 100 MB)
 
@@ -175,15 +177,39 @@ def folder_name(first: int, end: int | None = None) -> str:
     return f"{SEGMENT_PREFIX}{first:09d}" + ("" if end is None else f"_{end:09d}")
 
 
-def open_part(directory: Path, part: Part) -> Segment:
-    """One listed segment, checked to be whole and to index the documents it is listed for."""
+def open_part(directory: Path, part: Part, kept: bool = True) -> Segment:
+    """One listed segment, checked to be whole and to index the documents it is listed for. A segment is written
+    whole and never changed after (a merge or a repair writes new files), so one already opened with the same files
+    (`_file_ids`) is given again (`kept`): an add, the reader that takes it in and a service's next request do not
+    open every segment anew. Without `kept` (a search for damage), it is read from its files."""
     path = segment_path(directory, part.name)
-    missing = [f.name for f in _Found(path, part.first, None).files if not f.is_file()]
+    files = _Found(path, part.first, None).files
+    missing = [f.name for f in files if not f.is_file()]
     if missing:
         raise FileNotFoundError(f"{path} has no IR index ({', '.join(missing)} missing): {repair_hint(path)}")
-    if _Found(path, part.first, None).read_end() != part.stop:
+    try:
+        ids = _file_ids(files)
+    except FileNotFoundError:  # deleted since (a merge retired it): opened as usual, which names what is missing
+        ids = None
+    return _opened(path, part.first, part.stop, ids) if ids and kept else _open(path, part.first, part.stop)
+
+
+def _file_ids(files: list[Path]) -> tuple[tuple[int, int, int, int], ...]:
+    """Which files these are: device, inode, size and modification time of each (a rewrite changes them)."""
+    return tuple((s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns) for s in (f.stat() for f in files))
+
+
+@functools.lru_cache(maxsize=OPENED_SEGMENTS)
+def _opened(path: Path, first: int, stop: int, ids: tuple) -> Segment:
+    """`_open`, kept for the same files (`ids`); an error is not kept."""
+    return _open(path, first, stop)
+
+
+def _open(path: Path, first: int, stop: int) -> Segment:
+    """The segment at `path`, checked to index documents first..stop."""
+    if _Found(path, first, None).read_end() != stop:
         raise DatastoreError(
-            f"the IR index segment {path} does not index documents {part.first}..{part.stop}; {repair_hint(path)}"
+            f"the IR index segment {path} does not index documents {first}..{stop}; {repair_hint(path)}"
         )
     return load_segment(path)
 
