@@ -2,7 +2,7 @@
 they are titled.
 
     python bench/linking.py [--base-docs 1000] [--lama-dev 5] [--synthetic 5000000] [--skip-updates] [--skip-lama]
-                            [--skip-cost] [--smoke]
+                            [--skip-cost] [--skip-candidates] [--smoke]
 
 - Updates (bench/fresh_facts/updates_*.jsonl, written for this check): 8 invented subjects, each an article with three
   facts, then a later dated update of one of them, titled by the subject (4) or as a news item (4), over the first
@@ -15,6 +15,9 @@ they are titled.
 - Cost: linking's time per question (LAMA dev's questions, one thread) over the evidence corpus's names index, and
   the names index of --synthetic titles (invented two- and three-word names, the paper's 5.07M articles by default;
   the store's SQL lookup and spans, without TF-IDF's check of a part's commonness): time and bytes.
+- Several candidates: over every LAMA T-REx and Google-RE question, how many link a subject and how many the fact's
+  own; how many meet a title or alias that several titles share; and how many links change, and how many to the
+  fact's own subject, where a part of a title that names two titles is linked by TF-IDF's pick instead of to none.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from collections import defaultdict
 from contextlib import closing
 from pathlib import Path
 
-from evidence import EVIDENCE, SMOKE, first_documents, lama_dev, scratch, smoke_corpus
+from evidence import DATA, EVIDENCE, SMOKE, SMOKE_FACTS, first_documents, lama_dev, scratch, smoke_corpus
 
 FRESH = Path(__file__).resolve().parent / "fresh_facts"
 
@@ -102,6 +105,54 @@ def lama(args):
         linked = sum(p.linked is not None for p in found)
         print(f"| {mode} | {p1} | {linked} | {time.perf_counter() - began:.0f} |", flush=True)
     return reader, [f.question for f in dev]
+
+
+def candidates(args, reader) -> None:
+    """How often a question's span names several titles, over every LAMA T-REx and Google-RE question (the subject
+    filled in): a title or alias several titles share (`linking._best_scored` picks one), and a part of a title that
+    names two (linked to none; with TF-IDF's pick instead, how many links change, and to the fact's own subject)."""
+    from unittest import mock
+
+    from bertknn.evaluation.facts import GROUPS, load_lama
+    from bertknn.query import linking
+    from bertknn.store import names
+    from bertknn.text import normalize_title
+
+    facts = load_lama(DATA / "lama", reader.encoder.tokenizer, GROUPS, warn=lambda m: None)
+    facts = facts[: 5 * SMOKE_FACTS] if args.smoke else facts
+    store, index, several = reader.store, reader.index, []
+    real = linking._best_scored
+
+    def scored(*a):
+        several.append(a[-1])
+        return real(*a)
+
+    def parts_too(rows):  # a part naming two titles names both (MORE: more than two, still none)
+        kind = min(k for _, k in rows) if rows else None
+        titles = sorted({t for t, k in rows if k == kind})
+        return None if not rows or names.MORE in titles else (titles, kind)
+
+    links = {}
+    with mock.patch.object(linking, "_best_scored", scored):
+        for f in facts:
+            found = linking.link(store, index, f.question)
+            links[f] = found and normalize_title(found.subject)
+    own = sum(links[f] == normalize_title(f.subject) for f in facts)
+    print(f"\n## Several candidates: {len(facts):,} LAMA questions\n")
+    print(f"{sum(v is not None for v in links.values()):,} linked, {own:,} to the fact's own subject; "
+          f"{len(several)} met a title or alias that names several titles")  # fmt: skip
+    changed = right = 0
+    with mock.patch.object(linking, "_titles", parts_too):
+        for f in facts:
+            found = linking.link(store, index, f.question)
+            now = found and normalize_title(found.subject)
+            changed += now != links[f]
+            right += now != links[f] and now == normalize_title(f.subject)
+    print(
+        f"a part naming two titles linked by TF-IDF instead of none: {changed:,} links change, {right:,} of them "
+        "to the fact's own subject",
+        flush=True,
+    )
 
 
 def cost(args, reader, questions: list[str]) -> None:
@@ -190,6 +241,7 @@ def main() -> None:
     parser.add_argument("--skip-updates", action="store_true")
     parser.add_argument("--skip-lama", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")
+    parser.add_argument("--skip-candidates", action="store_true")
     parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
     if args.smoke:
@@ -199,10 +251,12 @@ def main() -> None:
         torch.set_num_threads(1)
     if not args.skip_updates:
         updates(args)
-    if not args.skip_lama or not args.skip_cost:
+    if not args.skip_lama or not args.skip_cost or not args.skip_candidates:
         reader, questions = lama(args)
         if not args.skip_cost:
             cost(args, reader, questions)
+        if not args.skip_candidates:
+            candidates(args, reader)
 
 
 if __name__ == "__main__":
