@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 from bertknn import BertKNN
 from bertknn.serving.service import create_app
 from bertknn.store import datastore
+from bertknn.store.records import Staged
 from bertknn.store.shards import ShardedDatastore
 
 from ..conftest import SMALL_DOCS, writable
@@ -110,6 +111,7 @@ def test_adding_other_text_under_an_id_of_an_earlier_shard_is_refused(sharded):
     (adds go to the last): `skip_existing` (what `bertknn add` uses) skips only the same document."""
     size = sharded.store.size
     assert sharded.add_documents([SMALL_DOCS[0]], skip_existing=True) == 0
+    assert sharded.writer.staged == Staged(unchanged=("d1",))  # the same document, in an earlier shard: skipped
     with pytest.raises(datastore.DatastoreError, match=r"\['d1'\] are in .* with other text; remove them first"):
         sharded.add_documents([{**SMALL_DOCS[0], "text": "Ilsa Varnhold sings."}], skip_existing=True)
     assert sharded.store.size == size and sharded.store.documents.states(["d1"]) == {"d1": "live"}

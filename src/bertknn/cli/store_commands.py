@@ -366,21 +366,18 @@ def add(
     ] = False,
 ) -> None:
     """Add documents: embedded and indexed in place, searchable at once. Rerun after a crash to complete it."""
-    from bertknn.ingest.corpus import digest, open_corpus
+    from bertknn.ingest.corpus import open_corpus
     from bertknn.ingest.ingester import Writer
 
     source = open_corpus(corpus)
     _note_skipped(source)
     docs = list(source)  # the whole corpus is read first: a bad line changes nothing
     writer = Writer.open(datastore, runtime=backend)
-    known = writer.store.documents.states([d.id for d in docs])
-    held = writer.store.documents.live_digests([i for i, state in known.items() if state == "live"]) if replace else {}
-    replaced = sum(held.get(d.id) not in (None, digest(d)) for d in docs)
     with _writer_wait(datastore, wait), phase_progress() as report:
         added = writer.add_documents(
             docs, skip_existing=True, progress=lambda n: report("embedding", n, len(docs)), replace=replace
         )
-    skipped = sum(state == "live" for state in known.values()) - replaced
+    replaced, skipped = len(writer.staged.replaced), len(writer.staged.unchanged)
     console.print(
         f"added {len(docs) - skipped:,} documents ({added:,} contexts) to {shown(str(datastore))}"
         + (f", {replaced:,} of them replacing the text held under their ids" if replaced else "")

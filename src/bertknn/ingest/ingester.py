@@ -33,7 +33,7 @@ from bertknn.store.datastore import CODEC, CODES, KEYS, DatastoreError
 from bertknn.store.lock import LAZY_WAIT_S
 from bertknn.store.manifest import FLOAT16
 from bertknn.store.protocol import Store
-from bertknn.store.records import Part
+from bertknn.store.records import Part, Staged
 from bertknn.store.shards import ShardedDatastore, open_store
 from bertknn.text import CorpusError, Document, parse_document
 
@@ -60,6 +60,7 @@ class Writer:
         self.faiss_error: DatastoreError | None = None  # why the last add could not extend the FAISS index
         self._last: Writer | None = None  # a sharded datastore's: the writer of its last shard
         self.completed: list[str] = []  # ids an interrupted add had staged that the last add published with its own
+        self.staged = Staged()  # what the last add made of its documents: added, replaced, unchanged (skipped)
 
     @classmethod
     def open(cls, datastore: str | Path, model: str | None = None, runtime: Runtime | str = "torch") -> Writer:
@@ -260,7 +261,7 @@ class Writer:
         one's place in the same transaction that publishes it (Lucene's updateDocument; a reader sees the old
         document or the new one, never both or neither). `wait`: seconds to wait for another writer (None: as
         `datastore.lock_wait` says, else 0). Documents an interrupted add had staged are published with these:
-        their ids are then in `completed`.
+        their ids are then in `completed`. What became of each document given is in `staged` (`Staged`).
         """
         parsed = [d if isinstance(d, Document) else parse_document(d, f"document {i + 1}") for i, d in enumerate(docs)]
         if isinstance(self.store, ShardedDatastore):
@@ -286,10 +287,11 @@ class Writer:
                     f"document id(s) already in the datastore: {live[:5]}; remove them first, or replace them "
                     "(`bertknn add --replace`)"
                 )
-            store.writer.stage([record(d, store.manifest.splitter) for d in parsed], replace)
+            staged = store.writer.stage([record(d, store.manifest.splitter) for d in parsed], replace)
             if not store.manifest.lazy:
                 builder.embed(store, store.documents.adding(), self._encoder(), progress=progress)
             ranges = self._publish(ids)
+            self.staged = staged
         return sum(end - start for start, end in ranges if start is not None)
 
     def _publish(self, ids: list[str]) -> list[tuple[int, int]]:
@@ -345,7 +347,8 @@ class Writer:
                 self._last = Writer(last, self._encoder())
             docs = [d for d in docs if d.id not in elsewhere]
             added = self._last.add_documents(docs, skip_existing, progress, wait)
-            self.completed = self._last.completed
+            self.completed, staged = self._last.completed, self._last.staged
+            self.staged = Staged(staged.added, staged.replaced, (*sorted(elsewhere), *staged.unchanged))
             return added
 
     def repair(self, progress: Callable[[str, int, int], None] | None = None, wait: float | None = None) -> Repair:

@@ -220,13 +220,9 @@ class _Writes:
         """Add `document`: (contexts added, whether the same document was there, so that nothing was added). 503 when
         another writer holds the datastore too long, 507 for a full disk, 409 for its id there with other text."""
         writer = self.writer()
-        store = writer.store
-        with write_errors(store, status.HTTP_409_CONFLICT), store.writing(SERVICE_WAIT_S):
-            # under the writer lock: nobody adds or removes it between the look and the add
-            there = (
-                store.documents.states([document.id]).get(document.id) == "live"
-            )  # other text: a conflict in the add
-            return writer.add_documents([document], skip_existing=there, wait=SERVICE_WAIT_S), there
+        with write_errors(writer.store, status.HTTP_409_CONFLICT):  # the id there with other text: a conflict
+            added = writer.add_documents([document], skip_existing=True, wait=SERVICE_WAIT_S)
+            return added, document.id in writer.staged.unchanged
 
     def remove(self, doc_id: str) -> None:
         """Remove a document: 503 and 507 as for `add`, 404 for an id not there."""

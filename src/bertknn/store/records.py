@@ -1,5 +1,6 @@
 """What a datastore keeps, as records: a document (`Record`), where a stored entry comes from (`Provenance`), a live
-part of an index (`Part`), and the order of an article's versions (`versions`, `newest_first`)."""
+part of an index (`Part`), what an add made of the documents it was given (`Staged`), and the order of an article's
+versions (`versions`, `newest_first`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,16 @@ class Part:
     name: str
     first: int
     stop: int
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What an add made of the documents it was given, by id (`DatastoreWriter.stage`): new ones added, ones that take
+    the place of a live document with other text (`replace`), and ones skipped because the same document is live."""
+
+    added: tuple[str, ...] = ()
+    replaced: tuple[str, ...] = ()
+    unchanged: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

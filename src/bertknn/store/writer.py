@@ -23,7 +23,7 @@ from bertknn.store import evidence as evidence_table
 from bertknn.store.identity import held, new_id
 from bertknn.store.integrity import ChecksumError, Checksums, data_files, seal
 from bertknn.store.manifest import COMMITTED, IDENTITY, RECORD, DatastoreError, Manifest
-from bertknn.store.records import Part, Record
+from bertknn.store.records import Part, Record, Staged
 from bertknn.store.schema import COMMITS, REMOVED_PREFIX, REPLACING_PREFIX, SQLITE, STORE_ID
 
 if TYPE_CHECKING:
@@ -120,9 +120,9 @@ class DatastoreWriter:
             self.db.executemany("INSERT INTO sentences VALUES (?, ?, ?)", rows)
             sent_idx += len(doc.sentences)
 
-    def stage(self, docs: list[Record], replace: bool = False) -> list[str]:
-        """Register the given documents as 'adding' (hidden) unless the same document is there; return the ids
-        skipped because a live document has the same id and text. In one transaction.
+    def stage(self, docs: list[Record], replace: bool = False) -> Staged:
+        """Register the given documents as 'adding' (hidden) unless the same document is there, in one transaction;
+        return what became of each id (`Staged`: added, replacing a live document, or skipped as unchanged).
 
         A live document with the same id but other text is refused (remove it first), or with `replace` staged to
         take its place when published (`publish`: Lucene's updateDocument); an 'adding' one left by an interrupted
@@ -152,7 +152,9 @@ class DatastoreWriter:
             self._hide([held[d.id][0] for d in changed if d.id not in conflicts] + stale)
             self._insert(new, "adding")
         self.store.n_documents = self.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents").fetchone()[0]
-        return skipped
+        replaced = rename | {d.id for d in redone}
+        added = [d.id for d in docs if d.id not in replaced and d.id not in skipped]
+        return Staged(tuple(added), tuple(d.id for d in docs if d.id in replaced), tuple(skipped))
 
     def _hide(self, docs: list[int]) -> None:
         """Mark documents removed, free their ids and release their entries' evidence (inside the caller's
