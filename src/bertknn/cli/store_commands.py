@@ -264,13 +264,12 @@ def sentences(
     the sentence encoder, so that its questions weigh their neighbours' sentences (a datastore built or added to now
     stores them as it goes; until then its questions are answered without the weights). Rerun to resume."""
     from bertknn.ingest.evidence_encoding import fill
-    from bertknn.store.shards import ShardedDatastore, open_store
+    from bertknn.store.shards import open_store, stores
 
     began, store = time.time(), open_store(datastore)
-    shards = store.shards if isinstance(store, ShardedDatastore) else [store]
     filled = 0
     with phase_progress() as report:
-        for shard in shards:
+        for shard in stores(store):
             filled += fill(shard, backend, lambda done, total: report("embedding", done, total))
     console.print(
         f"evidence vectors stored for {filled:,} entries of {shown(str(datastore))} ({time.time() - began:,.0f}s); "
@@ -424,9 +423,9 @@ def verify(
     """Check a datastore: every checksum block of every file, SQLite's integrity, keys. Exit status 1 on damage."""
     from bertknn.index import faiss_files, retrieval
     from bertknn.store import verify as checks
-    from bertknn.store.shards import ShardedDatastore, is_sharded
+    from bertknn.store.shards import directories
 
-    paths = [s.path for s in ShardedDatastore(datastore).shards] if is_sharded(datastore) else [datastore]
+    paths = directories(datastore)
     if record:
         for path in paths:
             checks.record_checksums(path)

@@ -44,7 +44,7 @@ from bertknn.ingest.ingester import Writer
 from bertknn.query.settings import PAPER, Settings
 from bertknn.store.datastore import DatastoreError
 from bertknn.store.lock import lock_holder
-from bertknn.store.shards import is_sharded, open_store, shard_paths
+from bertknn.store.shards import directories, open_store
 
 LOG = logging.getLogger("bertknn.evaluation.edits")
 CHECKPOINTS = (1, 100, 1000, 10000)  # edits made when the questions are asked (and the last number)
@@ -86,8 +86,7 @@ def copy_datastore(source: str | Path, target: str | Path, tries: int = 3) -> Pa
         except (shutil.Error, FileNotFoundError):  # a file went while it was copied
             before = None
         if before is not None and _file_state(source) == before:
-            shards = shard_paths(target) if is_sharded(target) else []
-            outside = [p for p in shards if target.resolve() not in p.resolve().parents]
+            outside = [p for p in directories(target) if p != target and target.resolve() not in p.resolve().parents]
             if outside:
                 raise DatastoreError(f"{source} lists shards outside its folder ({outside[0]}): use in_place")
             return target

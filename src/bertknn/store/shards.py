@@ -71,6 +71,16 @@ def shard_paths(path: str | Path) -> list[Path]:
     return [Path(path) / row["path"] for row in read_top(Path(path))["shards"]]
 
 
+def directories(path: str | Path) -> list[Path]:
+    """The directories of the one-directory datastores `path` holds: a sharded datastore's shards, else `path`."""
+    return shard_paths(path) if is_sharded(path) else [Path(path)]
+
+
+def stores(store: Store) -> list[Datastore]:
+    """The one-directory datastores of an open datastore: a sharded one's shards, else the store itself."""
+    return store.shards if isinstance(store, ShardedDatastore) else [store]  # type: ignore[list-item]
+
+
 def _renumbering(table: dict[int, int]) -> Callable[[np.ndarray], np.ndarray]:
     """A function mapping a shard's values to the sharded store's: lexicon numbers through `table`, vocabulary ids
     (below every lexicon number) unchanged."""
