@@ -33,7 +33,7 @@ from bertknn.store.datastore import CODEC, CODES, COUNTS, KEYS, SQLITE, VALUES, 
 from bertknn.store.integrity import is_index_file
 from bertknn.store.manifest import RECORD
 from bertknn.store.records import Part
-from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, is_sharded, shard_paths
+from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, directories, is_sharded, shard_paths
 from bertknn.store.verify import verify
 
 # what a datastore keeps (checksums.json: the record that tells its damage), in the order a refusal names them
@@ -109,7 +109,7 @@ def _open(path: Path) -> list[Datastore]:
         raise DatastoreError(f"{path} is not a datastore (no manifest.json); create one with `bertknn build`")
     stores: list[Datastore] = []
     try:
-        for directory in shard_paths(path) if is_sharded(path) else [path]:
+        for directory in directories(path):
             stores.append(Datastore(directory, check=False))
     except DatastoreError as err:
         for store in stores:
