@@ -6,6 +6,8 @@ import sqlite3
 import pytest
 
 from bertknn.ingest.repair import repair
+from bertknn.query.linking import link
+from bertknn.store import names
 from bertknn.store.names import ALIAS, MORE, PART, TITLE, names_of, rebuild
 from bertknn.store.verify import verify
 from bertknn.text import CorpusError, parse_document
@@ -37,19 +39,37 @@ def test_writers_keep_the_rows_a_rebuild_from_the_documents_makes(tmp_path, enco
     knn = writable(encoder, built.store)
     knn.add_documents([{"id": "b1", "title": "Anna Berg", "text": "Anna Berg sang.", "aliases": ["Annie"]}])
     knn.add_documents([{"id": "b2", "title": "Tomas Berg", "text": "Tomas Berg sang."}])
-    knn.add_documents([{"id": "b3", "title": "Lena Berg", "text": "Lena Berg sang."}])  # a third title: MORE
-    knn.remove_documents(["b2"])
+    knn.add_documents([{"id": "b3", "title": "Lena Berg", "text": "Lena Berg sang."}])  # a third title
+    knn.remove_documents(["b2"])  # its parts go: "tomas" and "berg" of Tomas Berg; its title's row stays
     knn.add_documents([{"id": "b1", "title": "Anna Berg", "text": "Anna Berg sang twice."}], replace=True)
     written = _rows(built.store.path)
-    assert ("annie", "anna berg", ALIAS) in written and ("berg", MORE, PART) in written
-    assert [r for r in written if r[0] == "berg"] == [
-        ("berg", "", PART),
+    assert ("annie", "anna berg", ALIAS) in written and ("tomas berg", "tomas berg", TITLE) in written
+    assert [r for r in written if r[0] in ("berg", "tomas")] == [
         ("berg", "anna berg", PART),
-        ("berg", "tomas berg", PART),
+        ("berg", "lena berg", PART),
     ]
     with sqlite3.connect(built.store.path / "store.sqlite") as db:
         rebuild(db)
     assert _rows(built.store.path) == written
+
+
+def test_a_part_that_added_documents_shared_names_its_title_again_once_they_are_removed(encoder, built):
+    """Removing what was added gives every link back: "Varnhold" names Ilsa Varnhold alone, then with two more
+    titles added none (three titles share it: more than a lookup reads), then, those removed, Ilsa Varnhold again."""
+    knn = writable(encoder, built.store)
+    asked = "Varnhold was born in [MASK] ."
+
+    def linked() -> str | None:
+        found = link(knn.store, knn.index, asked)
+        return found and found.subject
+
+    assert linked() == "Ilsa Varnhold"
+    knn.add_documents([{"id": f"v{i}", "title": f"{name} Varnhold", "text": f"{name} Varnhold sang."} for i, name
+                       in enumerate(["Oskar", "Petra"])])  # fmt: skip
+    assert linked() is None and names.lookup(knn.store.db, ["varnhold"]) == [("varnhold", MORE, PART, "")]
+    knn.remove_documents(["v0", "v1"])
+    assert linked() == "Ilsa Varnhold"
+    assert names.lookup(knn.store.db, ["varnhold"]) == [("varnhold", "ilsa varnhold", PART, "Ilsa Varnhold")]
 
 
 def test_verify_names_a_names_index_that_lacks_a_title_and_repair_makes_it_again(built):

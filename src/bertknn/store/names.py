@@ -4,14 +4,15 @@ that a question's subject is found in its text (`query.linking`).
 Each row says that a normalised name (`text.normalize_title`) names a normalised title, and how: TITLE (it is the
 title), ALIAS (one of its documents' aliases or redirects) or PART (a part of the title by which it may be named
 alone: its last word, a person's surname; its first word, a company's; its words before a parenthesis, "Mercury" of
-"Mercury (planet)"). A PART names a title only where it names no other: a name that is a
-part of more than MAX_PARTS titles keeps MAX_PARTS rows and one row of the title MORE, so that its rows stay few
-however common the name ("John") and a removal never makes it look unambiguous. Rows are keyed by title, not
-document: an article and its updates share theirs, and a removed document's rows stay until a rebuild, read only
-where the title has a live document. A Wikipedia dump's redirects are aliases of their targets (kept in the table
-`redirects`, since a redirect names a title, not a document). A writer adds a document's rows in the transaction that
-registers it; a store
-made before the index gets it whole from its next writer (`ensure`), and `bertknn repair` rebuilds it (`rebuild`).
+"Mercury (planet)"). A PART names a title only where it names no other live title: a lookup reads at most two of a
+name's parts that have a live document (`lookup`), however common the name ("John"). Rows are keyed by title, not
+document: an article and its updates share theirs. A title's PART rows go when its last document that is not
+removed goes (`forget`, in the transaction that removes it), so that a name a removed document shared is a part of
+one title again: removing what was added gives every link back (an undone edit leaves no trace). Its TITLE and ALIAS
+rows stay until a rebuild, read only where the title has a live document. A Wikipedia dump's redirects are aliases
+of their targets (kept in the table `redirects`, since a redirect names a title, not a document). A writer adds a
+document's rows in the transaction that registers it; a store made before the index, or before its FORM, gets it
+whole from its next writer (`ensure`), and `bertknn repair` rebuilds it (`rebuild`).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from bertknn.text import normalize_title, stopwords
 
 TITLE, ALIAS, PART = 0, 1, 2  # how a name names a title (lower: stronger)
 KINDS = {TITLE: "title", ALIAS: "alias", PART: "part of the title"}
-MORE = ""  # the title of the row that says a PART names more titles than its rows list
-MAX_PARTS = 2  # PART rows kept per name: enough to see that it is ambiguous
+MORE = ""  # the title `lookup` gives a PART that names more than one live title (an index made before: its row)
 MIN_PART = 3  # the shortest part of a title kept, in characters
-META = "names"  # the meta row that says the index covers every document
+META = "names"  # the meta row that says the index covers every document, and its form (FORM)
+FORM = "2"  # a PART row per title whose documents are not all removed (1: at most two, then a MORE row)
 NAMES_PROBLEM = "store.sqlite: the names index lacks the titles of {} live document(s); `bertknn repair` rebuilds it"
 PAREN = re.compile(r"\s*\([^()]*\)\s*$")  # a Wikipedia title's disambiguation: "Mercury (planet)"
 
@@ -52,13 +53,17 @@ def add(db: sqlite3.Connection, title: str, aliases: Iterable[str] = ()) -> None
     """Record the names of a document (its title and aliases), in the caller's transaction."""
     norm = normalize_title(title)
     for name, kind in names_of(title, aliases):
-        if kind != PART:
-            _named(db, name, norm, kind)
-            continue
-        if db.execute("SELECT 1 FROM names WHERE name = ? AND title = ?", (name, norm)).fetchone():
-            continue
-        listed = db.execute("SELECT count(*) FROM names WHERE name = ? AND kind = ?", (name, PART)).fetchone()[0]
-        db.execute("INSERT OR IGNORE INTO names VALUES (?, ?, ?)", (name, norm if listed < MAX_PARTS else MORE, PART))
+        _named(db, name, norm, kind)
+
+
+def forget(db: sqlite3.Connection, titles: Iterable[str]) -> None:
+    """Drop the PART rows of those normalised `titles` that no document names any more but removed ones (after
+    their removal, in the caller's transaction)."""
+    db.execute(
+        "DELETE FROM names WHERE kind = ? AND title IN (SELECT value FROM json_each(?)) AND NOT EXISTS "
+        "(SELECT 1 FROM documents d WHERE d.norm_title = names.title AND d.state != 'removed')",
+        (PART, json.dumps(sorted(set(titles)))),
+    )
 
 
 def add_redirects(db: sqlite3.Connection, redirects: Iterable[tuple[str, str]]) -> None:
@@ -80,19 +85,23 @@ def _named(db: sqlite3.Connection, name: str, title: str, kind: int) -> None:
 
 def rebuild(db: sqlite3.Connection) -> int:
     """The index made again from the documents' titles and aliases (every document's, removed ones too: a row is read
-    only where its title has a live document), in the caller's transaction; return the rows written."""
+    only where its title has a live document; but the parts of titles whose documents are all removed, `forget`), in
+    the caller's transaction; return the rows written."""
     db.execute("DELETE FROM names")
-    for title, aliases in db.execute("SELECT title, aliases FROM documents ORDER BY idx").fetchall():
+    rows = db.execute("SELECT title, norm_title, aliases FROM documents ORDER BY idx").fetchall()
+    for title, _, aliases in rows:
         add(db, title, json.loads(aliases) if aliases else ())
     for name, title in db.execute("SELECT name, title FROM redirects ORDER BY name, title").fetchall():
         _named(db, name, title, ALIAS)
-    db.execute("INSERT INTO meta VALUES (?, '1') ON CONFLICT (key) DO UPDATE SET value = '1'", (META,))
+    forget(db, [norm for _, norm, _ in rows])
+    db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = ?", (META, FORM, FORM))
     return db.execute("SELECT count(*) FROM names").fetchone()[0]
 
 
 def ensure(db: sqlite3.Connection) -> None:
-    """Give a store made before the names index its index (a writer's first step), in one transaction."""
-    if db.execute("SELECT 1 FROM meta WHERE key = ?", (META,)).fetchone() is None:
+    """Give a store made before the names index, or before its FORM, its index (a writer's first step), in one
+    transaction."""
+    if db.execute("SELECT 1 FROM meta WHERE key = ? AND value = ?", (META, FORM)).fetchone() is None:
         with db:
             rebuild(db)
 
@@ -107,19 +116,31 @@ def indexed(db: sqlite3.Connection) -> bool:
 
 def lookup(db: sqlite3.Connection, spans: list[str]) -> list[tuple[str, str, int, str]] | None:
     """(name, normalised title, kind, a live document's title as written) of the names among `spans` whose title has
-    a live document (and the MORE rows of ambiguous parts, their title as written ""), one query; None where the store
-    has no names index (made before it: its next writer gives it one)."""
+    a live document, one query: each title or alias, and each part of a title that names one live title alone (a part
+    that names several: one row of the title MORE, written ""); None where the store has no names index (made before
+    it: its next writer gives it one). A part's first two live titles are read, however many titles share it."""
+    spanned = json.dumps(spans)
     try:
-        return db.execute(
-            "SELECT name, title, kind, shown FROM (SELECT n.name, n.title, n.kind, CASE WHEN n.title = '' THEN '' ELSE "
-            "(SELECT d.title FROM documents d WHERE d.norm_title = n.title AND +d.state = 'live' LIMIT 1) END AS shown "
-            "FROM json_each(?) j JOIN names n ON n.name = j.value) WHERE shown IS NOT NULL",  # by the title's index
-            (json.dumps(spans),),
-        ).fetchall()
+        return db.execute(LOOKUP, (spanned, PART, spanned)).fetchall()
     except sqlite3.OperationalError as err:
         if "no such table" in str(err):
             return None
         raise
+
+
+LIVE = "(SELECT d.title FROM documents d WHERE d.norm_title = {} AND +d.state = 'live' LIMIT 1)"  # by the title's index
+PARTS = (  # a span's first two part titles with a live document (or an index made before FORM 2's MORE row)
+    "(SELECT q.title FROM names q WHERE q.name = j.value AND q.kind = 2 AND (q.title = '' OR "
+    + LIVE.format("q.title").replace("SELECT d.title", "SELECT 1")
+    + ") ORDER BY q.title LIMIT 1 OFFSET {})"
+)
+LOOKUP = (
+    f"SELECT name, title, kind, shown FROM (SELECT n.name, n.title, n.kind, {LIVE.format('n.title')} AS shown "
+    "FROM json_each(?) j JOIN names n ON n.name = j.value AND n.kind < ?) WHERE shown IS NOT NULL UNION ALL "
+    "SELECT name, CASE WHEN two THEN '' ELSE one END, 2, CASE WHEN two THEN '' ELSE "
+    f"{LIVE.format('one')} END FROM (SELECT name, one, two IS NOT NULL OR one = '' AS two FROM (SELECT j.value AS "
+    f"name, {PARTS.format(0)} AS one, {PARTS.format(1)} AS two FROM json_each(?) j) WHERE one IS NOT NULL)"
+)
 
 
 def aliases_of(db: sqlite3.Connection, title: str) -> list[str]:

@@ -157,8 +157,8 @@ class DatastoreWriter:
         return Staged(tuple(added), tuple(d.id for d in docs if d.id in replaced), tuple(skipped))
 
     def _hide(self, docs: list[int]) -> None:
-        """Mark documents removed, free their ids and release their entries' evidence (inside the caller's
-        transaction)."""
+        """Mark documents removed, free their ids, release their entries' evidence and drop the parts of their titles
+        from the names index where no other document holds them (`names.forget`), inside the caller's transaction."""
         filled = self.store.evidence.filled
         ranges = self.db.execute(
             "SELECT start, end FROM documents WHERE start IS NOT NULL AND idx IN (SELECT value FROM json_each(?))",
@@ -171,6 +171,11 @@ class DatastoreWriter:
             "UPDATE documents SET state = 'removed', removed_id = id, id = ? || idx WHERE idx = ?",
             [(REMOVED_PREFIX, d) for d in docs],
         )
+        titles = self.db.execute(
+            "SELECT norm_title FROM documents WHERE idx IN (SELECT value FROM json_each(?))",
+            (json.dumps([int(d) for d in docs]),),
+        )
+        names.forget(self.db, [t for (t,) in titles])
 
     def publish(self, **parts: list[Part]) -> list[str]:
         """Make every 'adding' document live and commit the index parts given (kind=list, as `commit_parts`), in one
