@@ -127,10 +127,23 @@ def candidates(args, reader) -> None:
         several.append(a[-1])
         return real(*a)
 
-    def parts_too(rows):  # a part naming two titles names both (MORE: more than two, still none)
+    def parts_too(rows):  # a part naming two titles names both (three or more: still none)
         kind = min(k for _, k in rows) if rows else None
         titles = sorted({t for t, k in rows if k == kind})
-        return None if not rows or names.MORE in titles else (titles, kind)
+        return None if not rows or len(titles) > 2 else (titles, kind)
+
+    def two_parts(spans):  # the lookup, with the first three live titles of a part that names several (not MORE)
+        rows = names.lookup(store.db, spans) or []
+        several = sorted({r[0] for r in rows if r[1] == names.MORE and r[2] == names.PART})
+        return [r for r in rows if r[1] != names.MORE] + [
+            row
+            for name in several
+            for row in store.db.execute(
+                "SELECT q.name, q.title, q.kind, min(d.title) FROM names q JOIN documents d ON d.norm_title = q.title "
+                "AND d.state = 'live' WHERE q.name = ? AND q.kind = ? GROUP BY q.title ORDER BY q.title LIMIT 3",
+                (name, names.PART),
+            )
+        ]
 
     links = {}
     with mock.patch.object(linking, "_best_scored", scored):
@@ -142,7 +155,7 @@ def candidates(args, reader) -> None:
     print(f"{sum(v is not None for v in links.values()):,} linked, {own:,} to the fact's own subject; "
           f"{len(several)} met a title or alias that names several titles")  # fmt: skip
     changed = right = 0
-    with mock.patch.object(linking, "_titles", parts_too):
+    with mock.patch.object(linking, "_titles", parts_too), mock.patch.object(store.documents, "named", two_parts):
         for f in facts:
             found = linking.link(store, index, f.question)
             now = found and normalize_title(found.subject)

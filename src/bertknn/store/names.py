@@ -121,7 +121,7 @@ def lookup(db: sqlite3.Connection, spans: list[str]) -> list[tuple[str, str, int
     it: its next writer gives it one). A part's first two live titles are read, however many titles share it."""
     spanned = json.dumps(spans)
     try:
-        return db.execute(LOOKUP, (spanned, PART, spanned)).fetchall()
+        return db.execute(LOOKUP, (spanned, spanned, PART)).fetchall()
     except sqlite3.OperationalError as err:
         if "no such table" in str(err):
             return None
@@ -134,12 +134,13 @@ PARTS = (  # a span's first two part titles with a live document (or an index ma
     + LIVE.format("q.title").replace("SELECT d.title", "SELECT 1")
     + ") ORDER BY q.title LIMIT 1 OFFSET {})"
 )
-LOOKUP = (
+LOOKUP = (  # each span's two part titles read once (MATERIALIZED), then the titles and aliases, then the parts
+    f"WITH p AS MATERIALIZED (SELECT j.value AS name, {PARTS.format(0)} AS one, {PARTS.format(1)} AS two FROM "
+    "json_each(?) j), q AS MATERIALIZED (SELECT name, CASE WHEN two IS NOT NULL OR one = '' THEN '' ELSE one END AS "
+    "title FROM p WHERE one IS NOT NULL) "
     f"SELECT name, title, kind, shown FROM (SELECT n.name, n.title, n.kind, {LIVE.format('n.title')} AS shown "
     "FROM json_each(?) j JOIN names n ON n.name = j.value AND n.kind < ?) WHERE shown IS NOT NULL UNION ALL "
-    "SELECT name, CASE WHEN two THEN '' ELSE one END, 2, CASE WHEN two THEN '' ELSE "
-    f"{LIVE.format('one')} END FROM (SELECT name, one, two IS NOT NULL OR one = '' AS two FROM (SELECT j.value AS "
-    f"name, {PARTS.format(0)} AS one, {PARTS.format(1)} AS two FROM json_each(?) j) WHERE one IS NOT NULL)"
+    f"SELECT r.name, r.title, 2, CASE WHEN r.title = '' THEN '' ELSE {LIVE.format('r.title')} END FROM q r"
 )
 
 
