@@ -202,3 +202,17 @@ def test_a_dated_article_of_the_built_corpus_is_no_version_of_the_subject_it_nam
     knn = BertKNN.build(write_corpus(tmp_path / "c.jsonl", docs), tmp_path / "s", encoder)
     p = knn.predict("Ilsa Varnhold was born in [MASK] .", settings=KNN_ONLY)
     assert p.documents == ["Ilsa Varnhold"] and p.superseded == []  # an article about Porto, as a dump dates each
+
+
+def test_a_link_is_what_it_was_once_the_documents_added_are_removed(encoder, built):
+    """Removing what was added leaves every link as it was (an undone edit leaves no trace): "Varnhold" names Ilsa
+    Varnhold; twelve documents that use the word make it a common word (COMMON_DOCS), which names nothing; removed,
+    they count no more (hidden documents count nowhere, as in TF-IDF's idf)."""
+    knn = writable(encoder, built.store)
+    asked = "Varnhold was born in [MASK] ."
+    assert link(knn.store, knn.index, asked).subject == "Ilsa Varnhold"
+    added = [{"id": f"w{i}", "title": f"Town {i}", "text": f"Varnhold is a word heard in town {i}."} for i in range(12)]
+    knn.add_documents(added)
+    assert link(knn.store, knn.index, asked) is None
+    knn.remove_documents([d["id"] for d in added])
+    assert link(knn.store, knn.index, asked).subject == "Ilsa Varnhold"

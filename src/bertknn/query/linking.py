@@ -148,7 +148,7 @@ def link(store: Datastore, index: TfidfIndex, question: str) -> Link | None:
     best = None
     for (a, b, n_words, capital, alone, bare), text in zip(found, texts):
         titles = _titles(by_name.get(text, []))
-        if titles and bare and (titles[1] < names.PART or (alone and not _common(index, text))):
+        if titles and bare and (titles[1] < names.PART or (alone and not _common(store, index, text))):
             rank = (_near(question, a, b), capital, n_words, titles[1] < names.PART, b - a, -a)
             if best is None or rank > best[0]:
                 best = (rank, a, b, titles)
@@ -166,10 +166,15 @@ def linked(store: Datastore, index: TfidfIndex, queries: Sequence[Q]) -> list[Q]
     return [dataclasses.replace(q, subject=f.subject, link=f) if f else q for q, f in zip(queries, found)]
 
 
-def _common(index: TfidfIndex, name: str) -> bool:
-    """Whether `name` (one word, a part of a title) is a common word of the documents (COMMON): "born" of "Born in
-    68" says nothing of that title."""
-    return " " not in name and len(index.containing(name)) > max(COMMON * index.n_docs, COMMON_DOCS)
+def _common(store: Datastore, index: TfidfIndex, name: str) -> bool:
+    """Whether `name` (one word, a part of a title) is a common word of the live documents (COMMON): "born" of "Born
+    in 68" says nothing of that title. Documents hidden (removed, or being added) count nowhere, as in TF-IDF's idf,
+    so that removing what was added leaves every link as it was."""
+    if " " in name:
+        return False
+    hidden = store.documents.hidden()
+    held = np.setdiff1d(index.containing(name), hidden, assume_unique=False)
+    return len(held) > max(COMMON * (index.n_docs - len(hidden[hidden < index.n_docs])), COMMON_DOCS)
 
 
 def _titles(rows: list[tuple[str, int]]) -> tuple[list[str], int] | None:
