@@ -33,9 +33,9 @@ DIM, K, PAPER_CONTEXTS = 768, PAPER.k, 900_000_000
 
 
 class KeysOnly:
-    """Synthetic keys in the shape of a datastore, with what `FaissIndex` asks of one: its writer lock and writer
-    (nothing else writes here), the committed list of the index's parts and its meta records (kept in memory) and
-    checksums (none)."""
+    """Synthetic keys in the shape of a datastore's writer's own view, with what `FaissIndex` asks of one: its
+    writer (itself: nothing else writes here) and its commits, the committed list of the index's parts and its meta
+    records (kept in memory) and checksums (none)."""
 
     def __init__(self, path: Path, keys: np.ndarray) -> None:
         self.path, self.keys, self.size, self.dim = path, keys, len(keys), keys.shape[1]
@@ -47,7 +47,7 @@ class KeysOnly:
     def write_meta(self, key: str, value: str) -> None:
         self._meta[key] = value
 
-    def writing(self, wait: float | None = None) -> contextlib.AbstractContextManager:
+    def commit(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext(self)
 
     @property

@@ -72,8 +72,8 @@ def main() -> None:
     import uvicorn
     from ray import serve
 
-    from bertknn.index.faiss_index import ShardedFaiss
     from bertknn.ingest import distributed
+    from bertknn.ingest.ingester import Writer
     from bertknn.model.runtime import Runtime
     from bertknn.query.pipeline import BertKNN
     from bertknn.serving import ray_serve
@@ -84,7 +84,8 @@ def main() -> None:
     corpus = first_documents(args.docs, work / "corpus.jsonl")
     ray.init(address="local", num_cpus=2 if args.smoke else None, log_to_driver=False, include_dashboard=False)
     distributed.build(corpus, work / "sharded", args.model, shard_docs=args.shard_docs)
-    ShardedFaiss.build(ShardedDatastore(work / "sharded"), "Flat")
+    with Writer(ShardedDatastore(work / "sharded")) as writer:
+        writer.index_keys("Flat")
     runtime = Runtime(threads=1)
     runtime.apply()
     knn = BertKNN.load(work / "sharded", runtime=runtime)

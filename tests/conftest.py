@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 
@@ -88,6 +89,36 @@ def writable(encoder, store, **options):
     from bertknn.ingest.ingester import Writer
 
     return BertKNN(encoder, store, writer=Writer(store, encoder), **options)
+
+
+def index_keys(store, *args, **options):
+    """The FAISS index of `store`'s keys (`FaissIndex.build`, or `ShardedFaiss.build` for a sharded store, with
+    `args` and `options`), built through the store's writer as `bertknn index` builds it; `store` then reopened on
+    it. With `on_ray` the shards are filled by Ray tasks, each through its shard's writer."""
+    from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
+    from bertknn.store.shards import ShardedDatastore
+    from bertknn.store.writers import open_writer
+
+    kind = ShardedFaiss if isinstance(store, ShardedDatastore) else FaissIndex
+    if options.get("on_ray"):
+        return kind.build(store, *args, **options)
+    with open_writer(store) as writer:
+        built = kind.build(writer.store, *args, **options)
+    store.reopen_if_changed()
+    return built
+
+
+@contextlib.contextmanager
+def held_elsewhere(path):
+    """The writer lock of the datastore at `path` held meanwhile as another process's writer holds it: through an
+    open file of its own, which this process's writer cannot share."""
+    from bertknn.store.lock import acquire_lock
+
+    handle = acquire_lock(Path(path), 0)
+    try:
+        yield
+    finally:
+        handle.close()
 
 
 class CountingSentences:

@@ -58,13 +58,11 @@ def test_storage_imports_neither_the_model_nor_the_tokenizer():
         "bertknn.store.identity",
         "bertknn.store.integrity",
         "bertknn.store.lexicon",
-        "bertknn.store.lock",
         "bertknn.store.manifest",
         "bertknn.store.records",
         "bertknn.store.schema",
         "bertknn.store.snapshot",
-        "bertknn.store.writer",  # `writing()` gives the writer
-    }
+    }  # a reader: neither the lock nor the writer
     for reads in ("store.documents", "store.lexicon"):  # the store's reads by concept (the store: for type hints)
         assert _imports(reads) <= {
             "bertknn.store.protocol",
@@ -84,6 +82,31 @@ def test_storage_imports_neither_the_model_nor_the_tokenizer():
     assert _imports("store.integrity") == {"bertknn.store.atomic", "bertknn.store.lock"}  # LOCK_FILE: not data
     assert _imports("store.atomic") == set()
     assert not any(name.startswith(("bertknn.model", "bertknn.text")) for name in _imports("store.shards"))
+
+
+def _called(name: str) -> list[str]:
+    """The package's modules ("store.writer") that call a function or method named `name` ("schema.writing": only
+    that attribute of that module)."""
+    owner, _, attr = name.rpartition(".")
+    found = []
+    for file in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            func = node.func if isinstance(node, ast.Call) else None
+            called = getattr(func, "attr", None) or getattr(func, "id", None)
+            by = getattr(getattr(func, "value", None), "id", None)
+            if called == attr and (not owner or by == owner):
+                found.append(".".join(file.relative_to(SRC).with_suffix("").parts))
+                break
+    return found
+
+
+def test_the_writer_lock_is_taken_only_by_the_writer():
+    """One writer per store (store/writer.py), opened once: it alone takes the lock and opens the writer's
+    connection (besides a new store's creation, in a directory nobody reads yet); no reader becomes a writer."""
+    assert _called("acquire_lock") == ["store.writer"]
+    assert _called("schema.writing") == ["store.creation", "store.writer"]
+    assert set(_called("writing")) <= set(_called("schema.writing"))  # no reader's `writing()` left
+    assert _called("open_datastore_writer") == ["ingest.repair", "store.verify", "store.writers"]
 
 
 def _modules() -> dict[str, set[str]]:

@@ -120,7 +120,8 @@ def test_a_full_disk_in_sqlite_is_named_as_such_not_as_damage_and_rolled_back(bu
     store = built.store
     before = store.documents.count_live()
     full = pytest.raises(atomic.DiskFullError, match=r"^no space left for .*store\.sqlite: the write does not fit")
-    with full, store.writing(), store.sqlite_errors(), store.db:
-        store.db.execute("UPDATE documents SET state = 'removed'")
+    with full, built.writer.commit() as written, written.sqlite_errors(), written.db:
+        written.db.execute("UPDATE documents SET state = 'removed'")
         raise sqlite3.OperationalError("database or disk is full")  # what SQLite raises on a full disk
-    assert not store.db.in_transaction and store.documents.count_live() == before
+    assert not written.db.in_transaction and written.documents.count_live() == before
+    assert store.documents.count_live() == before

@@ -406,6 +406,7 @@ def test_an_undo_that_failed_keeps_its_edits_for_the_next(built):
     before = top()
     editor.edit("{}, the", "piano", subject="Zarkel Vombrit", case_ids=[0])
     assert before != "piano" and top() == "piano"
+    built.writer.close()  # this process's writer lets the lock go: another process takes it
     with lock_held_elsewhere(built.store.path):
         with pytest.raises(BusyError, match="is being written by pid"):
             editor.undo()

@@ -16,6 +16,8 @@ from bertknn.index.faiss_index import FaissIndex
 from bertknn.query.knn import knn_distribution
 from bertknn.store.datastore import Datastore
 from bertknn.store.integrity import Checksums
+from bertknn.store.writers import open_writer
+from tests.conftest import index_keys
 
 from ..conftest import writable
 from ..tolerances import assert_neighbours_close
@@ -36,7 +38,7 @@ def brute_force(store: Datastore, query: np.ndarray, k: int, hidden: set[int] = 
 
 @pytest.mark.parametrize(("factory", "nprobe"), [("Flat", 1), ("IVF4,Flat", 4), ("IVF4,PQ8x4", 4)])
 def test_faiss_search_reranked_equals_brute_force(built, factory, nprobe):
-    index = FaissIndex.build(built.store, factory, train_size=built.store.size, nprobe=nprobe)
+    index = index_keys(built.store, factory, train_size=built.store.size, nprobe=nprobe)
     assert index.index.ntotal == built.store.size
     _, states = built.encoder.query(["Dante was born in [MASK] .", "Paris is the capital of [MASK] ."])
     for state in states:
@@ -50,12 +52,12 @@ def test_faiss_build_resumes_after_an_interruption(built):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        FaissIndex.build(built.store, "IVF4,Flat", train_size=built.store.size, chunk=10, progress=stop)
+        index_keys(built.store, "IVF4,Flat", train_size=built.store.size, chunk=10, progress=stop)
     assert FaissIndex.load(built.store).ntotal == 10  # one chunk saved
-    resumed = FaissIndex.build(built.store, "IVF4,Flat", train_size=built.store.size, chunk=10)
+    resumed = index_keys(built.store, "IVF4,Flat", train_size=built.store.size, chunk=10)
     assert resumed.ntotal == built.store.size and len(resumed.parts) == 1
     with pytest.raises(DatastoreError, match="has a FAISS index 'IVF4,Flat'"):
-        FaissIndex.build(built.store, "Flat")
+        index_keys(built.store, "Flat")
 
 
 @pytest.mark.parametrize(
@@ -75,21 +77,21 @@ def test_auto_factory_and_train_size_follow_the_datastore_size(size, dim, factor
 
 
 def test_auto_index_is_exact_on_a_small_datastore_and_resumes_with_its_settings(built):
-    index = FaissIndex.build(built.store)  # auto: Flat below 20k keys
+    index = index_keys(built.store)  # auto: Flat below 20k keys
     assert index.settings["factory"] == "Flat" and index.settings["train_size"] == built.store.size
-    assert FaissIndex.build(built.store).settings == index.settings  # "auto" takes the index being resumed
+    assert index_keys(built.store).settings == index.settings  # "auto" takes the index being resumed
 
 
 def test_bad_factory_string_and_too_few_training_keys(built):
     with pytest.raises(ValueError, match="bad FAISS factory string 'Bogus7'"):
-        FaissIndex.build(built.store, "Bogus7")
+        index_keys(built.store, "Bogus7")
     with pytest.raises(ValueError, match="cannot train FAISS index 'IVF4096,Flat'"):
-        FaissIndex.build(built.store, "IVF4096,Flat", train_size=50)
+        index_keys(built.store, "IVF4096,Flat", train_size=50)
     assert not (built.store.path / INDEX_FILE).exists()
 
 
 def test_predict_paths_say_which_was_used_and_match_brute_force(built):
-    FaissIndex.build(built.store, "Flat")
+    index_keys(built.store, "Flat")
     knn = BertKNN(built.encoder, built.store, sentence_temperature=0)  # the vote of the keys alone, as brute force's
     ir = knn.predict(QUESTION.replace("Zorblat Quenmire", "Dante"), subject="Dante Alighieri")
     whole = knn.predict("Dante was born in [MASK] .", retrieval="faiss", k=8)
@@ -123,7 +125,7 @@ def _vectors(index: FaissIndex) -> np.ndarray:
 
 
 def test_an_add_appends_a_part_and_leaves_faiss_index_as_it_was(built):
-    FaissIndex.build(built.store, "IVF4,Flat", train_size=built.store.size, nprobe=4)
+    index_keys(built.store, "IVF4,Flat", train_size=built.store.size, nprobe=4)
     base = built.store.path / INDEX_FILE
     before = base.stat()
     knn = writable(built.encoder, built.store)
@@ -152,7 +154,7 @@ def test_parts_merge_as_they_pile_up_and_a_finished_build_is_one_file(built, fac
         seen.append(max(levels.count(level) for level in levels))
         assert len(list(built.store.path.glob("faiss*.index"))) == len(levels) + 1  # and the trained index: no other
 
-    index = FaissIndex.build(built.store, factory, train_size=built.store.size, chunk=1, progress=count)
+    index = index_keys(built.store, factory, train_size=built.store.size, chunk=1, progress=count)
     assert len(seen) == built.store.size > 20 and max(seen) == 9  # ten parts of one level are merged at once
     assert len(index.parts) == 1 and not list(built.store.path.glob("faiss_add_*"))
     whole = faiss.read_index(str(built.store.path / INDEX_FILE))
@@ -167,17 +169,17 @@ def test_a_merge_interrupted_before_deleting_its_parts_loads_the_merged_index(bu
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        FaissIndex.build(built.store, "Flat", chunk=3, progress=stop)
+        index_keys(built.store, "Flat", chunk=3, progress=stop)
     parts = FaissIndex.load(built.store)
     assert parts.ntotal == 15 and len(parts.parts) == 5  # the five parts of 3 committed before the interruption
     leftovers = {p.name: p.read_bytes() for p in built.store.path.glob("faiss_add_*")}
-    resumed = FaissIndex.build(built.store, "Flat", chunk=3)  # merges everything into faiss.index
+    resumed = index_keys(built.store, "Flat", chunk=3)  # merges everything into faiss.index
     for name, data in leftovers.items():  # as if it had died before deleting what the merge replaced
         (built.store.path / name).write_bytes(data)
     loaded = FaissIndex.load(built.store)
     assert len(loaded.parts) == 1 and loaded.ntotal == resumed.ntotal == built.store.size
-    with built.store.writing():
-        loaded.update()  # the next writer deletes them
+    with open_writer(built.store) as writer:
+        FaissIndex.load(writer.store).update()  # the next writer deletes them
     assert not list(built.store.path.glob("faiss_add_*"))
 
 
@@ -185,7 +187,7 @@ def test_a_truncated_faiss_file_is_named_with_its_size_and_the_repair_that_rebui
     """FAISS reports a short read with an errno left over from an earlier call ("No such file or directory"): verify's
     check and a reader whose checksums do not cover the file (a writer dropped them to rewrite it) say instead that
     the file is truncated, with its size, and that `bertknn repair` rebuilds it."""
-    FaissIndex.build(built.store, "Flat")
+    index_keys(built.store, "Flat")
     path, file = built.store.path, built.store.path / INDEX_FILE
     file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
     (found,) = faiss_files.problems(path)

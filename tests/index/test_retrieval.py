@@ -17,8 +17,9 @@ from sklearn.utils import murmurhash3_32
 from bertknn.index.retrieval import TfidfIndex, question_query
 from bertknn.index.tfidf_files import compact, listing
 from bertknn.ingest.ingester import Writer
-from bertknn.store.datastore import Datastore, DatastoreError
+from bertknn.store.datastore import DatastoreError
 from bertknn.store.records import Part
+from bertknn.store.writers import open_writer
 
 DOCS = [
     "Dante Alighieri was born in Florence. Florence is in Tuscany.",
@@ -248,17 +249,18 @@ def test_a_reader_opening_the_index_while_a_merge_commits_reads_one_consistent_l
     from bertknn.index import tfidf_files
 
     store = built.store
-    with store.writing():
-        store.writer.commit_parts(tfidf=[])
-        tfidf_files.retire(store)
-    Writer(store).index_documents(segment_docs=2)  # committed one segment at a time: 2, 2 and 1 documents
+    with built.writer.commit() as written:
+        written.writer.commit_parts(tfidf=[])
+        tfidf_files.retire(written)
+    built.writer.index_documents(segment_docs=2)  # committed one segment at a time: 2, 2 and 1 documents
     assert [(p.first, p.stop) for p in store.parts("tfidf")] == [(0, 2), (2, 4), (4, 5)]
     real, opened = tfidf_files.load_segment, []
 
     def racing(path):  # another process merges the three segments, commits and retires them as this one opens
         if not opened:
             monkeypatch.setattr(tfidf_files, "load_segment", real)  # the merging writer reads them as they are
-            with Datastore(store.path) as other, other.writing() as writer:
+            with open_writer(store.path) as writer:
+                other = writer.store
                 merged = compact(other.path, other.parts("tfidf"), lambda n: writer.rewriting(*n), factor=3)
                 writer.commit_parts(tfidf=merged)
                 assert tfidf_files.retire(other) == [".", "tfidf_add_000000002", "tfidf_add_000000004"]

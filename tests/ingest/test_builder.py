@@ -18,6 +18,7 @@ from bertknn.ingest import builder
 from bertknn.model.encoder import Encoder
 from bertknn.store.datastore import Datastore, DatastoreError, read_committed
 from bertknn.store.writer import DatastoreWriter
+from bertknn.store.writers import open_writer
 from bertknn.text import CorpusError, iter_corpus, split_sentences, tokenize_sentences
 
 from ..conftest import SMALL_DOCS, write_corpus
@@ -225,9 +226,16 @@ def test_embedding_with_the_next_chunk_tokenized_ahead_gives_the_same_store(tmp_
     for prefetch in (False, True):
         store = builder.build(corpus, tmp_path / f"p{prefetch}", encoder, lazy=True)
         seen = []
-        added = builder.embed(
-            store, store.documents.pending(), encoder, chunk_entries=8, progress=seen.append, prefetch=prefetch
-        )
+        with open_writer(store) as writer:
+            added = builder.embed(
+                writer.store,
+                store.documents.pending(),
+                encoder,
+                chunk_entries=8,
+                progress=seen.append,
+                prefetch=prefetch,
+            )
+        store.reopen_if_changed()
         assert added == store.size > 0 and len(seen) > 2
         stores[prefetch] = seen
     assert stores[False] == stores[True]

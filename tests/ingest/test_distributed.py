@@ -32,6 +32,7 @@ from bertknn.store import evidence  # noqa: E402
 from bertknn.store.datastore import DatastoreError, read_committed  # noqa: E402
 from bertknn.store.manifest import Manifest  # noqa: E402
 from bertknn.store.shards import SHARDS_FILE, ShardedDatastore  # noqa: E402
+from tests.conftest import index_keys  # noqa: E402
 
 from .. import ray_cluster  # noqa: E402
 from ..ray_cluster import towns  # noqa: E402
@@ -110,15 +111,13 @@ def test_the_sharded_datastore_answers_adds_and_removes_like_one(built, tmp_path
     ]
     with pytest.raises(Exception, match="already in the datastore"):
         knn.add_documents([{"id": "t3", "title": "Again", "text": "Again."}])
-    with pytest.raises(Exception, match="no document with id 'nope'"), knn.store.writing() as writer:
-        writer.remove(["t3", "nope"])
+    with pytest.raises(Exception, match="no document with id 'nope'"):
+        knn.remove_documents(["t3", "nope"])
     assert knn.store.documents.states(["t3"]) == {"t3": "live"}  # nothing removed
-    with knn.store.writing() as writer:
-        assert writer.remove(["t3", "new"]) == (["t3", "new"], [])
+    assert knn.remove_documents(["t3", "new"]) == (["t3", "new"], [])
     knn.refresh()
     assert "Town 3" not in knn.predict("Town 3 lies near [MASK] .", subject="Town 3").documents
-    with knn.store.writing() as writer:
-        assert writer.remove(["t3"]) == ([], ["t3"])
+    assert knn.remove_documents(["t3"]) == ([], ["t3"])
 
 
 def test_a_rerun_after_the_build_returns_the_top_manifest_and_refuses_another_corpus(built, tiny_model_dir):
@@ -230,7 +229,6 @@ def test_a_driver_killed_mid_build_and_rerun_redoes_only_the_shards_not_committe
 
 @pytest.mark.smoke  # a build of its own: in the slower group CI runs after the suite
 def test_faiss_over_shards_returns_what_one_index_over_all_keys_returns(cluster, tmp_path, tiny_model_dir):
-    from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
 
     path = tmp_path
     corpus = write_corpus(path / "towns.jsonl", towns(50))
@@ -238,12 +236,12 @@ def test_faiss_over_shards_returns_what_one_index_over_all_keys_returns(cluster,
     single = BertKNN.build(corpus, path / "single", str(tiny_model_dir))
     sharded = ShardedDatastore(path / "sharded")
     # trained once on the same sample of all keys: the same quantizer; 2 of 4 lists probed
-    in_turn = ShardedFaiss.build(sharded, "IVF4,Flat", train_size=sharded.size, nprobe=2)
+    in_turn = index_keys(sharded, "IVF4,Flat", train_size=sharded.size, nprobe=2)
     for shard in sharded.shards:
         for file in shard.path.glob("faiss*"):
             file.unlink()
-    over_shards = ShardedFaiss.build(sharded, "IVF4,Flat", train_size=sharded.size, nprobe=2, on_ray=True)
-    one = FaissIndex.build(single.store, "IVF4,Flat", train_size=single.store.size, nprobe=2)
+    over_shards = index_keys(sharded, "IVF4,Flat", train_size=sharded.size, nprobe=2, on_ray=True)
+    one = index_keys(single.store, "IVF4,Flat", train_size=single.store.size, nprobe=2)
     for a, b in zip(in_turn.parts, over_shards.parts, strict=True):  # filled in turn or by parallel Ray tasks
         np.testing.assert_array_equal(a.index.reconstruct_n(0, a.ntotal), b.index.reconstruct_n(0, b.ntotal))
     assert over_shards.ntotal == one.ntotal == single.store.size

@@ -16,6 +16,7 @@ ray = pytest.importorskip("ray")
 
 from bertknn.ingest import distributed  # noqa: E402
 from bertknn.store.shards import ShardedDatastore  # noqa: E402
+from tests.conftest import index_keys  # noqa: E402
 
 from .. import ray_cluster  # noqa: E402
 from ..ray_cluster import DEMO, ask, free_port, nodes_cluster, same_entries, state_address, teardown  # noqa: E402
@@ -52,7 +53,6 @@ def _where(kind: str, name: str, at_least: int = 1, wait_s: float = 30) -> list[
 def test_a_build_index_and_service_on_two_nodes_equal_one_process(nodes, single, tmp_path, tiny_model_dir):
     from ray import serve
 
-    from bertknn.index.faiss_index import ShardedFaiss
     from bertknn.model.runtime import Runtime
     from bertknn.serving import ray_serve
 
@@ -72,7 +72,7 @@ def test_a_build_index_and_service_on_two_nodes_equal_one_process(nodes, single,
     assert set(_where("task", "_register", 4)) <= worker_ids
 
     store = ShardedDatastore(out)
-    ShardedFaiss.build(store, "Flat", on_ray=True)
+    index_keys(store, "Flat", on_ray=True)
     fill_nodes = set(_where("task", "_fill_shard", 4))
     assert fill_nodes and fill_nodes <= worker_ids
     port = free_port()

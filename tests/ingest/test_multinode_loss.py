@@ -17,12 +17,12 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from bertknn.index.faiss_index import ShardedFaiss  # noqa: E402
 from bertknn.ingest import distributed  # noqa: E402
 from bertknn.model.runtime import Runtime  # noqa: E402
 from bertknn.serving import ray_serve  # noqa: E402
 from bertknn.store.datastore import read_committed  # noqa: E402
 from bertknn.store.shards import ShardedDatastore  # noqa: E402
+from tests.conftest import index_keys  # noqa: E402
 
 from .. import ray_cluster  # noqa: E402
 from ..ray_cluster import (  # noqa: E402
@@ -149,7 +149,7 @@ def test_a_worker_node_lost_while_serving_answers_503_until_its_shards_are_back(
     try:
         out = tmp_path / "sharded"
         distributed.build(DEMO, out, str(tiny_model_dir), workers=2, shard_docs=11)
-        ShardedFaiss.build(ShardedDatastore(out), "Flat")
+        index_keys(ShardedDatastore(out), "Flat")
         port = free_port()
         serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
         ray_serve.run(str(out), "127.0.0.1", port, Runtime(threads=1), blocking=False, request_timeout_s=LIMIT_S)

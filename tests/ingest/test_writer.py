@@ -24,6 +24,7 @@ from bertknn.store.shards import ShardedDatastore
 from bertknn.store.verify import verify
 from bertknn.store.writer import DatastoreWriter
 from bertknn.text import CorpusError
+from tests.conftest import index_keys
 
 from ..conftest import SMALL_DOCS, writable, write_corpus
 from ..sharded_store import make_sharded
@@ -41,7 +42,7 @@ def _answers(knn: BertKNN, retrieval: str) -> tuple[str, list[str]]:
 
 @pytest.mark.parametrize("retrieval", ["ir", "faiss"])
 def test_fresh_fact_answerable_after_add_and_gone_after_remove(built, retrieval):
-    FaissIndex.build(built.store, "Flat")
+    index_keys(built.store, "Flat")
     knn = writable(built.encoder, built.store)
     before, docs_before = _answers(knn, retrieval)
     assert before != "tallinn" and "Zorblat Quenmire" not in docs_before
@@ -61,7 +62,7 @@ def test_fresh_fact_answerable_after_add_and_gone_after_remove(built, retrieval)
 
 @pytest.mark.parametrize("crash_at", ["embed", "ir_segment", "faiss", "publish"])
 def test_a_crash_mid_add_leaves_the_old_state_and_a_rerun_completes(built, monkeypatch, crash_at):
-    FaissIndex.build(built.store, "Flat")
+    index_keys(built.store, "Flat")
     knn = writable(built.encoder, built.store)
     reference = knn.predict(QUESTION, subject=SUBJECT, top_k=3)
     targets = {
@@ -126,7 +127,7 @@ def test_cli_index_add_remove(tmp_path, built, monkeypatch):
 def test_a_store_made_before_the_commit_point_answers_unchanged_and_its_first_writer_commits_the_listing(built):
     """A datastore whose index parts were never committed (made before SQLite listed them) is read by its listing;
     the first write commits that listing, and what no list names is deleted only then."""
-    FaissIndex.build(built.store, "Flat")
+    index_keys(built.store, "Flat")
     built.add_documents([FRESH])  # a TF-IDF segment and a FAISS part beside the base ones
     reference = {r: built.predict(QUESTION, subject=SUBJECT, retrieval=r, top_k=3) for r in ("ir", "faiss")}
     path = built.store.path
@@ -157,7 +158,7 @@ def test_keys_converted_to_a_codec_are_read_from_the_codes_and_take_adds_removes
     assert not (path / "keys.f16").exists() and (path / "keys.codes").stat().st_size == size * dim
     step = (before.max(axis=0) - before.min(axis=0)) / 255  # SQ8, trained on every key of this small store
     assert (np.abs(reader.store.keys[np.arange(size)] - before) <= step / 2 + 1e-3).all()
-    FaissIndex.build(reader.store, "Flat")  # FAISS reads the keys through the codec
+    index_keys(reader.store, "Flat")  # FAISS reads the keys through the codec
     reader = BertKNN.load(path, str(built.encoder.name))
     added = reader.add_documents([FRESH])  # new keys encoded with the stored codec
     assert (path / "keys.codes").stat().st_size == (size + added) * dim

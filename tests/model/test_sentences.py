@@ -27,7 +27,7 @@ from bertknn.query.pipeline import BertKNN
 from bertknn.query.settings import PAPER, Settings
 from bertknn.query.words import Words, scored
 from bertknn.text import clause, without_names
-from tests.conftest import CountingSentences, write_corpus
+from tests.conftest import CountingSentences, index_keys, write_corpus
 from tests.tolerances import FLOAT64_RTOL, MODEL_RTOL, assert_ranking_close
 
 
@@ -332,7 +332,6 @@ def test_predict_embeds_the_questions_text_beside_the_lms_pass_where_its_documen
     """The document search knows a question's documents before the LM's pass: its text (their names out) is
     embedded meanwhile, on its own thread, and not again with the evidence; the answers are those made without it.
     FAISS finds the documents from the state: the text comes with the evidence."""
-    from bertknn.index.faiss_index import FaissIndex
 
     docs = [
         {"id": "a", "title": "Maren Holtby", "text": "Holtby was born in Bergen. Holtby died in Oslo."},
@@ -340,7 +339,7 @@ def test_predict_embeds_the_questions_text_beside_the_lms_pass_where_its_documen
         {"id": "c", "title": "Lyon", "text": "Lyon is a city in France. It lies on the Rhone."},
     ]
     knn = BertKNN.build(write_corpus(tmp_path / "c.jsonl", docs), tmp_path / "s", encoder)
-    FaissIndex.build(knn.store, "Flat")
+    index_keys(knn.store, "Flat")
     knn.refresh()
     counting = CountingSentences(knn.sentence_match.encoder)
     knn.sentence_match._encoder = counting

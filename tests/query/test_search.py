@@ -9,9 +9,9 @@ from bertknn.evaluation.facts import Fact
 from bertknn.evaluation.metrics import rank_of
 from bertknn.evaluation.run import evaluate_facts
 from bertknn.evaluation.tune import cache_facts
-from bertknn.index.faiss_index import FaissIndex
 from bertknn.query import search
 from bertknn.query.settings import PAPER
+from tests.conftest import index_keys
 
 from ..tolerances import assert_neighbours_close
 
@@ -60,7 +60,7 @@ def test_documents_chosen_ahead_are_searched_without_choosing_them_again(built, 
 
 
 def test_faiss_and_merged_search_over_a_flat_index_equal_brute_force_over_everything(built):
-    FaissIndex.build(built.store, "Flat")
+    index_keys(built.store, "Flat")
     built.refresh()
     state = _state(built, QUESTION)
     settings = PAPER.replace(k=9)

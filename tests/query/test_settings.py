@@ -157,15 +157,15 @@ def test_the_library_keeps_its_keyword_interface(built):
 
 
 def test_tuned_values_stored_with_the_datastore_replace_the_papers(built):
-    with built.store.writing():
-        built.store.writer.set_manifest(tuned={"hparams": {"n_docs": 1, "k": 64, "temperature": 34.51, "lam": 0.6}})
+    with built.writer.commit() as store:
+        store.writer.set_manifest(tuned={"hparams": {"n_docs": 1, "k": 64, "temperature": 34.51, "lam": 0.6}})
     tuned = BertKNN(built.encoder, built.store)  # stored before tune searched the mixture: tuned for the linear one
     assert tuned.settings == DEFAULT.replace(n_docs=1, k=64, temperature=34.51, lam=0.6, mixture="linear")
     assert BertKNN(built.encoder, built.store, lam=0.3).settings.lam == 0.3  # arguments replace the tuned values
     tag = f"n1-k64-T34.51-l0.6-dt{DOC_TEMPERATURE}-st0.015-ct1.25-f0.4-named-linked"
     assert results_name(tuned, "full") == f"results-L{built.store.manifest.layer}-{tag}-full.jsonl"
-    with built.store.writing():
-        built.store.writer.set_manifest(tuned={"hparams": {"lam": 7}})
+    with built.writer.commit() as store:
+        store.writer.set_manifest(tuned={"hparams": {"lam": 7}})
     with pytest.raises(
         DatastoreError, match=r"holds bad tuned hyperparameters \(lam must be a number in \[0, 1\], not 7\)"
     ):

@@ -103,6 +103,7 @@ def machine(cli, base: Path, workdir: Path):
             self.held = set(self.live)  # every id the store ever held (removing one again is not an error)
             self.killed: tuple | None = None  # the last command, when it was killed: (rule, arguments)
             self.reader: BertKNN | None = None
+            self.seen: dict[str, str] = {}  # the live documents of the commit the reader holds
             RUN["runs"] += 1
 
         def teardown(self) -> None:
@@ -183,19 +184,27 @@ def machine(cli, base: Path, workdir: Path):
             """A reader opened now and kept: the next questions are asked across later commits."""
             if self.reader is not None:
                 self.reader.store.close()
-            self.reader = BertKNN.load(self.store, read_only=True, runtime="torch")
+            self.reader, self.seen = BertKNN.load(self.store, read_only=True, runtime="torch"), dict(self.live)
+
+        @precondition(lambda self: self.reader is not None)
+        @rule()
+        def reopen_reader(self) -> None:
+            """The reader moved to the latest commit (`refresh`, as a service does before each batch)."""
+            self.reader.refresh()
+            self.seen = dict(self.live)
 
         @precondition(lambda self: self.reader is not None)
         @rule(i=st.integers(0, len(IDS) - 1))
         def ask(self, i: int) -> None:
-            """A question about s`i` to the reader opened before: answered from live documents' current text."""
+            """A question about s`i` to the reader opened before: answered from the documents of the commit it holds,
+            whatever was committed since, never from a mix of two."""
             name = NAMES[i]
             p = self.reader.predict(f"{name} was born in [MASK] .", subject=name, top_k=3, evidence=10)
             for shown in p.evidence.values():
                 for neighbour in shown:
-                    assert neighbour.doc_id in self.live, (neighbour, self.live)
-                    assert neighbour.sentence in TEXTS[self.live[neighbour.doc_id]], (neighbour, self.live)
-            assert (name in p.documents) == (IDS[i] in self.live), (p.documents, self.live)
+                    assert neighbour.doc_id in self.seen, (neighbour, self.seen)
+                    assert neighbour.sentence in TEXTS[self.seen[neighbour.doc_id]], (neighbour, self.seen)
+            assert (name in p.documents) == (IDS[i] in self.seen), (p.documents, self.seen)
 
         @rule(kind=st.sampled_from(["truncate", "flip"]))
         def damage_and_repair(self, kind: str) -> None:
@@ -213,6 +222,8 @@ def machine(cli, base: Path, workdir: Path):
             result = self._run(["repair", self.store], None)
             assert result.rc == 0, result.describe() + result.text[-2000:]
             self._settle(self.live, self.live, killed=False, refused=False)
+            if self.reader is not None:  # it may have read the damaged file: moved to the repair's commit
+                self.reopen_reader()
 
         @invariant()
         def agrees_with_the_model(self) -> None:
@@ -290,10 +301,15 @@ def test_a_removed_document_does_not_come_back_with_a_later_add(sequences):
     assert "s1" not in sequences.live
 
 
-def test_a_reader_opened_before_a_commit_answers_after_it(sequences):
+def test_a_reader_opened_before_a_commit_answers_from_its_commit_until_it_is_reopened(sequences):
     sequences.open_reader()
     sequences.ask(2)
     sequences.add({2}, variant=3, replace=True, kill_at=None)  # another process replaces s2: a commit
     sequences.add({5}, variant=1, replace=False, kill_at=None)
-    for i in (2, 5, 0):  # the reader's memory maps were made before both commits: asked after them, it reads them
+    sequences.remove({0}, kill_at=None)
+    assert sequences.seen != sequences.live
+    for i in (2, 5, 0):  # the reader holds the commit it was opened on: s2's old text, no s5, s0 still there
+        sequences.ask(i)
+    sequences.reopen_reader()
+    for i in (2, 5, 0):  # reopened, it reads the three commits
         sequences.ask(i)

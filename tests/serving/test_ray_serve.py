@@ -12,6 +12,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from bertknn.query.pipeline import BertKNN  # noqa: E402
+from tests.conftest import index_keys  # noqa: E402
 
 from .. import ray_cluster  # noqa: E402
 from ..tolerances import assert_ranking_close  # noqa: E402
@@ -34,7 +35,7 @@ def served(built):
     path, _, _ = built
     local = BertKNN.load(path / "sharded")
     if not isinstance(local.faiss, ShardedFaiss):  # no FAISS index yet: make one here
-        ShardedFaiss.build(local.store, "Flat")
+        index_keys(local.store, "Flat")
         local.refresh()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

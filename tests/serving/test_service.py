@@ -10,10 +10,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bertknn import BertKNN
-from bertknn.index.faiss_index import FaissIndex
 from bertknn.query.pipeline import Query
 from bertknn.serving.batching import MicroBatcher
 from bertknn.serving.service import create_app
+from tests.conftest import index_keys
 
 from ..tolerances import assert_ranking_close
 
@@ -231,7 +231,7 @@ def test_faiss_retrieval_option(built):
     with TestClient(create_app(built), base_url=BASE) as c:
         response = c.post("/predict", json={**ILSA, "options": {"retrieval": "faiss"}})
         assert response.status_code == 422 and "no FAISS index" in response.json()["detail"]
-    FaissIndex.build(built.store, "Flat")
+    index_keys(built.store, "Flat")
     knn = BertKNN(built.encoder, built.store)
     with TestClient(create_app(knn), base_url=BASE) as c:
         answer = c.post("/predict", json={**ILSA, "options": {"retrieval": "faiss", "k": 4}}).json()

@@ -15,6 +15,7 @@ from bertknn.serving.service import create_app
 from bertknn.store.datastore import Datastore
 from bertknn.store.writer import DatastoreWriter
 from bertknn.text import CorpusError, parse_document
+from tests.conftest import held_elsewhere
 
 from ..conftest import full_after
 
@@ -75,8 +76,7 @@ def test_an_add_does_not_stall_questions(writable, monkeypatch):
 
 def test_a_write_while_another_process_writes_gets_503(writable, built, monkeypatch):
     monkeypatch.setattr(svc, "SERVICE_WAIT_S", 0.2)
-    holder = Datastore(built.store.path)
-    with holder.writing():
+    with held_elsewhere(built.store.path):
         response = writable.post("/documents", json=FRESH)
         assert response.status_code == 503 and response.headers["retry-after"] == "5"
         assert "one writer at a time" in response.json()["detail"]
@@ -151,7 +151,7 @@ def test_error_details_name_no_server_path(writable, built, monkeypatch):
     conflict = writable.post("/documents", json={**FRESH, "id": "d1"})
     assert conflict.status_code == 409 and "are in store with other text" in conflict.json()["detail"]
     monkeypatch.setattr(svc, "SERVICE_WAIT_S", 0.2)
-    with Datastore(built.store.path).writing():
+    with held_elsewhere(built.store.path):
         busy = writable.delete("/documents/d1")
     assert busy.status_code == 503 and busy.json()["detail"].startswith("store is being written by")
     assert not [r.text for r in (missing, conflict, busy) if server in r.text]

@@ -20,6 +20,7 @@ from bertknn.store.atomic import write_json
 from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.verify import verify
 from bertknn.store.writer import DatastoreWriter
+from bertknn.store.writers import open_writer
 from tests.conftest import write_corpus
 from tests.tolerances import MODEL_ATOL
 
@@ -46,11 +47,11 @@ def _rows(store: Datastore) -> Counter:
 
 def _made_before(path) -> None:
     """Make a built store look like one made before evidence vectors: no table, no manifest field."""
-    with Datastore(path) as store, store.writing():
-        with store.db:
-            store.db.execute("DROP TABLE evidence")
-        store.writer.set_manifest(**{evidence.FIELD: None})
-        write_json(path / "manifest.json", store.manifest)  # and the file as a store made before kept it
+    with open_writer(path) as writer, writer.commit():
+        with writer.db:
+            writer.db.execute("DROP TABLE evidence")
+        writer.set_manifest(**{evidence.FIELD: None})
+        write_json(path / "manifest.json", writer.store.manifest)  # and the file as a store made before kept it
 
 
 def test_four_bits_with_a_scale_per_vector_round_each_value_by_at_most_half_a_step():
@@ -94,10 +95,10 @@ def test_remove_releases_the_references_and_drops_the_texts_no_entry_uses(built)
 
 
 def test_an_append_that_lacks_the_evidence_the_store_holds_is_refused(built):
-    store, size = built.store, built.store.size
-    with store.writing(), pytest.raises(DatastoreError, match="lacks them: nothing was stored"):
+    size = built.store.size
+    with built.writer.commit() as store, pytest.raises(DatastoreError, match="lacks them: nothing was stored"):
         store.writer.append([0], [(0, 0, "x")], np.zeros((1, store.dim)), np.zeros(1, np.int32), [np.array([[0, 1]])])
-    assert store.size == size
+    assert built.store.size == built.writer.store.size == size
 
 
 def test_prune_and_convert_keys_keep_the_evidence(tmp_path, encoder):
@@ -110,7 +111,8 @@ def test_prune_and_convert_keys_keep_the_evidence(tmp_path, encoder):
     ids = list(_rows(pruned))
     assert pruned.evidence.blobs(ids) == source.evidence.blobs(ids)  # copied, not embedded again
     before = dict(source.db.execute("SELECT id, vector FROM evidence"))
-    Writer(source).convert_keys("SQ8", train_size=source.size)
+    with Writer(source) as writer:
+        writer.convert_keys("SQ8", train_size=source.size)
     assert dict(Datastore(source.path).db.execute("SELECT id, vector FROM evidence")) == before
 
 
@@ -118,9 +120,9 @@ def test_verify_names_entries_without_their_vectors_and_vectors_of_the_wrong_siz
     store = built.store
     assert not verify(store.path).problems
     (first,) = store.evidence.ids([0])[0][:1]
-    with store.writing(), store.db:
-        store.db.execute("DELETE FROM evidence WHERE id = ?", (int(first),))
-        store.db.execute("UPDATE evidence SET vector = x'0000' WHERE id = (SELECT max(id) FROM evidence)")
+    with built.writer.commit() as written, written.db:
+        written.db.execute("DELETE FROM evidence WHERE id = ?", (int(first),))
+        written.db.execute("UPDATE evidence SET vector = x'0000' WHERE id = (SELECT max(id) FROM evidence)")
     problems = " ".join(verify(store.path).problems)
     assert "entries checked lack their evidence vectors (the first: entry 0)" in problems
     assert "1 evidence vectors have the wrong size" in problems
@@ -155,11 +157,13 @@ def test_a_store_made_before_answers_as_before_until_bertknn_sentences_fills_it(
         fill(self, stop, found)
 
     monkeypatch.setattr(DatastoreWriter, "fill_evidence", killed)
-    with pytest.raises(KeyboardInterrupt):
-        build_evidence.fill(old.store, encoder.runtime)
+    with pytest.raises(KeyboardInterrupt), open_writer(old.store) as writer:
+        build_evidence.fill(writer.store, encoder.runtime)
     monkeypatch.undo()
     assert old.store.evidence.filled == 7 and old.store.evidence.model is None
-    assert build_evidence.fill(old.store, encoder.runtime) == old.store.size - 7  # goes on from there
+    with open_writer(old.store) as writer:
+        assert build_evidence.fill(writer.store, encoder.runtime) == old.store.size - 7  # goes on from there
+    old.store.reopen_if_changed()
     assert old.store.evidence.model == SENTENCE_MODEL and _rows(old.store) == _references(old.store)
     again = BertKNN(encoder, old.store).predict_batch(QUESTIONS, SUBJECTS, top_k=3, evidence=0)  # opened again
     # the first answers: vectors embedded in other batches than the build's may round to another 4-bit code (model

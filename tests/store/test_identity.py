@@ -18,6 +18,7 @@ from bertknn.ingest.ingester import Writer
 from bertknn.ingest.repair import repair
 from bertknn.store import verify as checks
 from bertknn.store.datastore import Datastore, DatastoreError
+from bertknn.store.writers import open_writer
 
 from ..conftest import SMALL_DOCS, write_corpus
 
@@ -107,7 +108,7 @@ def test_an_interrupted_writer_s_commits_past_the_seal_are_sound(two):
     """store.sqlite that counts more commits than the checksums were sealed at: a writer killed after committing,
     before its seal (tests/reliability/test_kill.py kills at every step); sound, and the next writer seals it."""
     a, _, _ = two
-    with Datastore(a) as store, store.writing() as writer:
+    with open_writer(a) as writer, writer.commit():
         writer.write_meta("probe", "1")
         commits = int(_meta(a, "commits"))
         sealed = json.loads((a / "checksums.json").read_text())["meta"]["commits"]
@@ -118,7 +119,7 @@ def test_an_interrupted_writer_s_commits_past_the_seal_are_sound(two):
 
 def test_every_write_transaction_counts_one_commit(two):
     a, _, _ = two
-    with Datastore(a) as store, store.writing() as writer:
+    with open_writer(a) as writer, writer.commit():
         before = int(_meta(a, "commits"))
         writer.write_meta("x", "1")
         writer.write_meta("x", "2")

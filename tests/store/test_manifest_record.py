@@ -15,6 +15,7 @@ import pytest
 from bertknn import BertKNN, DatastoreError
 from bertknn.store.datastore import Datastore, read_committed
 from bertknn.store.manifest import COMMITTED, RECORD
+from bertknn.store.writers import open_writer
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -41,23 +42,23 @@ def test_a_change_is_one_sqlite_commit_that_other_readers_take_in(built):
     file = (path / "manifest.json").read_bytes()
     reader = Datastore(path)
     tuned = {"hparams": {"k": 64}, "dev": "a test", "P@1": 50.0}
-    with Datastore(path) as store, store.writing() as writer:
-        writer.set_manifest(tuned=tuned)
+    with built.writer.commit() as store:
+        store.writer.set_manifest(tuned=tuned)
         with pytest.raises(ValueError, match=r"manifest fields \['layer'\] are fixed when a datastore is created"):
-            writer.set_manifest(layer=2, tuned={})
+            store.writer.set_manifest(layer=2, tuned={})
         assert store.manifest["tuned"] == tuned
     assert (path / "manifest.json").read_bytes() == file
-    assert "tuned" not in reader.manifest
-    reader.reload()
+    assert "tuned" not in reader.manifest  # a reader holds its commit until reopened
+    assert reader.reopen_if_changed() and not reader.reopen_if_changed()
     assert reader.manifest["tuned"] == tuned and reader.manifest.layer == built.store.manifest.layer
     assert _record(path)["tuned"] == tuned
     reader.close()
 
 
 def test_a_field_set_to_none_is_removed(built):
-    with Datastore(built.store.path) as store, store.writing() as writer:
-        writer.set_manifest(key_codec_pending="SQ8")
-        writer.set_manifest(key_codec_pending=None)
+    with built.writer.commit() as store:
+        store.writer.set_manifest(key_codec_pending="SQ8")
+        store.writer.set_manifest(key_codec_pending=None)
     assert "key_codec_pending" not in Datastore(built.store.path).manifest
     assert _record(built.store.path)["key_codec_pending"] is None
 
@@ -68,7 +69,7 @@ def test_a_store_made_before_the_record_reads_its_file_and_its_first_change_comm
     assert _record(path) is None and written["status"] == "complete"
     with Datastore(path) as store:
         assert dict(store.manifest) == written
-        with store.writing() as writer:
+        with open_writer(path) as writer:
             writer.set_manifest(tuned={"hparams": {"k": 32}})
     again = read_committed(path)
     assert again == {**written, "tuned": {"hparams": {"k": 32}}}

@@ -35,22 +35,31 @@ def test_a_title_s_names_are_itself_its_aliases_and_its_parts():
         parse_document({"id": "a", "title": "A", "text": "x", "aliases": "B"}, "here")
 
 
-def test_writers_keep_the_rows_a_rebuild_from_the_documents_makes(tmp_path, encoder, built):
+def test_writers_keep_the_rows_a_rebuild_from_the_documents_makes_and_those_a_held_commit_reads(
+    tmp_path, encoder, built
+):
     knn = writable(encoder, built.store)
     knn.add_documents([{"id": "b1", "title": "Anna Berg", "text": "Anna Berg sang.", "aliases": ["Annie"]}])
     knn.add_documents([{"id": "b2", "title": "Tomas Berg", "text": "Tomas Berg sang."}])
     knn.add_documents([{"id": "b3", "title": "Lena Berg", "text": "Lena Berg sang."}])  # a third title
-    knn.remove_documents(["b2"])  # its parts go: "tomas" and "berg" of Tomas Berg; its title's row stays
+    knn.remove_documents(["b2"])  # its rows stay, read by no lookup: a reader holding an earlier commit reads them
     knn.add_documents([{"id": "b1", "title": "Anna Berg", "text": "Anna Berg sang twice."}], replace=True)
     written = _rows(built.store.path)
     assert ("annie", "anna berg", ALIAS) in written and ("tomas berg", "tomas berg", TITLE) in written
     assert [r for r in written if r[0] in ("berg", "tomas")] == [
         ("berg", "anna berg", PART),
         ("berg", "lena berg", PART),
+        ("berg", "tomas berg", PART),
+        ("tomas", "tomas berg", PART),
     ]
+    spans = ["berg", "tomas", "tomas berg", "annie", "lena"]
+    found = names.lookup(knn.store.db, spans)
     with sqlite3.connect(built.store.path / "store.sqlite") as db:
-        rebuild(db)
-    assert _rows(built.store.path) == written
+        rebuild(db)  # the parts of a title whose documents are all removed are left out
+    assert _rows(built.store.path) == [
+        r for r in written if r not in (("berg", "tomas berg", PART), ("tomas", "tomas berg", PART))
+    ]
+    assert names.lookup(knn.store.db, spans) == found  # the same links
 
 
 def test_a_part_that_added_documents_shared_names_its_title_again_once_they_are_removed(encoder, built):

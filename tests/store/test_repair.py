@@ -22,6 +22,8 @@ from bertknn.ingest.repair import Unrepairable, rebuild_commands, repair
 from bertknn.store import verify as checks
 from bertknn.store.datastore import Datastore, read_committed
 from bertknn.store.shards import ShardedDatastore
+from bertknn.store.writers import open_writer
+from tests.conftest import held_elsewhere, index_keys
 
 from ..conftest import SMALL_DOCS
 from ..sharded_store import make_sharded
@@ -56,8 +58,9 @@ def _search(store: Datastore, query: np.ndarray) -> tuple[list[int], np.ndarray]
 @pytest.fixture()
 def indexed(built):
     """The small corpus with an IVF index of non-default settings and one added document (a tfidf_add_ segment)."""
-    FaissIndex.build(built.store, "IVF2,Flat", train_size=40, nprobe=2, seed=7)
+    index_keys(built.store, "IVF2,Flat", train_size=40, nprobe=2, seed=7)
     built.add_documents([FRESH])
+    built.writer.close()  # the lock goes: the commands below are other processes' writers
     return built.store.path
 
 
@@ -114,8 +117,8 @@ def test_a_cleanup_that_fails_after_the_commit_says_the_repair_is_committed_and_
 def test_without_settings_or_their_copy_the_index_is_built_with_the_defaults_and_says_so(indexed):
     with sqlite3.connect(indexed / "store.sqlite") as db:  # an index built before SQLite kept a copy of its settings
         db.execute("DELETE FROM meta WHERE key = ?", (faiss_files.SETTINGS_COPY,))
-    with Datastore(indexed, check=False) as edited, edited.writing(check_tails=False):
-        pass  # the edit above is not damage: the write's end records store.sqlite's checksums anew
+    with open_writer(indexed, check_tails=False) as writer, writer.commit():
+        pass  # the edit above is not damage: the commit's end records store.sqlite's checksums anew
     (indexed / "faiss.json").unlink()
     (line,) = Writer(Datastore(indexed, check=False)).repair().rebuilt
     assert "Flat with nprobe 16, its settings from the defaults of `bertknn index`" in line
@@ -184,8 +187,7 @@ def test_a_lost_manifest_is_refused_with_the_settings_sqlite_keeps(indexed):
 
 
 def test_repair_waits_for_another_writer(indexed):
-    store = Datastore(indexed)
-    with store.writing():
+    with held_elsewhere(indexed):  # another process's writer
         result = CliRunner().invoke(app, ["repair", str(indexed), "--wait", "0.2"])
     assert result.exit_code == 2 and "one writer at a time" in result.output.replace("\n", " ")
 
@@ -193,7 +195,7 @@ def test_repair_waits_for_another_writer(indexed):
 def test_a_sharded_datastore_is_repaired_shard_by_shard_with_its_one_quantizer(tmp_path, encoder):
     path = make_sharded(tmp_path / "sharded", encoder, [SMALL_DOCS[:3], SMALL_DOCS[3:]])
     sharded = ShardedDatastore(path)
-    ShardedFaiss.build(sharded, "IVF2,Flat", train_size=40, nprobe=2)
+    index_keys(sharded, "IVF2,Flat", train_size=40, nprobe=2)
     query = np.asarray(sharded.keys[[5]], np.float32)[0]
     expected = ShardedFaiss.load(sharded).search(query, 6)
     first, second = sharded.shards[0].path, sharded.shards[1].path

@@ -13,6 +13,7 @@ import pytest
 from bertknn import BertKNN
 from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, is_sharded, open_store
+from bertknn.store.writers import open_writer
 
 from ..conftest import SMALL_DOCS, writable, write_corpus
 from ..sharded_store import make_sharded, reader_counts, true_counts
@@ -135,8 +136,9 @@ def test_split_documents_gives_each_shard_its_own_numbers():
 def test_split_documents_of_the_store_s_hidden_documents(fresh):
     single, sharded = fresh
     for store in (single, sharded):
-        with store.writing() as writer:
+        with open_writer(store) as writer:
             writer.remove(["d2", "d6"])
+        store.reopen_if_changed()
     assert sharded.documents.hidden().tolist() == single.documents.hidden().tolist() == [1, 5]
     assert [s.tolist() for s in sharded.split_documents(sharded.documents.hidden())] == [[1], [], [2]]
 
@@ -170,19 +172,21 @@ def test_states_and_removals_across_shards_equal_one_datastore_s(fresh):
         == {"d1": "live", "d3": "live", "d5": "live", "d6": "live"}
     )
     unknown = pytest.raises(DatastoreError, match=r"no document with id 'nope' in .*; nothing was removed")
-    with unknown, sharded.writing() as writer:
+    with unknown, open_writer(sharded) as writer:
         writer.remove(["d1", "nope"])
     assert sharded.documents.states(["d1"]) == {"d1": "live"}
-    with sharded.writing() as writer:
+    with open_writer(sharded) as writer:
         assert writer.remove(["d5", "d1"]) == (["d1", "d5"], [])  # shard by shard
-    with single.writing() as writer:
+    with open_writer(single) as writer:
         writer.remove(["d5", "d1"])
+    for store in (single, sharded):
+        store.reopen_if_changed()
     assert sharded.documents.states(ids) == single.documents.states(ids) == {"d3": "live", "d6": "live"}
     assert sharded.documents.hidden().tolist() == single.documents.hidden().tolist() == [0, 4]
     assert sharded.documents.count_live() == single.documents.count_live() == 4
     assert sharded.documents.find_titles("ilsa varnhold") == single.documents.find_titles("ilsa varnhold") == []
     assert sharded.documents.live_digests(["d3", "d1"]) == single.documents.live_digests(["d3", "d1"])
-    with sharded.writing() as writer:
+    with open_writer(sharded) as writer:
         assert writer.remove(["d1", "d3"]) == (["d3"], ["d1"])  # removed before: reported, not refused
     top = ShardedDatastore(sharded.path).manifest  # a new reader's counts are the shards'
     assert (top["documents"], top["live_documents"]) == (6, 3)

@@ -17,6 +17,7 @@ from bertknn.query.pipeline import BertKNN
 from bertknn.store.datastore import DatastoreError
 from bertknn.store.protocol import DocumentReads, Store
 from bertknn.store.shards import ShardedDatastore
+from bertknn.store.writers import open_writer
 
 from ..conftest import SMALL_DOCS, write_corpus
 from ..sharded_store import make_sharded
@@ -41,19 +42,19 @@ def _parameters(function) -> list[tuple]:
 
 
 def test_the_protocol_lists_what_the_service_needs():
-    assert {"documents", "size", "n_documents", "keys", "writing", "writer", "manifest"} <= set(MEMBERS)
-    assert {"writing", "close"} <= METHODS and not {"size", "documents"} & METHODS
+    assert {"documents", "size", "n_documents", "keys", "writer", "manifest"} <= set(MEMBERS)
+    assert {"reopen_if_changed", "paused", "close"} <= METHODS and not {"size", "documents"} & METHODS
     assert {"count_live", "states", "provenance", "ranges", "of"} <= set(READS)
 
 
 @pytest.mark.parametrize("name", MEMBERS)
 def test_both_datastores_have_every_member_of_the_protocol(stores, name):
     for kind, store in stores.items():
-        if name == "writer":  # its writes: only while `writing()` holds the writer lock
-            with pytest.raises(DatastoreError, match="a write outside"):
+        if name == "writer":  # a reader never writes: its writer's own view answers it
+            with pytest.raises(DatastoreError, match="is opened for reading and never writes"):
                 _ = store.writer
-            with store.writing() as writer:
-                assert store.writer is writer or type(store.writer) is type(writer)
+            with open_writer(store) as writer:
+                assert writer.store.writer is writer and type(writer.store) is type(store)
             continue
         assert hasattr(store, name), f"{kind} has no {name}"
         if name in METHODS:

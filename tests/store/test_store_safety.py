@@ -12,12 +12,13 @@ from typer.testing import CliRunner
 
 from bertknn import BertKNN, DatastoreError
 from bertknn.cli import app
-from bertknn.index.faiss_index import FaissIndex
 from bertknn.ingest import builder
 from bertknn.query.settings import PAPER
 from bertknn.store import verify as checks
 from bertknn.store.datastore import Datastore, read_committed
 from bertknn.store.writer import DatastoreWriter
+from bertknn.store.writers import open_writer
+from tests.conftest import held_elsewhere, index_keys
 
 from ..conftest import writable, write_corpus
 
@@ -114,25 +115,22 @@ def test_build_into_a_file_is_refused(tmp_path, small_corpus, encoder):
 
 
 def test_one_writer_at_a_time(built, tmp_path):
-    other = Datastore(built.store.path)
-    with (
-        built.store.writing(),
-        pytest.raises(DatastoreError, match=r"being written by pid \d+.*one writer at a time"),
-        other.writing(),
-    ):
-        pass
-    with other.writing() as writer:  # free again once the first writer is done
+    path = built.store.path
+    busy = pytest.raises(DatastoreError, match=r"being written by pid \d+.*one writer at a time")
+    with held_elsewhere(path), busy:  # another process's writer
+        open_writer(path)
+    with open_writer(path) as writer:  # free again once the other writer is done
         writer.remove(["d1"])
     more = write_corpus(tmp_path / "more.jsonl", [FRESH])
-    add = ["add", str(built.store.path), str(more), "--backend", "torch", "--threads", "1"]
-    with built.store.writing():
+    add = ["add", str(path), str(more), "--backend", "torch", "--threads", "1"]
+    with held_elsewhere(path):
         result = CliRunner().invoke(app, [*add, "--wait", "0.2"])
     assert result.exit_code == 2 and "one writer at a time" in result.output.replace("\n", " ")
     assert "waiting up to 0.2 s for pid" in result.output
     holding, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with Datastore(built.store.path).writing():
+        with held_elsewhere(path):
             holding.set()
             release.wait(60)
 
@@ -147,7 +145,7 @@ def test_one_writer_at_a_time(built, tmp_path):
 
 def test_a_reader_takes_in_another_process_commits(built, tmp_path):
     writer = BertKNN.load(built.store.path, str(built.encoder.name))
-    FaissIndex.build(writer.store, "Flat")
+    index_keys(writer.store, "Flat")
     writer.add_documents([FRESH])
     assert built.refresh() and built.faiss is not None
     assert _top(built) == "tallinn" and _top(built, "faiss") == "tallinn"
@@ -166,7 +164,7 @@ def _damage(path, offset: int, data: bytes) -> None:
 
 @pytest.fixture()
 def indexed(built):
-    FaissIndex.build(built.store, "Flat")
+    index_keys(built.store, "Flat")
     built.add_documents([FRESH])
     return built.store.path
 
@@ -266,7 +264,7 @@ def test_non_finite_keys_and_foreign_values_never_reach_an_answer(built, tmp_pat
 
 
 def test_an_interrupted_writer_is_not_taken_for_damage(built, monkeypatch):
-    FaissIndex.build(built.store, "Flat")
+    index_keys(built.store, "Flat")
     with monkeypatch.context() as patch:
         patch.setattr(DatastoreWriter, "publish", lambda self, **parts: (_ for _ in ()).throw(KeyboardInterrupt))
         with pytest.raises(KeyboardInterrupt):
@@ -282,7 +280,7 @@ def test_a_writer_never_records_damage_as_sound(built, tmp_path):
     path = shutil.copytree(built.store.path, tmp_path / "s")
     segment = path / "tfidf_logtf.npy"
     _damage(segment, segment.stat().st_size - 4, b"\x00\x00\x80\x7f")  # after the open check, before a writer
-    with Datastore(path, check=False).writing() as writer:
+    with open_writer(path) as writer:
         writer.remove(["d5"])
     assert any("tfidf_logtf.npy block 0" in p for p in checks.verify(path).problems)  # still reported
     keys = path / "keys.f16"
@@ -301,5 +299,5 @@ def test_a_rebuilt_faiss_index_is_taken_in_after_damage(indexed, built):
         _top(knn, "faiss")
     faiss_file.unlink()
     (indexed / "faiss.json").unlink()
-    FaissIndex.build(Datastore(indexed, check=False), "Flat")  # as `bertknn index` in another process
+    index_keys(Datastore(indexed, check=False), "Flat")  # as `bertknn index` in another process
     assert knn.refresh() and _top(knn, "faiss") == "tallinn"

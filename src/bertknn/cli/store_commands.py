@@ -162,8 +162,8 @@ def _build_on_ray(
     with phase_progress() as report:
         top = distributed.build(corpus, out, model, layer, workers, shard_docs, address, runtime, report)
         if key_codec != "float16":
-            with ShardedDatastore(out) as store:
-                Writer(store).convert_keys(key_codec, progress=lambda done, total: report("encoding", done, total))
+            with ShardedDatastore(out) as store, Writer(store) as writer:
+                writer.convert_keys(key_codec, progress=lambda done, total: report("encoding", done, total))
     console.print(
         f"sharded datastore {shown(str(out))}: {len(top['shards'])} shards, {top['documents']:,} documents, "
         f"{top['entries']:,} contexts, model {shown(str(top['model']))}, layer {top['layer']} "
@@ -237,7 +237,7 @@ def index(
         from bertknn.ingest.distributed import start_ray
 
         start_ray(address)
-    with _writer_wait(datastore, wait), phase_progress() as report:
+    with _writer_wait(datastore, wait), phase_progress() as report, writer:
         report("indexing", 0, writer.store.size)
         built = writer.index_keys(
             factory, train_size, nprobe, progress=lambda done, total: report("indexing", done, total), **options
@@ -264,12 +264,12 @@ def sentences(
     the sentence encoder, so that its questions weigh their neighbours' sentences (a datastore built or added to now
     stores them as it goes; until then its questions are answered without the weights). Rerun to resume."""
     from bertknn.ingest.evidence_encoding import fill
-    from bertknn.store.shards import open_store, stores
+    from bertknn.store.shards import stores
+    from bertknn.store.writers import open_writer
 
-    began, store = time.time(), open_store(datastore)
-    filled = 0
-    with phase_progress() as report:
-        for shard in stores(store):
+    began, filled = time.time(), 0
+    with phase_progress() as report, open_writer(datastore) as writer:
+        for shard in stores(writer.store):
             filled += fill(shard, backend, lambda done, total: report("embedding", done, total))
     console.print(
         f"evidence vectors stored for {filled:,} entries of {shown(str(datastore))} ({time.time() - began:,.0f}s); "
@@ -301,7 +301,7 @@ def convert_keys(
 
     writer = Writer(open_store(datastore))
     began, before = time.time(), writer.store.keys_file()
-    with _writer_wait(datastore, wait), phase_progress() as report:
+    with _writer_wait(datastore, wait), phase_progress() as report, writer:
         report("encoding", 0, writer.store.size)
         writer.convert_keys(key_codec, train_size, progress=lambda done, total: report("encoding", done, total))
     name, width = writer.store.keys_file()
@@ -372,7 +372,7 @@ def add(
     _note_skipped(source)
     docs = list(source)  # the whole corpus is read first: a bad line changes nothing
     writer = Writer.open(datastore, runtime=backend)
-    with _writer_wait(datastore, wait), phase_progress() as report:
+    with _writer_wait(datastore, wait), phase_progress() as report, writer:
         added = writer.add_documents(
             docs, skip_existing=True, progress=lambda n: report("embedding", n, len(docs)), replace=replace
         )
@@ -405,8 +405,8 @@ def remove(
     from bertknn.ingest.ingester import Writer
     from bertknn.store.shards import open_store
 
-    with _writer_wait(datastore, wait):
-        removed, before = Writer(open_store(datastore)).remove_documents(doc)
+    with _writer_wait(datastore, wait), Writer(open_store(datastore)) as writer:
+        removed, before = writer.remove_documents(doc)
     console.print(
         f"removed {len(removed)} document(s) from {shown(str(datastore))}"
         + (f"; already removed before: {shown(', '.join(before))}" if before else "")

@@ -104,10 +104,11 @@ def working_copy(reader, in_place: bool = False, workdir: str | Path | None = No
     source = Path(reader.store.path)
     with tempfile.TemporaryDirectory(prefix="bertknn-edits-", dir=workdir) as tmp:
         store = open_store(copy_datastore(source, Path(tmp) / source.name))
+        copy = type(reader)(reader.encoder, store, settings=reader.settings, writer=Writer(store, reader.encoder))
         try:
-            yield type(reader)(reader.encoder, store, settings=reader.settings, writer=Writer(store, reader.encoder))
+            yield copy
         finally:
-            store.close()
+            copy.close()
 
 
 def checkpoints(n: int) -> list[int]:

@@ -172,5 +172,5 @@ def _documents(reader: BertKNN, fact: Fact) -> list[int]:
 def store_best(reader: BertKNN, grid: list[tuple[Settings, dict]], description: str) -> None:
     """Record the grid's best settings, its P@1 and the dev split with the datastore: `BertKNN.load` uses them."""
     best, scores = grid[0]
-    with reader.store.writing():
-        reader.store.writer.set_manifest(tuned={"hparams": best.tuned, "dev": description, "P@1": scores["P@1"]})
+    with reader.writes("recording the tuned settings").commit() as store:
+        store.writer.set_manifest(tuned={"hparams": best.tuned, "dev": description, "P@1": scores["P@1"]})

@@ -49,6 +49,7 @@ from bertknn.store import atomic
 from bertknn.store.datastore import Datastore, DatastoreError, file_stat
 from bertknn.store.records import Part
 from bertknn.store.shards import ShardedDatastore
+from bertknn.store.writers import open_writer
 
 
 @dataclass
@@ -217,7 +218,7 @@ class FaissIndex:
         """
         if not store.manifest.complete:
             raise DatastoreError(f"the datastore at {store.path} is not fully embedded; a FAISS index needs all keys")
-        with store.writing():
+        with store.writer.commit():
             built = cls._build(store, factory, train_size, nprobe, chunk, seed, progress, trained)
             built._compact(everything=True)
             built._name_base()
@@ -277,11 +278,11 @@ class FaissIndex:
         the committed list does not hold and committed in one transaction in place of the listed ones, which the
         caller then deletes (`retire`: `bertknn repair` does once every index is committed, and says what is left
         where that fails); so readers open the damaged index or the new one, never a part of it, and a crash leaves
-        one of the two (a rerun of the repair finds the damage again, or finds none). Under the writer lock."""
+        one of the two (a rerun of the repair finds the damage again, or finds none). `store`: a writer's view."""
         if not store.manifest.complete:
             raise DatastoreError(f"the datastore at {store.path} is not fully embedded; a FAISS index needs all keys")
         settings = dict(settings)
-        with store.writing():
+        with store.writer.commit():
             if trained is None:
                 trained, settings["train_size"] = train(
                     store, settings["factory"], settings["train_size"], settings["seed"]
@@ -432,7 +433,7 @@ class ShardedFaiss:
                 done += sum(ray.get(ready))
                 if progress:
                     progress(done, store.size)
-            store.reload()
+            store.reopen_if_changed()
             return cls(store, [FaissIndex.load(shard) for shard in store.shards])
         parts, done = [], 0
         for shard in store.shards:
@@ -452,9 +453,9 @@ class ShardedFaiss:
 def _fill_shard(
     path: str, factory: str, train_size: int, nprobe: int, chunk: int, seed: int, trained: np.ndarray
 ) -> int:
-    """A Ray task: fill one shard's index from the serialized trained index; return the shard's keys."""
-    shard = Datastore(path)
-    FaissIndex.build(shard, factory, train_size, nprobe, chunk, seed, None, faiss.deserialize_index(trained))
-    size = shard.size
-    shard.close()
-    return size
+    """A Ray task: fill one shard's index from the serialized trained index, through the shard's writer (opened in
+    this task's process); return the shard's keys."""
+    with open_writer(path) as writer:
+        shard = writer.store
+        FaissIndex.build(shard, factory, train_size, nprobe, chunk, seed, None, faiss.deserialize_index(trained))
+        return shard.size

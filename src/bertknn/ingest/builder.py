@@ -29,9 +29,9 @@ from bertknn.store.creation import copy_registration as copy_store
 from bertknn.store.creation import create as create_store
 from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.evidence import FIELD
-from bertknn.store.lock import LAZY_WAIT_S
 from bertknn.store.manifest import FORMAT, VERSION
 from bertknn.store.records import Record
+from bertknn.store.writers import open_writer
 from bertknn.text import (
     SLOW_SPLITTERS,
     SPLITTER,
@@ -157,8 +157,9 @@ def create(
                 f"{path} holds a datastore of another corpus ({known.get('path')}); "
                 "choose another --out directory or delete this one"
             )
-        with store.writing():
-            store.writer.set_manifest(corpus=corpus)  # nothing was read from the other corpus: start over with this one
+        with open_writer(path) as writer:  # nothing was read from the other corpus: start over with this one
+            writer.set_manifest(corpus=corpus)
+        store.reopen_if_changed()
     if store.manifest.pack != pack:
         raise DatastoreError(
             f"{path} holds keys computed with pack={store.manifest.pack}; resume it with the same --pack, or choose "
@@ -210,14 +211,13 @@ def embed(
     Documents are taken in index order and committed in chunks of whole documents that end once they hold about
     `chunk_entries` words; `progress(documents_done)` is called after each chunk. Without `progress` (a question to
     a lazy store embeds its documents on demand, and shows nothing of it) the progress is logged at INFO instead.
-    In a lazy store a reader embeds on demand: it waits for another writer to finish first.
+    `store` is a writer's own view (`writers.open_writer`), which commits each chunk.
     """
     todo = store.documents.pending(docs)
     if not todo:
         return 0
     check_key_dtype(store, encoder)
-    with store.writing(wait=LAZY_WAIT_S):
-        todo = store.documents.pending(todo)  # what another writer did meanwhile is not redone
+    with store.writer.commit():
         chunks: list[list[int]] = [[]]
         words = 0
         for doc in todo:
@@ -388,14 +388,16 @@ def build(
     report = progress or (lambda phase, done, total: None)
     n_docs = check_corpus(source, report)
     store = create(out, encoder, source.info(n_docs), pack, int8_keys, whole_words, names, evidence)
-    with store.writing():
-        _register_all(store, source, n_docs, report, n_workers)
+    with open_writer(out) as writer, writer.commit():
+        written = writer.store
+        _register_all(written, source, n_docs, report, n_workers)
         if not lazy:
-            todo = store.documents.pending()
+            todo = written.documents.pending()
             done = n_docs - len(todo)
             report("embedding", done, n_docs)
-            embed(store, todo, encoder, chunk_entries, token_budget, lambda d: report("embedding", done + d, n_docs))
-        finish(store)
+            embed(written, todo, encoder, chunk_entries, token_budget, lambda d: report("embedding", done + d, n_docs))
+        finish(written)
+    store.reopen_if_changed()
     return store
 
 
@@ -438,7 +440,8 @@ def register(corpus: str | Path, out: str | Path, manifest: dict) -> Datastore:
     n_docs = check_corpus(source, lambda phase, done, total: None)
     path = Path(out)
     store = Datastore(path) if (path / "manifest.json").exists() else create_store(path, manifest)
-    with store.writing():
-        _register_all(store, source, n_docs, lambda phase, done, total: None, 1)
-        finish(store)
+    with open_writer(path) as writer, writer.commit():
+        _register_all(writer.store, source, n_docs, lambda phase, done, total: None, 1)
+        finish(writer.store)
+    store.reopen_if_changed()
     return store

@@ -82,7 +82,8 @@ def _write_jsonl(docs: Iterable, handle) -> None:
 def _register(batch: dict, manifest: dict) -> dict:
     """The CPU stage (a Ray task): register each shard's documents and build its TF-IDF index."""
     for source, path in zip(batch["input"], batch["out"]):
-        Writer(builder.register(str(source), str(path), manifest)).index_documents()
+        with Writer(builder.register(str(source), str(path), manifest)) as writer:
+            writer.index_documents()
     return batch
 
 
@@ -98,10 +99,13 @@ class KeyStage:
         entries = []
         for path in batch["out"]:
             store = Datastore(str(path))
-            Writer(store, self.encoder).embed(store.documents.pending())
-            with store.writing():
-                builder.finish(store)
-            entries.append(store.size)
+            writer = Writer(store, self.encoder)
+            with writer.store_writer().commit() as held:
+                written = held.store
+                builder.embed(written, written.documents.pending(), self.encoder)
+                builder.finish(written)
+                entries.append(written.size)
+            writer.close()
             store.close()
         return {**batch, "entries": np.array(entries, np.int64), "pid": np.full(len(entries), os.getpid())}
 

@@ -46,8 +46,8 @@ def fill(store: Datastore, runtime: Runtime, progress: Callable[[int, int], None
     """Store the evidence vectors of a store made before them, FILL_ENTRIES entries a transaction (a run killed keeps
     what it committed; a rerun goes on from there), then name the sentence encoder in its manifest, so that its
     questions weigh their neighbours' sentences. Entries of removed documents are skipped. Returns the entries
-    filled now (0 for a store that has them)."""
-    with store.writing():
+    filled now (0 for a store that has them). `store`: a writer's own view (`writers.open_writer`)."""
+    with store.writer.commit():
         if store.evidence.model:
             return 0
         first, size = store.evidence.filled, store.size

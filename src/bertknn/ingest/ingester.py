@@ -2,13 +2,15 @@
 and adds and removes documents. `BertKNN` (query.pipeline) only reads; the CLI, the service and the Ray build write
 through a `Writer` (as Lucene's IndexWriter is apart from its searcher, and kNN-LM's saver from its reader).
 
-Every write takes the datastore's writer lock (`Datastore.writing`), so one process writes at a time and a crash
+A `Writer` opens the datastore's writer (`store.writers.open_writer`: its lock, one process writing at a time) at
+its first write and keeps it until `close`; its reader (the `BertKNN`'s) is moved to each of its commits. A crash
 leaves the last committed state queryable.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,6 +37,8 @@ from bertknn.store.manifest import FLOAT16
 from bertknn.store.protocol import Store
 from bertknn.store.records import Part, Staged
 from bertknn.store.shards import ShardedDatastore, open_store
+from bertknn.store.writer import DatastoreWriter
+from bertknn.store.writers import ShardedWriter, open_writer
 from bertknn.text import CorpusError, Document, parse_document
 
 if TYPE_CHECKING:
@@ -50,10 +54,12 @@ class Writer:
     `index_documents` work without one.
     """
 
-    def __init__(self, store: Store, encoder: Encoder | None = None) -> None:
+    def __init__(self, store: Store, encoder: Encoder | None = None, held: DatastoreWriter | None = None) -> None:
         if encoder is not None:
             builder.check_encoder(store, encoder)
-        self.store, self.encoder = store, encoder
+        self.reader, self.encoder = store, encoder  # the reader moved to this writer's commits (`commit`)
+        self._held: DatastoreWriter | ShardedWriter | None = held  # the store's writer, opened at the first write
+        self._owned = held is None  # closed by `close` (a shard's writer given by a sharded one is its own)
         self.index: TfidfIndex | None = None  # the IR index as this writer last wrote it
         self.faiss: FaissIndex | None = None  # the FAISS index this writer extends (`add_documents`)
         self._faiss_state: list | None = None  # `FaissIndex.disk_state` when `faiss` was loaded or written
@@ -61,6 +67,40 @@ class Writer:
         self._last: Writer | None = None  # a sharded datastore's: the writer of its last shard
         self.completed: list[str] = []  # ids an interrupted add had staged that the last add published with its own
         self.staged = Staged()  # what the last add made of its documents: added, replaced, unchanged (skipped)
+
+    @property
+    def store(self) -> Store:
+        """The store as this writer sees it: its writer's own view once opened (its commits seen at once), else the
+        reader."""
+        return self.reader if self._held is None or self._held.closed else self._held.store
+
+    def store_writer(self, wait: float | None = None) -> DatastoreWriter | ShardedWriter:
+        """The datastore's writer, opened once (waiting up to `wait` seconds for another writer: None, as
+        `lock.lock_wait` says) and held until `close`."""
+        if self._held is None or self._held.closed:
+            self._held = open_writer(self.reader, wait)
+        return self._held
+
+    @contextlib.contextmanager
+    def commit(self, wait: float | None = None) -> Iterator[Store]:
+        """One commit of the store's writer (`store_writer`), giving its view; the reader's own read transaction (a
+        question's snapshot, which the commit would wait for) paused meanwhile, and the reader reopened on it."""
+        with self.reader.paused(), self.store_writer(wait).commit():
+            yield self.store
+        self.reader.reopen_if_changed()
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Let the writer go (its lock: another process may write); a later write opens it again."""
+        if self._held is not None and self._owned:
+            self._held.close()
+            self._held = None
+            self.faiss = self._faiss_state = None  # read through the closed writer's view: loaded again
 
     @classmethod
     def open(cls, datastore: str | Path, model: str | None = None, runtime: Runtime | str = "torch") -> Writer:
@@ -86,11 +126,11 @@ class Writer:
         if key_codec != FLOAT16 and options.get("lazy"):
             raise ValueError("a lazy datastore has no keys to train a codec on: build it without --lazy or --key-codec")
         store = builder.build(corpus, out, encoder, progress=progress, n_workers=n_workers, **options)
-        writer = cls(store, encoder)
-        writer.index_documents(n_workers=n_workers)
-        if key_codec != FLOAT16:
-            report = progress or (lambda phase, done, total: None)
-            writer.convert_keys(key_codec, progress=lambda done, total: report("encoding keys", done, total))
+        with cls(store, encoder) as writer:  # closed when the build is done: the next write opens it again
+            writer.index_documents(n_workers=n_workers)
+            if key_codec != FLOAT16:
+                report = progress or (lambda phase, done, total: None)
+                writer.convert_keys(key_codec, progress=lambda done, total: report("encoding keys", done, total))
         return writer
 
     def index_documents(self, segment_docs: int = SEGMENT_DOCS, n_workers: int = 1) -> TfidfIndex:
@@ -101,11 +141,10 @@ class Writer:
         Texts are hashed in `n_workers` processes (`workers.count`: 0 is every core for a large store). The writer
         lock is taken only when there is something to add.
         """
-        store = self.store
-        if self._unindexed(store.parts(tfidf_files.KIND)):
-            with store.writing(wait=LAZY_WAIT_S):
+        if self._unindexed(self.store.parts(tfidf_files.KIND)):
+            with self.commit(wait=LAZY_WAIT_S):
                 self._extend_index(segment_docs, n_workers, commit=True)
-        self.index = TfidfIndex.load(store)
+        self.index = TfidfIndex.load(self.store)
         return self.index
 
     def _unindexed(self, listed: list[Part] | None) -> bool:
@@ -171,7 +210,12 @@ class Writer:
         """Train and fill the FAISS index over all keys (`bertknn index`), resuming an interrupted one; a sharded
         datastore's has one quantizer and a part per shard (`on_ray`: shards filled on a Ray cluster)."""
         kind = ShardedFaiss if isinstance(self.store, ShardedDatastore) else FaissIndex
-        built = kind.build(self.store, factory, train_size, nprobe, progress=progress, **options)
+        if options.get("on_ray"):  # the shards are filled by Ray tasks, each through its shard's writer
+            self.close()
+            built = kind.build(self.reader, factory, train_size, nprobe, progress=progress, **options)
+        else:
+            with self.commit() as store:
+                built = kind.build(store, factory, train_size, nprobe, progress=progress, **options)
         self.faiss, self._faiss_state = (
             (built, FaissIndex.disk_state(self.store)) if kind is FaissIndex else (None, None)
         )
@@ -184,15 +228,15 @@ class Writer:
         codec trained on `train_size` keys drawn at random (`seed`) and kept as keys.codec, every key encoded into
         keys.codes (a rerun goes on from the codes written), then the manifest switched (readers read the codes
         from then on) and keys.f16 deleted; a sharded datastore's shards in turn. Returns the keys encoded now."""
-        store = self.store
-        if isinstance(store, ShardedDatastore):  # each shard its own codec, trained on its own keys
+        if isinstance(self.store, ShardedDatastore):  # each shard its own codec, trained on its own keys
             done = 0
-            for shard, first in zip(store.shards, store.entry_starts[:-1].tolist()):
-                step = (lambda d, t, base=first: progress(base + d, store.size)) if progress else None
-                done += Writer(shard).convert_keys(name, train_size, seed, step)
-            store.reload()
+            held = self.store_writer()
+            with self.commit() as store:
+                for shard, first in zip(held.shards, store.entry_starts[:-1].tolist()):
+                    step = (lambda d, t, base=first: progress(base + d, store.size)) if progress else None
+                    done += Writer(shard.store, held=shard).convert_keys(name, train_size, seed, step)
             return done
-        with store.writing():
+        with self.commit() as store:
             if store.manifest.key_codec == name:
                 return 0
             if store.manifest.key_codec != FLOAT16:
@@ -228,8 +272,12 @@ class Writer:
         return codec
 
     def embed(self, docs: list[int], progress: Callable[[int], None] | None = None) -> int:
-        """Embed the given documents that are not yet (a lazy datastore's, on demand); return the entries added."""
-        return builder.embed(self.store, docs, self._encoder(), progress=progress)
+        """Embed the given documents that are not yet (a lazy datastore's, on demand, waiting for another writer
+        first); return the entries added."""
+        if not self.store.documents.pending(docs):
+            return 0
+        with self.commit(wait=LAZY_WAIT_S) as store:
+            return builder.embed(store, docs, self._encoder(), progress=progress)
 
     def _encoder(self) -> Encoder:
         if self.encoder is None:
@@ -279,8 +327,7 @@ class Writer:
         store = self.store
         builder.require_built(store)
         builder.check_key_dtype(store, self._encoder())  # before anything is staged
-        with store.writing(wait):
-            store.reload()
+        with self.commit(wait) as store:
             live = [i for i, state in store.documents.states(ids).items() if state == "live"]
             if live and not (skip_existing or replace):
                 raise DatastoreError(
@@ -327,9 +374,8 @@ class Writer:
     def _add_to_last_shard(self, docs: list[Document], skip_existing: bool, progress, wait: float | None) -> int:
         """`add_documents` on a sharded datastore: the documents go to its last shard (no other shard's numbers
         move); an id live in another shard is refused like one live in the same store."""
-        store = self.store
-        last = store.shards[-1]
-        with store.writing(wait):
+        with self.commit(wait) as store:
+            last, shard_writer = store.shards[-1], self.store_writer().shards[-1]
             ids = [d.id for d in docs]
             elsewhere = set(store.documents.states(ids)) - set(last.documents.states(ids))
             if elsewhere and not skip_existing:
@@ -343,8 +389,8 @@ class Writer:
                     f"document id(s) {changed[:5]} are in {store.path} with other text; remove them first "
                     "(`bertknn remove --doc ID`), then add the new text"
                 )
-            if self._last is None or self._last.store is not last:  # opened once, not per add
-                self._last = Writer(last, self._encoder())
+            if self._last is None or self._last.store is not last:  # the last shard's writer, held by this one's
+                self._last = Writer(last, self._encoder(), held=shard_writer)
             docs = [d for d in docs if d.id not in elsewhere]
             added = self._last.add_documents(docs, skip_existing, progress, wait)
             self.completed, staged = self._last.completed, self._last.staged
@@ -357,16 +403,17 @@ class Writer:
         from the keys with its settings; a line per part in the returned `Repair.rebuilt` (none: it was sound).
         `build.repair.Unrepairable` (a DatastoreError), nothing written, when what the store keeps is damaged. `wait` as
         in `add_documents`; `progress(phase, done, total)`."""
-        done = repair_datastore(self.store.path, progress, wait)
-        self.store.reload()  # what this writer had loaded of the indexes is read again when next needed
+        self.close()  # the repair takes the lock itself
+        done = repair_datastore(self.reader.path, progress, wait)
+        self.reader.reopen_if_changed()  # what this writer had loaded of the indexes is read again when next needed
         self.index, self.faiss, self._faiss_state = None, None, None
         return done
 
     def remove_documents(self, ids: list[str], wait: float | None = None) -> tuple[list[str], list[str]]:
         """Hide documents from every retrieval path, all in one transaction: (removed now, removed before).
         An unknown id raises DatastoreError and nothing is removed; `wait` as in `add_documents`."""
-        with self.store.writing(wait):
-            return self.store.writer.remove([str(i) for i in ids])
+        with self.commit(wait):
+            return self.store_writer().remove([str(i) for i in ids])
 
     def remove_document(self, doc_id: str, wait: float | None = None) -> None:
         """Hide one document from every retrieval path (DatastoreError for an id never held or removed before)."""

@@ -32,6 +32,7 @@ from bertknn.store.datastore import CODEC, Datastore, DatastoreError
 from bertknn.store.evidence import Evidence
 from bertknn.store.protocol import Store
 from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, fixed_top, is_sharded
+from bertknn.store.writers import open_writer
 
 CHUNK_ENTRIES = 16_384  # source entries read per commit
 DROPPED = ("entries", "embedded", "documents", "key_codec_pending")  # what the copy counts anew
@@ -78,11 +79,13 @@ def prune(
         raise ValueError(f"the pruning radius must be a squared distance >= 0, not {radius}")
     if is_sharded(source):
         return _prune_shards(Path(source), Path(out), radius, progress)
-    with Datastore(source) as src, src.writing():
+    with open_writer(source) as reading, reading.commit():  # its lock held: no writer changes the source meanwhile
+        src = reading.store
         require_built(src)
         if src.documents.adding():
             raise DatastoreError(f"{source} has documents half-added: rerun that `bertknn add` first, then prune")
-        with _target(src, Path(out), radius) as dst, dst.writing():
+        with _target(src, Path(out), radius), open_writer(out) as writer, writer.commit():
+            dst = writer.store
             todo = dst.documents.pending()
             held = set(src.documents.pending())  # not embedded in a lazy source: stay to be embedded on demand
             todo, total = [d for d in todo if d not in held], dst.n_documents - len(held)

@@ -31,10 +31,12 @@ from bertknn.index.retrieval import SEGMENT_DOCS
 from bertknn.store import names
 from bertknn.store.datastore import CODEC, CODES, COUNTS, KEYS, SQLITE, VALUES, Datastore, DatastoreError
 from bertknn.store.integrity import is_index_file
+from bertknn.store.lock import BusyError
 from bertknn.store.manifest import RECORD
 from bertknn.store.records import Part
 from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, directories, is_sharded, shard_paths
 from bertknn.store.verify import verify
+from bertknn.store.writer import DatastoreWriter, open_datastore_writer
 
 # what a datastore keeps (checksums.json: the record that tells its damage), in the order a refusal names them
 KEPT = ("manifest.json", SHARDS_FILE, SQLITE, KEYS, CODES, CODEC, VALUES, COUNTS, "checksums.json")
@@ -80,42 +82,46 @@ def repair(
     path: str | Path, progress: Progress | None = None, wait: float | None = None, segment_docs: int = SEGMENT_DOCS
 ) -> Repair:
     """Check the datastore at `path` as `bertknn verify` does, under its writer lock (every shard's, in order, for a
-    sharded one; `wait` as `Datastore.writing` takes it), and make every damaged index part again from what the
+    sharded one; `wait` as `open_writer` takes it), and make every damaged index part again from what the
     store keeps; `progress(phase, done, total)` follows the checks and the work. Unrepairable (nothing written) when
     what the store keeps is damaged."""
     path = Path(path)
     report = progress or (lambda phase, done, total: None)
-    stores = _open(path)
+    writers = _open(path, wait)
+    stores = [writer.store for writer in writers]
     try:
         with contextlib.ExitStack() as held:
-            for store in stores:  # in shard order, as every writer of a sharded datastore takes the locks
-                held.enter_context(store.writing(wait, check_tails=False))  # every block is checked below
+            for writer in writers:
+                held.enter_context(writer.commit())
             found = [_find(store, report) for store in stores]
             primary = [problem for one in found for problem in one.primary]
-            if primary:  # raised inside the lock: nothing is sealed, nothing was written
+            if primary:  # raised inside the commit: nothing is sealed, nothing was written
                 raise _refusal(path, primary)
             done = Repair(path, notes=[n for one in found for n in one.notes], blocks=sum(f.blocks for f in found))
             done.rebuilt = _mend(list(zip(stores, found)), path, report, segment_docs)
     finally:
-        for store in stores:
-            store.close()
+        for writer in writers:
+            writer.close()
     return done
 
 
-def _open(path: Path) -> list[Datastore]:
-    """The datastore at `path` (its shards, for a sharded one), opened without checks; Unrepairable when it is too
-    damaged to open (its manifest, shards.json, SQLite...)."""
+def _open(path: Path, wait: float | None) -> list[DatastoreWriter]:
+    """The writers of the datastore at `path` (its shards', in shard order, as every writer of a sharded datastore
+    takes the locks), their tails not checked (every block is checked here); Unrepairable when it is too damaged to
+    open (its manifest, shards.json, SQLite...)."""
     if not is_sharded(path) and not (path / "manifest.json").exists() and not (path / SQLITE).exists():
         raise DatastoreError(f"{path} is not a datastore (no manifest.json); create one with `bertknn build`")
-    stores: list[Datastore] = []
+    writers: list[DatastoreWriter] = []
     try:
         for directory in directories(path):
-            stores.append(Datastore(directory, check=False))
+            writers.append(open_datastore_writer(directory, wait, check_tails=False))
     except DatastoreError as err:
-        for store in stores:
-            store.close()
+        for writer in writers:
+            writer.close()
+        if isinstance(err, BusyError):
+            raise
         raise _refusal(path, [str(err)]) from None
-    return stores
+    return writers
 
 
 def _keep(reader: Callable[[Path], list[str]], into: list[str]) -> Callable[[Path], list[str]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,8 +21,8 @@ from bertknn.model.sentences import SCORED_WORDS, SentenceMatch
 from bertknn.query import sentence_weights
 from bertknn.query.combine import calibrate, confident_lam, interpolate
 from bertknn.query.knn import vote
-from bertknn.query.linking import Link, linked
-from bertknn.query.prediction import Prediction, evidence, ranked, superseded
+from bertknn.query.linking import linked
+from bertknn.query.prediction import Forwarded, Prediction, Query, evidence, ranked, superseded
 from bertknn.query.search import DocumentSearch, Neighbours, RemoteShards, Search, searcher
 from bertknn.query.settings import Settings
 from bertknn.query.words import Words, lexicon, scored
@@ -35,30 +34,6 @@ if TYPE_CHECKING:
     from datasets import Dataset
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Query:
-    """A cloze question checked and encoded for the model (`BertKNN.preprocess`): its token ids and mask position."""
-
-    text: str
-    subject: str | None
-    ids: list[int]
-    mask: int
-    link: Link | None = None  # the subject found in the text, where none was given (`linking.link`)
-
-
-@dataclass(frozen=True)
-class Forwarded:
-    """What `BertKNN._forward` makes of one question: the LM's distribution over the vocabulary, the neighbours
-    found, the words answers are ranked over (scored by the LM where the mixture needs it) and the kNN's vote over
-    them (None without neighbours)."""
-
-    query: Query
-    p_bert: np.ndarray
-    found: Neighbours
-    words: Words
-    vote: np.ndarray | None
 
 
 class BertKNN:
@@ -104,7 +79,13 @@ class BertKNN:
         self._load_faiss()
         self._version = store.version  # the store's state that index and faiss were loaded at
 
-    def _writes(self, what: str) -> Writer:
+    def close(self) -> None:
+        """Let the writer side go (the writer lock: another process may write then) and close the reader."""
+        if self.writer is not None:
+            self.writer.close()
+        self.store.close()
+
+    def writes(self, what: str) -> Writer:
         """The writer side, for `what` (DatastoreError when this `BertKNN` only reads)."""
         if self.writer is None:
             raise DatastoreError(
@@ -123,7 +104,7 @@ class BertKNN:
         try:
             index = TfidfIndex.load(store)
         except FileNotFoundError:
-            return self._writes("indexing its documents (it has no IR index)").index_documents()
+            return self.writes("indexing its documents (it has no IR index)").index_documents()
         if index.n_docs >= store.documents.live_end():
             return index
         if self.writer is None:
@@ -157,11 +138,11 @@ class BertKNN:
         self._load_faiss()
 
     def refresh(self) -> bool:
-        """Take in what another process committed (documents added or removed, a FAISS index built); True if any.
-
-        Cheap when nothing changed (one SQLite pragma and one stat), so a long-running service calls it per request.
+        """Move the reader to the latest commit (documents another process added or removed, a FAISS index built):
+        until then questions are answered from the commit it holds, this object's own writes taken in at once; True
+        if anything changed. Cheap when nothing did (one SQLite pragma and one stat): a service calls it per request.
         """
-        self.store.reload()
+        self.store.reopen_if_changed()
         if self.store.version == self._version:
             return False
         self.index = self._load_index()
@@ -283,8 +264,7 @@ class BertKNN:
         queries = texts if texts and isinstance(texts[0], Query) else self.preprocess(texts, subjects)
         out = []
         for start in range(0, len(queries), batch_size):
-            with self.store.snapshot():  # the batch reads one commit: the latest when it begins (`refresh`)
-                self.refresh()
+            with self.store.snapshot():  # the batch reads one commit: the reader's (`refresh` moves it on)
                 search = self.search(s.retrieval)
                 forwarded = self._forward(self._linked(queries[start : start + batch_size], s), search, s)
                 with self.store.sqlite_errors():  # a damaged page met by a question: an error naming the file
@@ -434,7 +414,7 @@ class BertKNN:
         (`progress(done, total)` counting documents; without it the writer logs); how many they were."""
         pending = self.store.documents.pending(sorted(set(docs)))
         if pending:
-            writer = self._writes("embedding the documents questions retrieve (a lazy datastore)")
+            writer = self.writes("embedding the documents questions retrieve (a lazy datastore)")
             if progress is not None:  # else the writer logs its progress
                 progress(0, len(pending))
             writer.embed(pending, progress=progress and (lambda n: progress(n, len(pending))))
@@ -480,7 +460,7 @@ class BertKNN:
     ) -> int:
         """`Writer.add_documents` with this model, then taken in here: the documents are searchable at once; with
         `replace`, documents whose ids are live take the old ones' places in one transaction."""
-        writer = self._writes("adding documents")
+        writer = self.writes("adding documents")
         added = writer.add_documents(docs, skip_existing, progress, wait, replace)
         self._adopt(writer)
         return added
@@ -493,8 +473,11 @@ class BertKNN:
 
     def remove_documents(self, ids: list[str], wait: float | None = None) -> tuple[list[str], list[str]]:
         """`Writer.remove_documents`: hide documents from every retrieval path, all in one transaction."""
-        return self._writes("removing documents").remove_documents(ids, wait)
+        done = self.writes("removing documents").remove_documents(ids, wait)
+        self.refresh()
+        return done
 
     def remove_document(self, doc_id: str, wait: float | None = None) -> None:
         """`Writer.remove_document`: hide one document from every retrieval path."""
-        self._writes("removing a document").remove_document(doc_id, wait)
+        self.writes("removing a document").remove_document(doc_id, wait)
+        self.refresh()

@@ -1,5 +1,7 @@
 """What a user gets for one question (`Prediction`): the rankings of BERT, kNN and BERT-kNN (`ranked`), the evidence
-behind the kNN's answers (`evidence`) and what older documents about the subject said instead (`superseded`)."""
+behind the kNN's answers (`evidence`) and what older documents about the subject said instead (`superseded`); and
+the records of the stages before it: a question checked and encoded (`Query`), its model pass, search and vote
+(`Forwarded`)."""
 
 from __future__ import annotations
 
@@ -171,3 +173,27 @@ def superseded(store: Datastore, tokenizer, found: Neighbours, words: Words, tem
         Neighbour(text, float(found.distances[i]), float(weights[i]), *_source(e))
         for (text, _, _), i, e in zip(described, picks, rows)
     ]
+
+
+@dataclass(frozen=True)
+class Query:
+    """A cloze question checked and encoded for the model (`BertKNN.preprocess`): its token ids and mask position."""
+
+    text: str
+    subject: str | None
+    ids: list[int]
+    mask: int
+    link: Link | None = None  # the subject found in the text, where none was given (`linking.link`)
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """What `BertKNN._forward` makes of one question: the LM's distribution over the vocabulary, the neighbours
+    found, the words answers are ranked over (scored by the LM where the mixture needs it) and the kNN's vote over
+    them (None without neighbours)."""
+
+    query: Query
+    p_bert: np.ndarray
+    found: Neighbours
+    words: Words
+    vote: np.ndarray | None

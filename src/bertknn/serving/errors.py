@@ -14,7 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from bertknn.store.atomic import DiskFullError
-from bertknn.store.datastore import BusyError, DatastoreError
+from bertknn.store.datastore import DatastoreError
+from bertknn.store.lock import BusyError
 from bertknn.store.protocol import Store
 
 

@@ -45,7 +45,7 @@ class ShardServer:
         self._seen: tuple | None = None  # (store version, FAISS files) when the index was opened
 
     def _fresh(self) -> None:
-        self.store.reload()
+        self.store.reopen_if_changed()
         seen = (self.store.version, FaissIndex.disk_state(self.store))
         if seen != self._seen:
             self.index, self._seen = FaissIndex.load(self.store), seen

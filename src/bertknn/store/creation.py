@@ -13,11 +13,10 @@ from bertknn.store import evidence as evidence_table
 from bertknn.store.atomic import write_json
 from bertknn.store.datastore import Datastore
 from bertknn.store.errors import sqlite_errors
-from bertknn.store.identity import new_id
+from bertknn.store.identity import new_id, write_identity
 from bertknn.store.manifest import DatastoreError
 from bertknn.store.records import Part
 from bertknn.store.schema import SQLITE, STORE_ID
-from bertknn.store.writer import write_identity, write_parts
 
 
 def create(path: str | Path, manifest: dict) -> Datastore:
@@ -38,7 +37,7 @@ def create(path: str | Path, manifest: dict) -> Datastore:
     write_json(path / "manifest.json", manifest)
     with sqlite_errors(str(path / SQLITE), "free space and rerun"), closing(schema.writing(path / SQLITE)) as db, db:
         write_identity(db, manifest)
-        write_parts(db, {"tfidf": [], "faiss": []})  # a new store's indexes are listed from the start
+        schema.write_parts(db, {"tfidf": [], "faiss": []})  # a new store's indexes are listed from the start
     return Datastore(path)
 
 

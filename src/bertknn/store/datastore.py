@@ -27,27 +27,26 @@ id moves to `removed_id`, so the id is free again).
 `Datastore` is the reader: its SQLite connection is read-only (schema.py), and it never writes. Its reads go by
 concept: `manifest` (manifest.py: what the manifest says), `documents` (documents.py: documents, sentences,
 provenance), `lexicon` (lexicon.py: words of several tokens), `evidence` (evidence.py: evidence vectors); it keeps
-the memory maps, the commit point of the indexes (`parts`) and the integrity checks. One process writes
-at a time: `Datastore.writing` takes the writer lock (lock.py), opens the writer's connection, re-reads what others
-committed and gives the `DatastoreWriter` (writer.py), which appends, publishes and commits; when it is done, the
-per-block checksums of every data file are recorded (integrity.py). The committed entry count is the truth: a reader
-and a resumed build ignore any bytes past it. Opening a store
-checks its manifest against SQLite, every file's size, and a sample of checksum blocks (damage confined to the
+the memory maps, the commit point of the indexes (`parts`) and the integrity checks. A reader holds one commit
+until it is reopened (`reopen_if_changed`). One process writes at a time, through the `DatastoreWriter`
+(writer.py), opened once, which holds the writer lock (lock.py) and its own connection, appends, publishes and
+commits, and records the per-block checksums of every data file at each commit's end (integrity.py). The
+committed entry count is the truth: a reader and a resumed build ignore any bytes past it. Opening a store checks
+its manifest against SQLite, every file's size, and a sample of checksum blocks (damage confined to the
 optional FAISS files is set aside in `faiss_damage`, so IR questions still work); `bertknn verify` is verify.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import sqlite3
-import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -55,17 +54,13 @@ from bertknn.store import atomic, identity, schema
 from bertknn.store import evidence as evidence_table
 from bertknn.store.codec import Decoded, KeyCodec
 from bertknn.store.documents import Documents
-from bertknn.store.errors import sqlite_errors
+from bertknn.store.errors import sqlite_errors, writer_of
 from bertknn.store.integrity import ChecksumError, Checksums, Damage, damage_message
 from bertknn.store.lexicon import Lexicon
-from bertknn.store.lock import LOCK_WAIT, BusyError, acquire_lock
 from bertknn.store.manifest import FLOAT16, RECORD, DatastoreError, Manifest, read_manifest, with_record
 from bertknn.store.records import Part
 from bertknn.store.schema import SQLITE, STORE_ID
 from bertknn.store.snapshot import Snapshots
-
-if TYPE_CHECKING:
-    from bertknn.store.writer import DatastoreWriter
 
 RECHECK_S = 0.2  # pause before damage found on opening is looked at again
 SAMPLE_BLOCKS = 16  # checksum blocks checked at random when a store is opened (besides each file's last block)
@@ -111,7 +106,7 @@ def committed(path: Path, manifest: Manifest, db: sqlite3.Connection) -> Manifes
 
 
 class Datastore:
-    """A datastore directory opened for reading (and, under `writing()`, for appending).
+    """A datastore directory opened for reading: a reader, or the writer's own view (`written_by`).
 
     `check` verifies the manifest against SQLite, the sizes of all checksummed files and `SAMPLE_BLOCKS` random
     checksum blocks (all of them in a small store): damage found raises DatastoreError naming file and block.
@@ -121,9 +116,7 @@ class Datastore:
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
         self.dim = int(self.manifest["dim"])
-        self._lock = None  # the open, flocked write.lock while this object holds the writer lock
-        self._writer: DatastoreWriter | None = None  # the writes, while the lock is held
-        self._threads = threading.RLock()  # one writing thread per object; the flock is taken once per object
+        self._writer: Any = None  # a weak reference to the writer whose own view this is; None for a reader
         db_file = self.path / SQLITE
         written = self.manifest["status"] != "building" or (self.path / "checksums.json").is_file()
         if (not db_file.is_file() or db_file.stat().st_size == 0) and written:  # a writer had sealed it
@@ -131,17 +124,16 @@ class Datastore:
                 f"{db_file} is missing or empty but the datastore was written to: restore it from a copy, or rebuild "
                 "the datastore"
             )
-        self._writer_db: sqlite3.Connection | None = None  # made by the first `writing`, used only under the lock
         with self.sqlite_errors():
-            self.db = self._reader = self._read_only()  # the connection in use: the writer's while writing
+            self.db = self._read_only()  # a reader's, for good; the writer's in the writer's own view
             self.manifest = self._committed(self.manifest)
             self._check_identity()
         self.documents = Documents(self)  # the documents' reads (documents.py)
         self.evidence = evidence_table.EvidenceReads(self)  # the evidence vectors' reads (evidence.py)
         self.lexicon = Lexicon(self)  # the words of several tokens (lexicon.py)
         self._codec: KeyCodec | None = None  # loaded by `codec` for compressed keys
-        self._snapshots = Snapshots(lambda: self._reader, self.reload)  # the read transaction of `snapshot`
-        self.remap()
+        self._snapshots = Snapshots(lambda: self.db, self.reopen_if_changed)  # the read transaction of `snapshot`
+        self._hold()
         self.version = self.data_version()
         self.faiss_damage: list[Damage] = []  # damage confined to the FAISS files: IR questions still work
         if check:
@@ -154,11 +146,9 @@ class Datastore:
                 raise DatastoreError(damage_message(self.path, damage))
 
     def close(self) -> None:
-        """Close the SQLite connections (the memory maps close with the object); `with Datastore(path) as store:`
-        closes them on leaving."""
-        self._reader.close()
-        if self._writer_db is not None:
-            self._writer_db.close()
+        """Close the SQLite connection (the memory maps close with the object); `with Datastore(path) as store:`
+        closes it on leaving."""
+        self.db.close()
 
     def _read_only(self) -> sqlite3.Connection:
         """A read-only connection to store.sqlite (`schema.reading`): a reader never writes; an empty schema where the
@@ -169,11 +159,21 @@ class Datastore:
         return schema.reading(file)
 
     @property
-    def writer(self) -> DatastoreWriter:
-        """This datastore's writes, while `writing()` holds its writer lock (DatastoreError outside it)."""
-        if self._writer is None:
-            raise DatastoreError(f"{self.path}: a write outside `Datastore.writing()`, which holds the writer lock")
-        return self._writer
+    def writer(self) -> Any:
+        """The writer whose own view of the store this is (`writer.DatastoreWriter`); a reader never writes, so
+        asking a reader raises DatastoreError."""
+        return writer_of(self.path, self._writer)
+
+    def written_by(self, writer: Any, connection: sqlite3.Connection) -> None:
+        """Make this object the writer's own view of the store, for good: read through the writer's connection
+        (its own commits seen at once) and answer `writer`. Only `writer.open_writer` calls it, on an object it
+        made under the lock; a reader never becomes a writer."""
+        self.db.close()
+        self.db, self._writer = connection, weakref.ref(writer)  # not kept alive by its view: its lock goes with it
+        self.documents = Documents(self)  # every commit as it is made: no commit held
+        self.manifest = self._committed(read_manifest(self.path))
+        self.remap()
+        self.version = self.data_version()
 
     def __enter__(self) -> Datastore:
         return self
@@ -282,16 +282,29 @@ class Datastore:
             version = self.db.execute("PRAGMA data_version").fetchone()[0]
         return version, file_stat(self.path / "checksums.json")
 
-    def reload(self) -> None:
-        """Re-read what other processes committed (entries, documents, manifest, FAISS damage mended meanwhile)."""
+    def _hold(self) -> None:
+        """Read the latest commit, in one read transaction: its manifest record, entries (mapped) and documents."""
+        with self._read_transaction():
+            self.manifest = self._committed(read_manifest(self.path))
+            self.remap()
+            self.documents.hold()
+
+    def reopen_if_changed(self) -> bool:
+        """Move this reader to the latest commit (entries, documents, manifest, FAISS damage mended meanwhile);
+        False, and nothing re-read, when nothing was committed since it last looked (Lucene's `openIfChanged`).
+        Until then it answers from the commit it holds: its entry count, maps and manifest do not move."""
         version = self.data_version()
         if version == self.version:
-            return
+            return False
+        if not self.db.in_transaction and (not isinstance(self.db, schema.Connection) or self.db.views):
+            self.db.close()  # an empty schema (the file not made yet) or an older one's views: read the file anew
+            self.db = self._read_only()
+            version = self.data_version()
         self.version = version
-        self.manifest = self._committed(read_manifest(self.path))
-        self.remap()
+        self._hold()
         if self.faiss_damage:  # a rebuilt index is no longer damaged
             self.faiss_damage = self.check(only=self.faiss_damage)
+        return True
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[None]:
@@ -305,72 +318,13 @@ class Datastore:
             self._snapshots.exit()
 
     @contextlib.contextmanager
-    def writing(self, wait: float | None = None, check_tails: bool = True) -> Iterator[DatastoreWriter]:
-        """Hold the datastore's writer lock (waiting up to `wait` seconds for another writer; None: as `lock_wait`
-        says), open the writer's connection (the schema made or upgraded), re-read the committed state and give the
-        `DatastoreWriter`; on success record the checksums of what was written. Re-entrant
-        within a thread; other threads of this process wait like other processes. `check_tails`: refuse first when
-        the last block of keys or values is damaged (`bertknn repair` checks every block itself, under the lock)."""
-        wait = LOCK_WAIT.get() if wait is None else wait
-        began = time.monotonic()
-        got = self._threads.acquire(timeout=wait) if wait > 0 else self._threads.acquire(blocking=False)
-        if not got:
-            raise BusyError(f"{self.path} is being written by another thread of this process; rerun when it is done")
-        try:
-            if self._writer is not None:  # this thread holds it already
-                yield self._writer
-                return
-            from bertknn.store.writer import DatastoreWriter  # the writer module reads through this one
+    def paused(self) -> Iterator[None]:
+        """No read transaction meanwhile (this process's writer commits, which would wait for it), then one again,
+        reopened on what was committed (`snapshot.Snapshots.paused`)."""
+        with self._snapshots.paused():
+            yield
 
-            with self._snapshots.paused():  # this object's own snapshot would hold its commits back
-                self._lock = acquire_lock(self.path, max(0.0, wait - (time.monotonic() - began)))
-                try:
-                    self._check_provenance(older=check_tails)
-                    atomic.remove_temporary(self.path)  # what an interrupted writer left half-written
-                    with self.sqlite_errors():
-                        if self._writer_db is None:  # kept open after: a reader thread may hold it as `db` a while
-                            self._writer_db = schema.writing(self.path / SQLITE)
-                        self.db = self._writer_db
-                    self.reload()
-                    self._writer = writer = DatastoreWriter(self)
-                    if self._meta("identity", "") == "":  # a create killed between its manifest and this record
-                        writer.record_identity()
-                    if check_tails:
-                        self._check_tails()
-                    yield writer
-                    self._seal(writer)
-                finally:
-                    self._writer = None
-                    self._read_again()
-                    handle, self._lock = self._lock, None
-                    fcntl.flock(handle, fcntl.LOCK_UN)
-                    handle.close()
-        finally:
-            self._threads.release()
-
-    def _read_again(self) -> None:
-        """Back to reading when a write ends: through a new read-only connection where the schema may have changed
-        under the old one (its temporary views, or the empty schema of a store not yet made); the old one is left
-        open for a thread that still reads through it."""
-        if not isinstance(self._reader, schema.Connection) or self._reader.views:
-            self._reader = self._read_only()
-        self.db = self._reader
-        self.version = self.data_version()
-
-    def _seal(self, writer: DatastoreWriter) -> None:
-        """The write's checksums recorded; a failure to record them (a permission, say) says that the write itself
-        was committed, and what records them."""
-        try:
-            writer.seal()
-        except OSError as err:
-            if isinstance(err, atomic.DiskFullError):
-                raise
-            raise DatastoreError(
-                f"the change to {self.path} was committed, but its checksums could not be recorded ({err}); the next "
-                f"write records them, or `bertknn verify --record {self.path}` once that is mended"
-            ) from None
-
-    def _check_provenance(self, older: bool) -> None:
+    def check_provenance(self, older: bool) -> None:
         """Refuse, before writing anything, to write to a store.sqlite that is another store's or (with `older`) an
         older copy of this one's (`identity.damage`): its seal would record the wrong state as sound."""
         try:
@@ -378,19 +332,9 @@ class Datastore:
         except ChecksumError:
             meta = {}  # a damaged checksums.json is the tails' check's to name
         with self.sqlite_errors():
-            wrong = identity.damage(self.manifest.get(STORE_ID), self._reader, meta, older)
+            wrong = identity.damage(self.manifest.get(STORE_ID), self.db, meta, older)
         if wrong:
             raise DatastoreError(damage_message(self.path, wrong))
-
-    def _check_tails(self) -> None:
-        """Refuse to append to keys or values whose last, partly filled block was damaged: the seal would have to
-        hash that block again, and would take the damage for data."""
-        try:
-            damage = Checksums(self.path).verify(APPEND_ONLY, sample=0, growing=APPEND_ONLY)
-        except ChecksumError as err:
-            damage = [Damage("checksums.json", None, str(err))]
-        if damage:
-            raise DatastoreError(damage_message(self.path, damage))
 
     def sqlite_changes(self) -> int | None:
         """SQLite's file change counter (header bytes 24-27): it grows with every committed transaction. None before

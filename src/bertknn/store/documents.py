@@ -1,6 +1,10 @@
 """The documents of a datastore read: their entry ranges, titles, dates and states, their sentences and the
 provenance of their entries (the `documents`, `sentences` and `entries` tables of store.sqlite, schema.py).
-`Datastore.documents` is one; `ShardedDocuments` (shards.py) reads a sharded store's by global numbers alike."""
+`Datastore.documents` is one; `ShardedDocuments` (shards.py) reads a sharded store's by global numbers alike.
+
+A reader's documents are those of the commit it holds (`hold`, at each reopen): the documents it counts, and which
+of them were hidden then, so a document another process adds, replaces or removes after changes none of its answers
+until it is reopened. The writer's own view reads every commit as it makes it (`hold` never called)."""
 
 from __future__ import annotations
 
@@ -30,6 +34,14 @@ class Documents:
         self.store = store
         self._owners: tuple | None = None  # (entry count, range starts, documents) cached by `of`
         self._dated: tuple | None = None  # (store version, documents) cached by `dated`
+        self._held: tuple[int, np.ndarray, frozenset] | None = None  # a reader's commit (`hold`)
+
+    def hold(self) -> None:
+        """Read from now on the documents of the commit the store holds now (a reader's reopen): its count, and the
+        documents hidden then (being added, or removed)."""
+        self._held = None
+        hidden = self.hidden()
+        self._held = (self.store.n_documents, hidden, frozenset(hidden.tolist()))
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -55,14 +67,22 @@ class Documents:
         """The live documents whose normalised title (`text.normalize_title`) is `norm_title`, newest first
         (`newest_first`), each with its date (its own, else the newest registered before it)."""
         # `+state`: the title's index finds the few rows; the state's would scan every live document
-        query = "SELECT idx, coalesce(date, since) FROM documents WHERE norm_title = ? AND +state = 'live'"
-        return newest_first(self.db.execute(query, (norm_title,)).fetchall())
+        query = "SELECT idx, coalesce(date, since), state FROM documents WHERE norm_title = ?"
+        return newest_first(self._live(self.db.execute(query, (norm_title,)).fetchall()))
+
+    def _live(self, rows: list[tuple]) -> list[tuple]:
+        """Those of (idx, ..., state) rows that are live documents of the commit read (`hold`), without the state."""
+        if self._held is None:
+            return [row[:-1] for row in rows if row[-1] == "live"]
+        count, _, hidden = self._held
+        return [row[:-1] for row in rows if row[0] < count and row[0] not in hidden]
 
     def named(self, spans: list[str]) -> list[tuple[str, str, int, str]] | None:
         """(name, normalised title, kind, title) of the names index's rows for those of `spans` that name a title with
         a live document (`names.lookup`); None for a store made before the index (it links no subject until its next
         writer gives it one)."""
-        return names.lookup(self.db, spans)
+        held = None if self._held is None else (self._held[0], self._held[1].tolist())
+        return names.lookup(self.db, spans, held)
 
     def aliases(self, norm_title: str) -> list[str]:
         """A normalised title's names: itself and its documents' aliases (normalised)."""
@@ -76,8 +96,8 @@ class Documents:
         if self._dated is None or self._dated[0] != self.store.version:
             corpus = self.store.manifest.get("corpus") or {}
             built = corpus.get("documents") if isinstance(corpus, dict) else None
-            query = "SELECT idx FROM documents WHERE idx >= ? AND date IS NOT NULL AND +state = 'live'"
-            rows = self.db.execute(query, (built,)).fetchall() if isinstance(built, int) else []
+            query = "SELECT idx, state FROM documents WHERE idx >= ? AND date IS NOT NULL"
+            rows = self._live(self.db.execute(query, (built,)).fetchall()) if isinstance(built, int) else []
             self._dated = (self.store.version, np.asarray([r[0] for r in rows], np.int64))
         return self._dated[1]
 
@@ -106,7 +126,7 @@ class Documents:
         found = {
             idx: Provenance(idx, doc_id, title, sentence, (start, end), count.get(idx, 1), date)
             for idx, doc_id, title, sentence, start, end, date in self.db.execute(
-                "SELECT e.idx, d.id, d.title, s.text, e.start, e.end, d.date FROM entries e "
+                "SELECT e.idx, coalesce(d.removed_id, d.id), d.title, s.text, e.start, e.end, d.date FROM entries e "
                 "JOIN sentences s ON s.idx = "
                 "e.sentence JOIN documents d ON d.idx = s.doc WHERE e.idx IN (SELECT value FROM json_each(?))",
                 (json.dumps([int(e) for e in entries]),),
@@ -173,14 +193,19 @@ class Documents:
 
     def live_end(self) -> int:
         """One past the last live document (0 when none is): what an IR index must cover."""
-        return self.db.execute("SELECT coalesce(max(idx) + 1, 0) FROM documents WHERE state = 'live'").fetchone()[0]
+        query = "SELECT coalesce(max(idx) + 1, 0) FROM documents WHERE state = 'live' AND idx < ?"
+        return self.db.execute(query, (self.store.n_documents,)).fetchone()[0]
 
     def count_live(self) -> int:
         """How many documents searches can return."""
+        if self._held is not None:
+            return self._held[0] - len(self._held[1])
         return self.db.execute("SELECT count(*) FROM documents WHERE state = 'live'").fetchone()[0]
 
     def hidden(self) -> np.ndarray:
         """Indices of the documents no search may return (being added, or removed)."""
+        if self._held is not None:
+            return self._held[1]
         rows = self.db.execute("SELECT idx FROM documents WHERE state IN ('adding', 'removed')").fetchall()  # indexed
         return np.asarray([r[0] for r in rows], dtype=np.int64)
 

@@ -13,11 +13,13 @@ checksums record it from then on.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import uuid
 from collections.abc import Mapping
 
 from bertknn.store.integrity import Damage
+from bertknn.store.manifest import IDENTITY
 from bertknn.store.schema import COMMITS, SQLITE, STORE_ID
 
 PUT_BACK = "put back this datastore's latest store.sqlite, or rebuild the datastore"
@@ -68,3 +70,16 @@ def damage(
             )
         ]
     return []
+
+
+def identity(manifest: dict) -> str:
+    """The copy of a manifest's model and key settings that SQLite keeps, which opening the store compares."""
+    return json.dumps({field: manifest.get(field) for field in IDENTITY})
+
+
+def write_identity(db: sqlite3.Connection, manifest: dict) -> None:
+    """`identity` and the store's id (where its manifest has one) kept in SQLite, inside the caller's transaction."""
+    db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(manifest),))
+    if manifest.get(STORE_ID):
+        db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (STORE_ID, manifest[STORE_ID]))
+

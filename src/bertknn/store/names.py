@@ -5,11 +5,12 @@ Each row says that a normalised name (`text.normalize_title`) names a normalised
 title), ALIAS (one of its documents' aliases or redirects) or PART (a part of the title by which it may be named
 alone: its last word, a person's surname; its first word, a company's; its words before a parenthesis, "Mercury" of
 "Mercury (planet)"). A PART names a title only where it names no other live title: a lookup reads at most two of a
-name's parts that have a live document (`lookup`), however common the name ("John"). Rows are keyed by title, not
-document: an article and its updates share theirs. A title's PART rows go when its last document that is not
-removed goes (`forget`, in the transaction that removes it), so that a name a removed document shared is a part of
-one title again: removing what was added gives every link back (an undone edit leaves no trace). Its TITLE and ALIAS
-rows stay until a rebuild, read only where the title has a live document. A Wikipedia dump's redirects are aliases
+name's parts that have a live document (`lookup`), however common the name ("John"), so that a name a removed
+document shared is a part of one title again: removing what was added gives every link back (an undone edit leaves
+no trace). Rows are keyed by title, not document: an article and its updates share theirs. Every row stays until a
+rebuild (which leaves out the parts of titles whose documents are all removed, `forget`) and is read only where its
+title has a live document: live in the commit the reader holds (`lookup`'s `held`), so a reader links as that commit
+did until it is reopened. A Wikipedia dump's redirects are aliases
 of their targets (kept in the table `redirects`, since a redirect names a title, not a document). A writer adds a
 document's rows in the transaction that registers it; a store made before the index, or before its FORM, gets it
 whole from its next writer (`ensure`), and `bertknn repair` rebuilds it (`rebuild`).
@@ -114,34 +115,48 @@ def indexed(db: sqlite3.Connection) -> bool:
         return False
 
 
-def lookup(db: sqlite3.Connection, spans: list[str]) -> list[tuple[str, str, int, str]] | None:
+def lookup(
+    db: sqlite3.Connection, spans: list[str], held: tuple[int, list[int]] | None = None
+) -> list[tuple[str, str, int, str]] | None:
     """(name, normalised title, kind, a live document's title as written) of the names among `spans` whose title has
     a live document, one query: each title or alias, and each part of a title that names one live title alone (a part
     that names several: one row of the title MORE, written ""); None where the store has no names index (made before
-    it: its next writer gives it one). A part's first two live titles are read, however many titles share it."""
-    spanned = json.dumps(spans)
+    it: its next writer gives it one). A part's first two live titles are read, however many titles share it. `held`
+    (a reader's commit: its documents' count and those hidden then): live is live in that commit; else, now."""
+    spanned, (count, hidden) = json.dumps(spans), held or (None, [])
+    params = {"spans": spanned, "part": PART, "count": count, "hidden": json.dumps(hidden)}
     try:
-        return db.execute(LOOKUP, (spanned, spanned, PART)).fetchall()
+        return db.execute(LOOKUP_HELD if held else LOOKUP, params).fetchall()
     except sqlite3.OperationalError as err:
         if "no such table" in str(err):
             return None
         raise
 
 
-LIVE = "(SELECT d.title FROM documents d WHERE d.norm_title = {} AND +d.state = 'live' LIMIT 1)"  # by the title's index
-PARTS = (  # a span's first two part titles with a live document (or an index made before FORM 2's MORE row)
-    "(SELECT q.title FROM names q WHERE q.name = j.value AND q.kind = 2 AND (q.title = '' OR "
-    + LIVE.format("q.title").replace("SELECT d.title", "SELECT 1")
-    + ") ORDER BY q.title LIMIT 1 OFFSET {})"
-)
-LOOKUP = (  # each span's two part titles read once (MATERIALIZED), then the titles and aliases, then the parts
-    f"WITH p AS MATERIALIZED (SELECT j.value AS name, {PARTS.format(0)} AS one, {PARTS.format(1)} AS two FROM "
-    "json_each(?) j), q AS MATERIALIZED (SELECT name, CASE WHEN two IS NOT NULL OR one = '' THEN '' ELSE one END AS "
-    "title FROM p WHERE one IS NOT NULL) "
-    f"SELECT name, title, kind, shown FROM (SELECT n.name, n.title, n.kind, {LIVE.format('n.title')} AS shown "
-    "FROM json_each(?) j JOIN names n ON n.name = j.value AND n.kind < ?) WHERE shown IS NOT NULL UNION ALL "
-    f"SELECT r.name, r.title, 2, CASE WHEN r.title = '' THEN '' ELSE {LIVE.format('r.title')} END FROM q r"
-)
+NOW = "+d.state = 'live'"  # live in the latest commit
+HELD = "d.idx < :count AND d.idx NOT IN (SELECT value FROM json_each(:hidden))"  # live in the commit a reader holds
+
+
+def _lookup(live: str) -> str:
+    """The names lookup's one query, a document live as `live` says (NOW or HELD)."""
+    first = f"(SELECT d.title FROM documents d WHERE d.norm_title = {{}} AND {live} LIMIT 1)"  # by the title's index
+    parts = (  # a span's first two part titles with a live document (or an index made before FORM 2's MORE row)
+        "(SELECT q.title FROM names q WHERE q.name = j.value AND q.kind = 2 AND (q.title = '' OR "
+        + first.format("q.title").replace("SELECT d.title", "SELECT 1")
+        + ") ORDER BY q.title LIMIT 1 OFFSET {})"
+    )
+    return (  # each span's two part titles read once (MATERIALIZED), then the titles and aliases, then the parts
+        f"WITH p AS MATERIALIZED (SELECT j.value AS name, {parts.format(0)} AS one, {parts.format(1)} AS two FROM "
+        "json_each(:spans) j), q AS MATERIALIZED (SELECT name, CASE WHEN two IS NOT NULL OR one = '' THEN '' ELSE "
+        "one END AS title FROM p WHERE one IS NOT NULL) "
+        f"SELECT name, title, kind, shown FROM (SELECT n.name, n.title, n.kind, {first.format('n.title')} AS shown "
+        "FROM json_each(:spans) j JOIN names n ON n.name = j.value AND n.kind < :part) WHERE shown IS NOT NULL "
+        f"UNION ALL SELECT r.name, r.title, 2, CASE WHEN r.title = '' THEN '' ELSE {first.format('r.title')} END "
+        "FROM q r"
+    )
+
+
+LOOKUP, LOOKUP_HELD = _lookup(NOW), _lookup(HELD)
 
 
 def aliases_of(db: sqlite3.Connection, title: str) -> list[str]:

@@ -1,8 +1,8 @@
-"""store.sqlite's schema, and the two ways it is opened: a reader's connection is read-only (SQLite `mode=ro`: it never
-writes, not even to upgrade an older store's schema, whose missing columns it reads as temporary views give them),
-a writer's (`Datastore.writing`, under the writer lock) creates and upgrades the schema. A writer killed mid-transaction
-leaves a hot journal, which only a read-write connection can roll back: a reader that meets one has SQLite roll it
-back (`Connection`), restoring the committed state, and reads on."""
+"""store.sqlite's schema, and the two ways it is opened: a reader's connection is read-only (SQLite `mode=ro`: it
+never writes, not even to upgrade an older store's schema, whose missing columns it reads as temporary views give
+them), a writer's (`writer.open_datastore_writer`, under the writer lock) creates and upgrades the schema. A writer
+killed mid-transaction leaves a hot journal, which only a read-write connection can roll back: a reader that meets one
+has SQLite roll it back (`Connection`), restoring the committed state, and reads on."""
 
 from __future__ import annotations
 
@@ -129,3 +129,12 @@ def writing(file: Path) -> sqlite3.Connection:
                 db.execute(f"ALTER TABLE documents ADD COLUMN {name} {kind}")
     db.execute("CREATE INDEX IF NOT EXISTS documents_state ON documents (state)")
     return db
+
+
+def write_parts(db: sqlite3.Connection, parts: dict[str, list]) -> None:
+    """Replace the committed list of each index kind given, inside the caller's transaction."""
+    for kind, listed in parts.items():
+        db.execute("DELETE FROM parts WHERE kind = ?", (kind,))
+        db.executemany("INSERT INTO parts VALUES (?, ?, ?, ?)", [(kind, p.name, p.first, p.stop) for p in listed])
+    if parts:
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('parts', '1')")

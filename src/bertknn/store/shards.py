@@ -18,13 +18,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from bertknn.store.datastore import Datastore, DatastoreError
-from bertknn.store.errors import sqlite_errors
+from bertknn.store.errors import sqlite_errors, writer_of
 from bertknn.store.manifest import Manifest
 from bertknn.store.protocol import Store
 from bertknn.store.records import Provenance, newest_first
@@ -130,20 +132,20 @@ class _Rows:
 
 
 class ShardedDatastore:
-    """The shards of `path/shards.json` read as one datastore (global document and entry numbers); its writes are a
-    `ShardedWriter`'s, under `writing()`."""
+    """The shards of `path/shards.json` read as one datastore (global document and entry numbers): a reader, or
+    with `writer` a `writers.ShardedWriter`'s own view, over its shards' writers' views (`shards`)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, shards: list[Datastore] | None = None, writer: Any = None) -> None:
         self.path = Path(path)
         self._top = read_top(self.path)
-        self.shards = [Datastore(self.path / row["path"]) for row in self._top["shards"]]
+        self.shards = shards or [Datastore(self.path / row["path"]) for row in self._top["shards"]]
         self.documents = ShardedDocuments(self)  # the documents' reads, by global numbers
         self.evidence = ShardedEvidence(self)  # the evidence vectors' reads
         self.lexicon = ShardedLexicon(self)  # the shards' words of several tokens as one lexicon
-        self._depth = 0  # `writing` contexts entered by the thread that holds the shards' locks
-        self._offsets()
+        self._writer = writer and weakref.ref(writer)  # not kept alive by its view: its locks go with it
+        self.recount()
 
-    def _offsets(self) -> None:
+    def recount(self) -> None:
         """The global numbers and the manifest's counts, from the shards as last (re)read."""
         self.doc_starts = np.cumsum([0] + [s.n_documents for s in self.shards])
         self.entry_starts = np.cumsum([0] + [s.size for s in self.shards])
@@ -187,11 +189,21 @@ class ShardedDatastore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def reload(self) -> None:
-        """Take in what other processes committed to any shard."""
-        for shard in self.shards:
-            shard.reload()
-        self._offsets()
+    def reopen_if_changed(self) -> bool:
+        """Move every shard to its latest commit (`Datastore.reopen_if_changed`); False when none had changed."""
+        changed = [shard.reopen_if_changed() for shard in self.shards]
+        if any(changed):
+            self.recount()
+        return any(changed)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Every shard's read transaction paused meanwhile (`Datastore.paused`), the counts re-read after."""
+        with contextlib.ExitStack() as held:
+            for shard in self.shards:
+                held.enter_context(shard.paused())
+            yield
+        self.recount()
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[None]:
@@ -199,7 +211,7 @@ class ShardedDatastore:
         with contextlib.ExitStack() as held:
             for shard in self.shards:
                 held.enter_context(shard.snapshot())
-            self._offsets()
+            self.recount()
             yield
 
     @property
@@ -208,27 +220,9 @@ class ShardedDatastore:
         return [damage for shard in self.shards for damage in shard.faiss_damage]
 
     @property
-    def writer(self) -> ShardedWriter:
-        """The writes of this datastore while `writing()` holds the shards' locks (DatastoreError outside it)."""
-        if not self._depth:
-            raise DatastoreError(f"{self.path}: a write outside `ShardedDatastore.writing()`, which holds the locks")
-        return ShardedWriter(self)
-
-    @contextlib.contextmanager
-    def writing(self, wait: float | None = None, check_tails: bool = True) -> Iterator[ShardedWriter]:
-        """Hold every shard's writer lock (in shard order, so two writers cannot hold one each; `check_tails` as
-        `Datastore.writing` takes it), then re-read; each shard commits and seals its own writes. Re-entrant within a
-        thread."""
-        with contextlib.ExitStack() as held:
-            for shard in self.shards:
-                held.enter_context(shard.writing(wait, check_tails))
-            self._offsets()
-            self._depth += 1
-            try:
-                yield ShardedWriter(self)
-            finally:
-                self._depth -= 1
-            self._offsets()
+    def writer(self) -> Any:
+        """The `writers.ShardedWriter` whose own view this is; a reader never writes (DatastoreError)."""
+        return writer_of(self.path, self._writer)
 
     def sqlite_errors(self) -> contextlib.AbstractContextManager[None]:
         """SQLite's errors about a damaged shard as a DatastoreError naming the shards' directory."""
@@ -421,29 +415,3 @@ class ShardedEvidence:
             if rest:
                 found.update(shard.evidence.vectors(rest))
         return found
-
-
-class ShardedWriter:
-    """The writes of a sharded datastore, while `ShardedDatastore.writing()` holds every shard's writer lock (each
-    shard's own writes: `shard.writer`)."""
-
-    def __init__(self, store: ShardedDatastore) -> None:
-        self.store = store
-
-    def remove(self, ids: list[str]) -> tuple[list[str], list[str]]:
-        """Remove documents from the shards holding them; return (removed now, removed before). An unknown id raises
-        DatastoreError before anything changes. Each shard removes its part in one transaction; a crash between
-        shards leaves some removed, and a rerun finishes (reporting those as removed before)."""
-        ids = list(dict.fromkeys(str(i) for i in ids))
-        owners = {i: shard for shard in self.store.shards for i in shard.documents.states(ids)}
-        unowned = [i for i in ids if i not in owners]
-        before = set().union(*(shard.documents.removed_ids(unowned) for shard in self.store.shards))
-        unknown = [i for i in ids if i not in owners and i not in before]
-        if unknown:
-            raise DatastoreError(
-                f"no document with id {', '.join(map(repr, unknown[:5]))} in {self.store.path}; nothing was removed"
-            )
-        removed = []
-        for shard in dict.fromkeys(owners.values()):
-            removed += shard.writer.remove([i for i in ids if owners.get(i) is shard])[0]
-        return removed, [i for i in ids if i in before]

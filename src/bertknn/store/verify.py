@@ -21,6 +21,7 @@ from bertknn.store.datastore import (
 )
 from bertknn.store.evidence import VIEWS, exists
 from bertknn.store.integrity import ChecksumError, Checksums, Damage, data_files
+from bertknn.store.writer import open_datastore_writer
 
 EVIDENCE_SAMPLE = 65_536  # live entries whose evidence texts `verify` looks up (the references are summed in full)
 
@@ -154,5 +155,5 @@ def _evidence_problems(store: Datastore, sample: int = EVIDENCE_SAMPLE) -> list[
 def record_checksums(path: str | Path) -> None:
     """Record the checksums of a datastore's files as they are now (for a store made before checksums existed, or
     after restoring files from a copy): only do this for files known to be sound."""
-    with Datastore(path, check=False) as store, store.writing(check_tails=False):
-        (store.path / "checksums.json").unlink(missing_ok=True)  # the write's end records them all anew
+    with open_datastore_writer(path, check_tails=False) as writer, writer.commit():
+        (writer.store.path / "checksums.json").unlink(missing_ok=True)  # the commit's end records them all anew

@@ -1,7 +1,10 @@
-"""The datastore's writer: what only the holder of its writer lock does. `Datastore.writing()` takes the lock, opens
-the writer's connection (creating or upgrading the schema) and gives the `DatastoreWriter`; its writes are committed
-by SQLite transactions (the commit point) and its files' checksums recorded when the write ends (`seal`). Readers
-(datastore.py) never write.
+"""The datastore's writer: one object per writing process, opened once (`open_datastore_writer`; for any store,
+`writers.open_writer`), as Lucene's IndexWriter: the only holder of the writer lock and of the writer's connection
+(made or upgraded here) until it is closed. It reads through a view of its own (a `Datastore` on its connection, so it
+sees its commits at once); readers (datastore.py) are other objects, never written through, that move to its commits
+when reopened (`Datastore.reopen_if_changed`). Its writes are committed by SQLite transactions (the commit point) and
+its files' checksums recorded when a commit ends (`commit`, `seal`); a write called outside `commit` is a commit of
+its own.
 
 `append` stores one chunk of documents at a time: keys and values are written and fsynced first, then SQLite commits
 the chunk's rows and the new entry count in one transaction. That count is the truth: a reader and a resumed build
@@ -10,48 +13,190 @@ ignore any bytes past it, so a build killed at any point resumes to exactly the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import functools
 import json
 import sqlite3
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, TypeVar
 
 import numpy as np
 
 from bertknn.store import atomic, names, schema
 from bertknn.store import evidence as evidence_table
-from bertknn.store.identity import held, new_id
-from bertknn.store.integrity import ChecksumError, Checksums, data_files, seal
-from bertknn.store.manifest import COMMITTED, IDENTITY, RECORD, DatastoreError, Manifest
+from bertknn.store.datastore import APPEND_ONLY, Datastore
+from bertknn.store.identity import held, new_id, write_identity
+from bertknn.store.integrity import ChecksumError, Checksums, Damage, damage_message, data_files, seal
+from bertknn.store.lock import LOCK_WAIT, acquire_lock
+from bertknn.store.manifest import COMMITTED, RECORD, DatastoreError, Manifest
 from bertknn.store.records import Part, Record, Staged
 from bertknn.store.schema import COMMITS, REMOVED_PREFIX, REPLACING_PREFIX, SQLITE, STORE_ID
 
-if TYPE_CHECKING:
-    from bertknn.store.protocol import Written
+Method = TypeVar("Method", bound=Callable)
+_OPEN: weakref.WeakValueDictionary[Path, DatastoreWriter] = weakref.WeakValueDictionary()  # this process's writers
+_OPENING = threading.Lock()
+
+
+def open_datastore_writer(path: str | Path, wait: float | None = None, check_tails: bool = True) -> DatastoreWriter:
+    """The writer of the one-directory datastore at `path`, one per process: the one this process holds open
+    already (one more holder), else opened: its lock taken (waiting up to `wait` seconds for another process's
+    writer; None: as `lock.lock_wait` says), refused before anything is written where store.sqlite is another
+    store's or an older copy (`identity.damage`), what an interrupted writer left half-written removed, its
+    connection opened (the schema made or upgraded) and the committed state read. `check_tails`: refuse where the
+    last block of keys or values is damaged (`bertknn repair` checks every block itself). Each holder closes it
+    (`with open_datastore_writer(p) as w:`); the last one's close lets another process's writer in."""
+    key = Path(path).resolve()
+    with _OPENING:
+        writer = _OPEN.get(key)
+        if writer is not None and writer.hold():
+            return writer
+        writer = _OPEN[key] = _opened(Path(path), wait, check_tails)
+        return writer
+
+
+def _opened(path: Path, wait: float | None, check_tails: bool) -> DatastoreWriter:
+    """A new writer of the store at `path` (`open_datastore_writer`)."""
+    lock = acquire_lock(path, LOCK_WAIT.get() if wait is None else wait)
+    try:
+        view = Datastore(path, check=False)
+    except BaseException:
+        _unlock(lock)
+        raise
+    try:
+        view.check_provenance(older=check_tails)
+        atomic.remove_temporary(path)  # what an interrupted writer left half-written
+        with view.sqlite_errors():
+            writer = DatastoreWriter(view, lock, schema.writing(path / SQLITE))
+    except BaseException:
+        view.close()
+        _unlock(lock)
+        raise
+    if check_tails:
+        writer.check_tails()
+    return writer
+
+
+def _unlock(lock: IO[str]) -> None:
+    fcntl.flock(lock, fcntl.LOCK_UN)
+    lock.close()
+
+
+def committing(method: Method) -> Method:
+    """A write called outside `commit` is one commit of its own (sealed at its end); inside, part of that one."""
+
+    @functools.wraps(method)
+    def within(self: DatastoreWriter, *args: object, **kwargs: object) -> object:
+        with self.commit():
+            return method(self, *args, **kwargs)
+
+    return within  # type: ignore[return-value]
 
 
 class DatastoreWriter:
-    """The writes of one datastore, while its writer lock is held (`Datastore.writing()`): documents registered,
-    staged, published and removed, entries appended with their words and evidence vectors, index parts committed, the
-    manifest changed, checksums recorded. Reads go through `store`, which reads the writer's own commits meanwhile."""
+    """The writes of one datastore, from `open_datastore_writer` to `close`: documents registered, staged, published and
+    removed, entries appended with their words and evidence vectors, index parts committed, the manifest changed,
+    checksums recorded. Reads go through `store`, its own view, which sees its commits at once. One per process and
+    store, shared by its holders; one thread writes at a time (`commit` holds it); readers are objects of their
+    own."""
 
-    def __init__(self, store: Written) -> None:
-        self.store = store
-        self._began = held(store.db)[1]  # store.sqlite's commits when the write began
+    def __init__(self, store: Datastore, lock: IO[str], connection: sqlite3.Connection) -> None:
+        self.store, self._lock = store, lock
+        self._threads = threading.RLock()  # the thread inside `commit`
+        self._depth = 0  # `commit`s open, nested
+        self._holders = 1  # those that opened it and have not closed it
+        store.written_by(self, connection)
+        self._began = held(store.db)[1]  # store.sqlite's commits when the writer was opened
         with store.sqlite_errors():
             names.ensure(store.db)  # a store made before the names index gets it whole
+            if store.read_meta("identity") in (None, ""):  # a create killed between its manifest and this record
+                with self.db:
+                    write_identity(self.db, store.manifest)
 
     @property
     def db(self) -> sqlite3.Connection:
-        """The writer's SQLite connection (the store's while it is writing)."""
+        """The writer's SQLite connection."""
         return self.store.db
 
+    @property
+    def closed(self) -> bool:
+        """Whether `close` let the lock go: nothing is written through it after."""
+        return self._lock is None
+
+    def __enter__(self) -> DatastoreWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def hold(self) -> bool:
+        """One more holder (`open_datastore_writer`); False when it is closed already."""
+        with self._threads:
+            self._holders += self._lock is not None
+            return self._lock is not None
+
+    def close(self) -> None:
+        """One holder fewer; the last one's close lets the writer lock go and closes the connection (a closed writer:
+        nothing)."""
+        with self._threads:
+            self._holders -= 1
+            if self._lock is None or self._holders > 0:
+                return
+            lock, self._lock = self._lock, None
+            self.store.close()
+            _unlock(lock)
+
+    @contextlib.contextmanager
+    def commit(self) -> Iterator[DatastoreWriter]:
+        """Writes grouped into one commit: the checksums of what they wrote recorded once they have all succeeded
+        (`seal`; a failure leaves the committed state as it was, and the next commit seals what it holds). Nested,
+        the outermost seals; other threads wait for its end."""
+        with self._threads:
+            if self._lock is None:
+                raise DatastoreError(f"the writer of {self.store.path} is closed: open another (`writers.open_writer`)")
+            self._depth += 1
+            try:
+                yield self
+            finally:
+                self._depth -= 1
+            if self._depth == 0:
+                self._seal()
+
+    def check_tails(self) -> None:
+        """Refuse to append to keys or values whose last, partly filled block was damaged: the seal would have to
+        hash that block again, and would take the damage for data."""
+        try:
+            damage = Checksums(self.store.path).verify(APPEND_ONLY, sample=0, growing=APPEND_ONLY)
+        except ChecksumError as err:
+            damage = [Damage("checksums.json", None, str(err))]
+        if damage:
+            self.close()  # nothing may be written past it: the lock goes with the error
+            raise DatastoreError(damage_message(self.store.path, damage))
+
+    def _seal(self) -> None:
+        """The commit's checksums recorded; a failure to record them (a permission, say) says that the writes
+        themselves were committed, and what records them."""
+        try:
+            self._record()
+        except OSError as err:
+            if isinstance(err, atomic.DiskFullError):
+                raise
+            raise DatastoreError(
+                f"the change to {self.store.path} was committed, but its checksums could not be recorded ({err}); "
+                f"the next write records them, or `bertknn verify --record {self.store.path}` once that is mended"
+            ) from None
+
+    @committing
     def write_meta(self, key: str, value: str) -> None:
         """Keep a value in SQLite, in its own transaction (for the writer)."""
         with self.store.sqlite_errors(), self.db:
             self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
-    def seal(self) -> None:
+    def _record(self) -> None:
         """Record checksums (`integrity.seal`): the new tail of keys and values, SQLite whole, and the data files not
         recorded yet (new, or announced by `rewriting`). A recorded file is never re-recorded here, so damage stays
         visible."""
@@ -92,6 +237,7 @@ class DatastoreWriter:
             sums.forget(names)
             sums.save()
 
+    @committing
     def register(self, docs: list[Record], state: str = "live", redirects: Sequence[tuple[str, str]] = ()) -> None:
         """Add documents and their sentences (text only, not yet embedded), and `redirects` ((alias, title) pairs: a
         Wikipedia dump's), in one transaction."""
@@ -120,6 +266,7 @@ class DatastoreWriter:
             self.db.executemany("INSERT INTO sentences VALUES (?, ?, ?)", rows)
             sent_idx += len(doc.sentences)
 
+    @committing
     def stage(self, docs: list[Record], replace: bool = False) -> Staged:
         """Register the given documents as 'adding' (hidden) unless the same document is there, in one transaction;
         return what became of each id (`Staged`: added, replacing a live document, or skipped as unchanged).
@@ -157,8 +304,8 @@ class DatastoreWriter:
         return Staged(tuple(added), tuple(d.id for d in docs if d.id in replaced), tuple(skipped))
 
     def _hide(self, docs: list[int]) -> None:
-        """Mark documents removed, free their ids, release their entries' evidence and drop the parts of their titles
-        from the names index where no other document holds them (`names.forget`), inside the caller's transaction."""
+        """Mark documents removed, free their ids and release their entries' evidence, inside the caller's
+        transaction (their names stay: a reader holding an earlier commit reads them; `names.lookup`)."""
         filled = self.store.evidence.filled
         ranges = self.db.execute(
             "SELECT start, end FROM documents WHERE start IS NOT NULL AND idx IN (SELECT value FROM json_each(?))",
@@ -171,12 +318,8 @@ class DatastoreWriter:
             "UPDATE documents SET state = 'removed', removed_id = id, id = ? || idx WHERE idx = ?",
             [(REMOVED_PREFIX, d) for d in docs],
         )
-        titles = self.db.execute(
-            "SELECT norm_title FROM documents WHERE idx IN (SELECT value FROM json_each(?))",
-            (json.dumps([int(d) for d in docs]),),
-        )
-        names.forget(self.db, [t for (t,) in titles])
 
+    @committing
     def publish(self, **parts: list[Part]) -> list[str]:
         """Make every 'adding' document live and commit the index parts given (kind=list, as `commit_parts`), in one
         transaction: a reader sees the documents and the parts that index them together, or neither. Returns the ids
@@ -195,15 +338,17 @@ class DatastoreWriter:
                 self._hide([idx for _, idx, state, _ in old if state == "live"])
                 self.db.executemany("UPDATE documents SET id = ? WHERE idx = ?", [(i, x) for x, i in replacing])
             self.db.execute("UPDATE documents SET state = 'live' WHERE state = 'adding'")
-            write_parts(self.db, parts)
+            schema.write_parts(self.db, parts)
         return published
 
+    @committing
     def commit_parts(self, **parts: list[Part]) -> None:
         """Replace the committed list of each index kind given (kind=list of its live parts), in one transaction.
         For the writer: files that no list names are deleted after, never before."""
         with self.store.sqlite_errors(), self.db:
-            write_parts(self.db, parts)
+            schema.write_parts(self.db, parts)
 
+    @committing
     def remove(self, ids: list[str]) -> tuple[list[str], list[str]]:
         """Hide documents from every search path, all in one transaction; return (removed now, removed before).
 
@@ -226,6 +371,7 @@ class DatastoreWriter:
             self._hide([*held.values(), *staged])
         return list(held), [i for i in ids if i in before]
 
+    @committing
     def append(
         self,
         docs: list[int],
@@ -301,6 +447,7 @@ class DatastoreWriter:
             )
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('entries', ?)", (str(end),))
 
+    @committing
     def fill_evidence(self, stop: int, evidence: evidence_table.Evidence) -> None:
         """A store made before evidence vectors: store those of entries [`evidence.filled`, stop) in one
         transaction and record how far that got (`bertknn sentences`, ingest/evidence_encoding.py)."""
@@ -326,12 +473,7 @@ class DatastoreWriter:
             values.append(known[pieces])
         return values, new
 
-    def record_identity(self) -> None:
-        """Keep a copy of the manifest's model and key settings in SQLite, which opening the store compares, and the
-        store's id (`identity.py`)."""
-        with self.store.sqlite_errors(), self.db:
-            write_identity(self.db, self.store.manifest)
-
+    @committing
     def set_manifest(self, **changes: object) -> None:
         """Commit changes of the fields that change after creation (`manifest.COMMITTED`; None removes one) in one
         transaction: the commit record then holds every such field (a change of `key_codec` re-maps the keys)."""
@@ -345,23 +487,3 @@ class DatastoreWriter:
         if "key_codec" in changes:
             self.store.remap()
 
-
-def identity(manifest: dict) -> str:
-    """The copy of a manifest's model and key settings that SQLite keeps, which opening the store compares."""
-    return json.dumps({field: manifest.get(field) for field in IDENTITY})
-
-
-def write_identity(db: sqlite3.Connection, manifest: dict) -> None:
-    """`identity` and the store's id (where its manifest has one) kept in SQLite, inside the caller's transaction."""
-    db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(manifest),))
-    if manifest.get(STORE_ID):
-        db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (STORE_ID, manifest[STORE_ID]))
-
-
-def write_parts(db: sqlite3.Connection, parts: dict[str, list[Part]]) -> None:
-    """Replace the committed list of each index kind given, inside the caller's transaction."""
-    for kind, listed in parts.items():
-        db.execute("DELETE FROM parts WHERE kind = ?", (kind,))
-        db.executemany("INSERT INTO parts VALUES (?, ?, ?, ?)", [(kind, p.name, p.first, p.stop) for p in listed])
-    if parts:
-        db.execute("INSERT OR REPLACE INTO meta VALUES ('parts', '1')")

@@ -1,0 +1,89 @@
+"""The writer of any datastore, sharded or not: `open_writer` gives a one-directory store's `DatastoreWriter`
+(writer.py) or a sharded store's `ShardedWriter`, which holds every shard's writer (their locks taken in shard
+order, so two writers cannot hold one each) behind the same interface: `store` (its own view), `commit`, `remove`,
+`close`. A caller never asks which it has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from bertknn.store.manifest import DatastoreError
+from bertknn.store.protocol import Store
+from bertknn.store.shards import ShardedDatastore, is_sharded, shard_paths
+from bertknn.store.writer import DatastoreWriter, open_datastore_writer
+
+
+def open_writer(
+    store: Store | str | Path, wait: float | None = None, check_tails: bool = True
+) -> DatastoreWriter | ShardedWriter:
+    """The writer of the datastore at `store` (a path, or an open store's), opened once: see `open_datastore_writer`
+    for `wait` and `check_tails`. Close it to let another writer in."""
+    path = Path(store if isinstance(store, (str, Path)) else store.path)
+    if not is_sharded(path):
+        return open_datastore_writer(path, wait, check_tails)
+    held: list[DatastoreWriter] = []
+    try:
+        for shard in shard_paths(path):
+            held.append(open_datastore_writer(shard, wait, check_tails))
+    except BaseException:
+        for writer in held:
+            writer.close()
+        raise
+    return ShardedWriter(path, held)
+
+
+class ShardedWriter:
+    """The writes of a sharded datastore: each shard's own writer (`shards`), and `store`, the shards' views read as
+    one. Each shard commits and seals its own writes."""
+
+    def __init__(self, path: Path, shards: list[DatastoreWriter]) -> None:
+        self.shards = shards
+        self.store = ShardedDatastore(path, [writer.store for writer in shards], writer=self)
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` let the locks go."""
+        return self.shards[0].closed
+
+    def __enter__(self) -> ShardedWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Let every shard's lock go (again: nothing)."""
+        for writer in self.shards:
+            writer.close()
+
+    @contextlib.contextmanager
+    def commit(self) -> Iterator[ShardedWriter]:
+        """One commit on every shard (`DatastoreWriter.commit`); the global counts re-read at its end."""
+        with contextlib.ExitStack() as held:
+            for writer in self.shards:
+                held.enter_context(writer.commit())
+            yield self
+        self.store.recount()
+
+    def remove(self, ids: list[str]) -> tuple[list[str], list[str]]:
+        """Remove documents from the shards holding them; return (removed now, removed before). An unknown id raises
+        DatastoreError before anything changes. Each shard removes its part in one transaction; a crash between
+        shards leaves some removed, and a rerun finishes (reporting those as removed before)."""
+        ids = list(dict.fromkeys(str(i) for i in ids))
+        views = self.store.shards
+        owners = {i: s for s, view in enumerate(views) for i in view.documents.states(ids)}
+        unowned = [i for i in ids if i not in owners]
+        before = set().union(*(view.documents.removed_ids(unowned) for view in views))
+        unknown = [i for i in ids if i not in owners and i not in before]
+        if unknown:
+            raise DatastoreError(
+                f"no document with id {', '.join(map(repr, unknown[:5]))} in {self.store.path}; nothing was removed"
+            )
+        removed = []
+        for s in dict.fromkeys(owners.values()):
+            removed += self.shards[s].remove([i for i in ids if owners.get(i) == s])[0]
+        self.store.recount()
+        return removed, [i for i in ids if i in before]
