@@ -145,15 +145,15 @@ def test_an_integer_id_is_stored_as_the_corpus_reader_stores_it(writable):
 
 def test_error_details_name_no_server_path(writable, built, monkeypatch):
     server = str(built.store.path.parent)  # the store's name may be shown, where it lies not
+    monkeypatch.setattr(svc, "SERVICE_WAIT_S", 0.2)
+    with held_elsewhere(built.store.path):  # another process's writer, before the service's first write opened one
+        busy = writable.delete("/documents/d1")
+    assert busy.status_code == 503 and busy.json()["detail"].startswith("store is being written by")
     missing = writable.delete("/documents/no-such-id")
     assert missing.status_code == 404
     assert "no document with id 'no-such-id' in store" in missing.json()["detail"]
     conflict = writable.post("/documents", json={**FRESH, "id": "d1"})
     assert conflict.status_code == 409 and "are in store with other text" in conflict.json()["detail"]
-    monkeypatch.setattr(svc, "SERVICE_WAIT_S", 0.2)
-    with held_elsewhere(built.store.path):
-        busy = writable.delete("/documents/d1")
-    assert busy.status_code == 503 and busy.json()["detail"].startswith("store is being written by")
     assert not [r.text for r in (missing, conflict, busy) if server in r.text]
 
 

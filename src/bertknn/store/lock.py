@@ -65,8 +65,10 @@ def acquire_lock(path: Path, wait: float):
                 handle.seek(0)
                 holder = handle.read().strip() or "another process"
                 handle.close()
+                serving = " (a writable service holds it while it runs: add through its POST /documents)"
                 raise BusyError(
                     f"{path} is being written by {holder}; one writer at a time: rerun when it has finished"
+                    + (serving if "serve" in holder else "")
                 ) from None
             time.sleep(0.05)
     handle.seek(0)
