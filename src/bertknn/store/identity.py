@@ -82,4 +82,3 @@ def write_identity(db: sqlite3.Connection, manifest: dict) -> None:
     db.execute("INSERT OR REPLACE INTO meta VALUES ('identity', ?)", (identity(manifest),))
     if manifest.get(STORE_ID):
         db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (STORE_ID, manifest[STORE_ID]))
-

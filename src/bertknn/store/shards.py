@@ -98,6 +98,15 @@ def _renumbering(table: dict[int, int]) -> Callable[[np.ndarray], np.ndarray]:
     return renumber
 
 
+@contextlib.contextmanager
+def every(contexts: Iterable[contextlib.AbstractContextManager]) -> Iterator[None]:
+    """Each of `contexts` entered in turn (a shard's after the one before it), all left at the end."""
+    with contextlib.ExitStack() as held:
+        for context in contexts:
+            held.enter_context(context)
+        yield
+
+
 def open_store(path: str | Path) -> Store:
     """The datastore at `path`, sharded or not."""
     return ShardedDatastore(path) if is_sharded(path) else Datastore(path)
@@ -199,18 +208,14 @@ class ShardedDatastore:
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """Every shard's read transaction paused meanwhile (`Datastore.paused`), the counts re-read after."""
-        with contextlib.ExitStack() as held:
-            for shard in self.shards:
-                held.enter_context(shard.paused())
+        with every(shard.paused() for shard in self.shards):
             yield
         self.recount()
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[None]:
         """Every shard read from one commit meanwhile (`Datastore.snapshot`), its counts and offsets re-read."""
-        with contextlib.ExitStack() as held:
-            for shard in self.shards:
-                held.enter_context(shard.snapshot())
+        with every(shard.snapshot() for shard in self.shards):
             self.recount()
             yield
 

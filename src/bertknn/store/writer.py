@@ -486,4 +486,3 @@ class DatastoreWriter:
         self.store.manifest = Manifest({k: v for k, v in {**self.store.manifest, **changes}.items() if v is not None})
         if "key_codec" in changes:
             self.store.remap()
-

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bertknn.store.manifest import DatastoreError
 from bertknn.store.protocol import Store
-from bertknn.store.shards import ShardedDatastore, is_sharded, shard_paths
+from bertknn.store.shards import ShardedDatastore, every, is_sharded, shard_paths
 from bertknn.store.writer import DatastoreWriter, open_datastore_writer
 
 
@@ -62,9 +62,7 @@ class ShardedWriter:
     @contextlib.contextmanager
     def commit(self) -> Iterator[ShardedWriter]:
         """One commit on every shard (`DatastoreWriter.commit`); the global counts re-read at its end."""
-        with contextlib.ExitStack() as held:
-            for writer in self.shards:
-                held.enter_context(writer.commit())
+        with every(writer.commit() for writer in self.shards):
             yield self
         self.store.recount()
 
