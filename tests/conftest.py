@@ -93,8 +93,8 @@ def writable(encoder, store, **options):
 
 def index_keys(store, *args, **options):
     """The FAISS index of `store`'s keys (`FaissIndex.build`, or `ShardedFaiss.build` for a sharded store, with
-    `args` and `options`), built through the store's writer as `bertknn index` builds it; `store` then reopened on
-    it. With `on_ray` the shards are filled by Ray tasks, each through its shard's writer."""
+    `args` and `options`), built through the store's writer as `bertknn index` builds it, then loaded by `store`,
+    reopened on it. With `on_ray` the shards are filled by Ray tasks, each through its shard's writer."""
     from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
     from bertknn.store.shards import ShardedDatastore
     from bertknn.store.writers import open_writer
@@ -103,9 +103,9 @@ def index_keys(store, *args, **options):
     if options.get("on_ray"):
         return kind.build(store, *args, **options)
     with open_writer(store) as writer:
-        built = kind.build(writer.store, *args, **options)
+        kind.build(writer.store, *args, **options)
     store.reopen_if_changed()
-    return built
+    return kind.load(store)  # read by the reader (the writer's view is closed with it)
 
 
 @contextlib.contextmanager
