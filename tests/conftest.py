@@ -95,17 +95,17 @@ def index_keys(store, *args, **options):
     """The FAISS index of `store`'s keys (`FaissIndex.build`, or `ShardedFaiss.build` for a sharded store, with
     `args` and `options`), built through the store's writer as `bertknn index` builds it, then loaded by `store`,
     reopened on it. With `on_ray` the shards are filled by Ray tasks, each through its shard's writer."""
+    from bertknn.index import faiss_index
     from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
-    from bertknn.store.shards import ShardedDatastore
     from bertknn.store.writers import open_writer
 
-    kind = ShardedFaiss if isinstance(store, ShardedDatastore) else FaissIndex
+    kind = FaissIndex if len(store.shards) == 1 else ShardedFaiss
     if options.get("on_ray"):
         return kind.build(store, *args, **options)
     with open_writer(store) as writer:
         kind.build(writer.store, *args, **options)
     store.reopen_if_changed()
-    return kind.load(store)  # read by the reader (the writer's view is closed with it)
+    return faiss_index.load(store)  # read by the reader (the writer's view is closed with it)
 
 
 @contextlib.contextmanager

@@ -59,6 +59,7 @@ def test_storage_imports_neither_the_model_nor_the_tokenizer():
         "bertknn.store.integrity",
         "bertknn.store.lexicon",
         "bertknn.store.manifest",
+        "bertknn.store.protocol",  # `Shards`: a store is its own one shard
         "bertknn.store.records",
         "bertknn.store.schema",
         "bertknn.store.snapshot",
@@ -107,6 +108,44 @@ def test_the_writer_lock_is_taken_only_by_the_writer():
     assert _called("schema.writing") == ["store.creation", "store.writer"]
     assert set(_called("writing")) <= set(_called("schema.writing"))  # no reader's `writing()` left
     assert _called("open_datastore_writer") == ["ingest.repair", "store.verify", "store.writers"]
+
+
+SHARDING = {"ShardedDatastore", "ShardedWriter", "ShardedDocuments", "ShardedLexicon", "is_sharded", "shard_paths"}
+
+
+def _names_used(file: Path) -> set[str]:
+    """The names a file uses (as a name, an attribute or an import)."""
+    found = set()
+    for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.ImportFrom):
+            found |= {alias.name for alias in node.names}
+    return found
+
+
+def test_no_caller_outside_store_asks_whether_a_store_is_sharded():
+    """A sharded store has the reader's and the writer's interfaces of a plain one (`protocol.Shards`: every store is
+    its shards); outside store/ nothing names the sharded classes or asks whether a directory is sharded."""
+    asking = {
+        ".".join(file.relative_to(SRC).with_suffix("").parts): sorted(_names_used(file) & SHARDING)
+        for file in sorted(SRC.rglob("*.py"))
+        if file.relative_to(SRC).parts[0] != "store" and _names_used(file) & SHARDING
+    }
+    assert asking == {}
+
+
+def test_a_store_and_a_sharded_store_are_read_through_the_same_shards():
+    """Both have `shards`, `doc_starts`, `entry_starts`, `split_documents` and `merge_nearest`: a plain store is
+    its own one shard."""
+    from bertknn.store.datastore import Datastore
+    from bertknn.store.protocol import Shards
+    from bertknn.store.shards import ShardedDatastore
+
+    assert issubclass(Datastore, Shards) and issubclass(ShardedDatastore, Shards)
+    assert {"shards", "doc_starts", "entry_starts"} <= set(dir(Datastore))
 
 
 def _modules() -> dict[str, set[str]]:

@@ -259,19 +259,25 @@ def test_faiss_over_shards_returns_what_one_index_over_all_keys_returns(cluster,
     assert knn.faiss is not None and knn.predict("Town 12 lies near [MASK] .", retrieval="faiss").knn
 
 
-def test_index_on_ray_needs_a_sharded_datastore_and_fills_its_shards(built):
+def test_index_on_ray_fills_every_shard_of_any_datastore(built, tmp_path):
+    """`--engine ray` fills each shard in a Ray task: a sharded store's shards, a one-directory store's one shard
+    (a store is its own one shard: no caller asks which it has)."""
     from typer.testing import CliRunner
 
     from bertknn.cli import app
 
     path, _, single = built
     for command in ("index", "serve"):
-        refused = CliRunner().invoke(app, [command, str(single.store.path), "--engine", "ray"])
-        assert refused.exit_code == 2 and "ray for a sharded datastore" in " ".join(refused.output.split())
+        refused = CliRunner().invoke(app, [command, str(single.store.path), "--engine", "spark"])
+        assert refused.exit_code == 2 and "--engine is local or ray" in " ".join(refused.output.split())
     done = CliRunner().invoke(app, ["index", str(path / "sharded"), "--engine", "ray", "--factory", "Flat"])
     assert done.exit_code == 0, done.output
     assert "the faiss.index of each shard" in " ".join(done.output.split())
     assert all((path / "sharded" / s["path"] / "faiss.index").is_file() for s in built[1]["shards"])
+    one = shutil.copytree(single.store.path, tmp_path / "one")
+    done = CliRunner().invoke(app, ["index", str(one), "--engine", "ray", "--factory", "Flat"])
+    assert done.exit_code == 0, done.output
+    assert str(one / "faiss.index") in "".join(done.output.split()) and (one / "faiss.index").is_file()
 
 
 def test_a_rerun_with_another_corpus_or_shard_size_is_refused_before_anything_is_written(tmp_path, tiny_model_dir):

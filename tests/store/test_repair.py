@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from bertknn import BertKNN, DatastoreError
 from bertknn.cli import app
-from bertknn.index import faiss_files, retrieval, tfidf_files
-from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
+from bertknn.index import faiss_files, faiss_index, retrieval, tfidf_files
+from bertknn.index.faiss_index import FaissIndex
 from bertknn.ingest.ingester import Writer
 from bertknn.ingest.repair import Unrepairable, rebuild_commands, repair
 from bertknn.store import verify as checks
@@ -197,7 +197,7 @@ def test_a_sharded_datastore_is_repaired_shard_by_shard_with_its_one_quantizer(t
     sharded = ShardedDatastore(path)
     index_keys(sharded, "IVF2,Flat", train_size=40, nprobe=2)
     query = np.asarray(sharded.keys[[5]], np.float32)[0]
-    expected = ShardedFaiss.load(sharded).search(query, 6)
+    expected = faiss_index.load(sharded).search(query, 6)
     first, second = sharded.shards[0].path, sharded.shards[1].path
     trained = (first / "faiss_trained.index").read_bytes()
     (second / "faiss_trained.index").write_bytes(b"")  # its quantizer is the one the other shard holds too
@@ -208,7 +208,7 @@ def test_a_sharded_datastore_is_repaired_shard_by_shard_with_its_one_quantizer(t
     assert len(done.rebuilt) == 2 and "TF-IDF segment" in done.rebuilt[0] and "FAISS index" in done.rebuilt[1]
     assert (second / "faiss_trained.index").read_bytes() == trained
     assert [checks.verify(s.path).problems for s in sharded.shards] == [[], []]
-    got = ShardedFaiss.load(ShardedDatastore(path)).search(query, 6)
+    got = faiss_index.load(ShardedDatastore(path)).search(query, 6)
     assert got[0].tolist() == expected[0].tolist()
     np.testing.assert_allclose(got[1], expected[1], rtol=RTOL)
     assert faiss.read_index(str(second / "faiss.index")).ntotal == sharded.shards[1].size
@@ -217,7 +217,7 @@ def test_a_sharded_datastore_is_repaired_shard_by_shard_with_its_one_quantizer(t
     done = repair(path)
     assert [line.split(":")[0] for line in done.rebuilt] == ["shards/shard-00000", "shards/shard-00001"]
     assert (first / "faiss_trained.index").read_bytes() == (second / "faiss_trained.index").read_bytes() == trained
-    got = ShardedFaiss.load(ShardedDatastore(path)).search(query, 6)
+    got = faiss_index.load(ShardedDatastore(path)).search(query, 6)
     assert got[0].tolist() == expected[0].tolist()
     np.testing.assert_allclose(got[1], expected[1], rtol=RTOL)
 

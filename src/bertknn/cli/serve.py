@@ -42,8 +42,8 @@ AllowedHostOption = Annotated[
 EngineOption = Annotated[
     str,
     typer.Option(
-        help="sharded datastores: local (this process searches every shard) or ray (on Ray Serve: a deployment "
-        "per shard, searched where it is held; pip install 'bertknn[ray]')"
+        help="local (this process searches every shard) or ray (on Ray Serve: a deployment per shard, searched "
+        "where it is held; pip install 'bertknn[ray]')"
     ),
 ]
 AddressOption = Annotated[str | None, typer.Option(help="ray: the cluster's address [default: a local one]")]
@@ -119,17 +119,16 @@ def serve(
 def _bind(
     datastore: str, host: str, writable: bool, token: str | None, allowed_host: list[str] | None, engine: str
 ) -> list[str]:
-    """The Host names to answer, once the options are checked (a writable network bind needs a token; --engine ray
-    a sharded datastore); warns when `host` is reachable from the network."""
+    """The Host names to answer, once the options are checked (a writable network bind needs a token; --engine is
+    local or ray); warns when `host` is reachable from the network."""
     from bertknn.serving.security import allowed_hosts_for, is_loopback
-    from bertknn.store.shards import is_sharded
 
     network = not is_loopback(host)
     if writable and network and not token:
         raise ValueError(f"--writable on {host} needs a token: pass --token or set BERTKNN_TOKEN")
     hosts = allowed_host or allowed_hosts_for(host)
-    if engine not in ("local", "ray") or (engine == "ray" and not is_sharded(datastore)):
-        raise ValueError("--engine is local, or ray for a sharded datastore (its shards served by Ray Serve)")
+    if engine not in ("local", "ray"):
+        raise ValueError(f"--engine is local or ray (each shard served by Ray Serve), not {engine!r}")
     if network:
         console.print(
             f"[bold yellow]warning:[/] bound to {escape(host)}: the service is reachable from the network, by anyone "

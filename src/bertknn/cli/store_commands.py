@@ -156,13 +156,13 @@ def _build_on_ray(
     `convert-keys` does), then say what the sharded datastore holds."""
     from bertknn.ingest import distributed
     from bertknn.ingest.ingester import Writer
-    from bertknn.store.shards import ShardedDatastore
+    from bertknn.store.shards import open_store
 
     began = time.time()
     with phase_progress() as report:
         top = distributed.build(corpus, out, model, layer, workers, shard_docs, address, runtime, report)
         if key_codec != "float16":
-            with ShardedDatastore(out) as store, Writer(store) as writer:
+            with open_store(out) as store, Writer(store) as writer:
                 writer.convert_keys(key_codec, progress=lambda done, total: report("encoding", done, total))
     console.print(
         f"sharded datastore {shown(str(out))}: {len(top['shards'])} shards, {top['documents']:,} documents, "
@@ -215,7 +215,9 @@ def index(
         int | None, typer.Option(min=1, help="random keys to train on [default: 50 per IVF list, at least 100k]")
     ] = None,
     nprobe: Annotated[int, typer.Option(min=1, help="IVF lists searched per query")] = NPROBE,
-    engine: Annotated[str, typer.Option(help="sharded datastores: local (one shard after the other) or ray")] = "local",
+    engine: Annotated[
+        str, typer.Option(help="local (one shard after another, here) or ray (shards filled by parallel Ray tasks)")
+    ] = "local",
     address: Annotated[str | None, typer.Option(help="ray: the cluster's address [default: a local one]")] = None,
     threads: ThreadsOption = 0,
     wait: WaitOption = CLI_WAIT_S,
@@ -224,14 +226,13 @@ def index(
     import faiss
 
     from bertknn.ingest.ingester import Writer
-    from bertknn.store.shards import ShardedDatastore, open_store
+    from bertknn.store.shards import open_store
 
     faiss.omp_set_num_threads(threads or os.cpu_count() or 1)
     began = time.time()
     writer = Writer(open_store(datastore))
-    sharded = isinstance(writer.store, ShardedDatastore)  # sharded: one quantizer, a part per shard
-    if engine not in ("local", "ray") or (engine == "ray" and not sharded):
-        raise typer.BadParameter("--engine is local, or ray for a sharded datastore (its shards filled in parallel)")
+    if engine not in ("local", "ray"):
+        raise typer.BadParameter(f"--engine is local or ray (the shards filled in parallel), not {engine!r}")
     options = {"on_ray": True} if engine == "ray" else {}
     if engine == "ray":
         from bertknn.ingest.distributed import start_ray
@@ -242,9 +243,8 @@ def index(
         built = writer.index_keys(
             factory, train_size, nprobe, progress=lambda done, total: report("indexing", done, total), **options
         )
-    where = "the faiss.index of each shard" if sharded else datastore / "faiss.index"
     console.print(
-        f"FAISS index {built.settings['factory']!r} over {built.ntotal:,} keys in {where} "
+        f"FAISS index {built.settings['factory']!r} over {built.ntotal:,} keys in {built.where} "
         f"({time.time() - began:,.0f}s); ask with --retrieval faiss"
     )
 
@@ -264,12 +264,11 @@ def sentences(
     the sentence encoder, so that its questions weigh their neighbours' sentences (a datastore built or added to now
     stores them as it goes; until then its questions are answered without the weights). Rerun to resume."""
     from bertknn.ingest.evidence_encoding import fill
-    from bertknn.store.shards import stores
     from bertknn.store.writers import open_writer
 
     began, filled = time.time(), 0
     with phase_progress() as report, open_writer(datastore) as writer:
-        for shard in stores(writer.store):
+        for shard in writer.store.shards:
             filled += fill(shard, backend, lambda done, total: report("embedding", done, total))
     console.print(
         f"evidence vectors stored for {filled:,} entries of {shown(str(datastore))} ({time.time() - began:,.0f}s); "

@@ -47,8 +47,8 @@ from bertknn.index.merging import merge_plan
 from bertknn.index.parts import open_listed
 from bertknn.store import atomic
 from bertknn.store.datastore import Datastore, DatastoreError, file_stat
+from bertknn.store.protocol import Store
 from bertknn.store.records import Part
-from bertknn.store.shards import ShardedDatastore
 from bertknn.store.writers import open_writer
 
 
@@ -129,6 +129,11 @@ class FaissIndex:
     def ntotal(self) -> int:
         """Entries the index holds (0..ntotal)."""
         return self.parts[-1].end if self.parts else 0
+
+    @property
+    def where(self) -> str:
+        """Where it is kept, for messages."""
+        return str(self.store.path / INDEX_FILE)
 
     def listed(self) -> list[Part]:
         """The parts as the commit point lists them."""
@@ -386,7 +391,7 @@ class ShardedFaiss:
     """The FAISS indexes of a sharded datastore's shards, trained once on a sample of all keys (`build`) and searched
     side by side: each shard proposes and re-ranks its candidates, the exact distances are merged."""
 
-    def __init__(self, store: ShardedDatastore, parts: list[FaissIndex]) -> None:
+    def __init__(self, store: Store, parts: list[FaissIndex]) -> None:
         self.store, self.parts = store, parts
 
     @property
@@ -394,20 +399,19 @@ class ShardedFaiss:
         return sum(p.ntotal for p in self.parts)
 
     @property
+    def where(self) -> str:
+        """Where it is kept, for messages."""
+        return self.parts[0].where if len(self.parts) == 1 else "the faiss.index of each shard"
+
+    @property
     def settings(self) -> dict:
         """The settings every shard's index was built with (faiss.json)."""
         return self.parts[0].settings
 
     @classmethod
-    def load(cls, store: ShardedDatastore) -> ShardedFaiss | None:
-        """The shards' indexes, or None when a shard has none."""
-        parts = [FaissIndex.load(shard) for shard in store.shards]
-        return None if any(p is None for p in parts) else cls(store, parts)
-
-    @classmethod
     def build(
         cls,
-        store: ShardedDatastore,
+        store: Store,
         factory: str = AUTO,
         train_size: int | None = None,
         nprobe: int = NPROBE,
@@ -448,6 +452,31 @@ class ShardedFaiss:
         """`FaissIndex.search` over every shard (global entry numbers), nearest first."""
         local = self.store.split_documents(hidden)
         return self.store.merge_nearest([p.search(query, k, h, rerank) for p, h in zip(self.parts, local)], k)
+
+
+def load(store: Store) -> FaissIndex | ShardedFaiss | None:
+    """The FAISS index of a datastore over its shards (`protocol.Shards`): its one shard's own index, or the
+    shards' indexes searched side by side; None when a shard has none."""
+    parts = [FaissIndex.load(shard) for shard in store.shards]
+    if any(part is None for part in parts):
+        return None
+    return parts[0] if len(parts) == 1 else ShardedFaiss(store, parts)  # type: ignore[arg-type]
+
+
+def build(
+    store: Store,
+    factory: str = AUTO,
+    train_size: int | None = None,
+    nprobe: int = NPROBE,
+    progress: Callable[[int, int], None] | None = None,
+    on_ray: bool = False,
+) -> FaissIndex | ShardedFaiss:
+    """Train and fill the FAISS index of a datastore (resumably): one shard's as `FaissIndex.build`, several
+    shards' with one quantizer trained on a sample of all their keys (`ShardedFaiss.build`, which `on_ray` fills
+    by a Ray task per shard)."""
+    if len(store.shards) == 1 and not on_ray:
+        return FaissIndex.build(store, factory, train_size, nprobe, progress=progress)  # type: ignore[arg-type]
+    return ShardedFaiss.build(store, factory, train_size, nprobe, progress=progress, on_ray=on_ray)
 
 
 def _fill_shard(

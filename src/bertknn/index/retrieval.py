@@ -44,6 +44,7 @@ from bertknn.index.tfidf_files import (
 )
 from bertknn.store import atomic
 from bertknn.store.datastore import Datastore, DatastoreError
+from bertknn.store.protocol import Store
 from bertknn.store.records import Part, newest_first, versions
 from bertknn.text import MASK, normalize_title, stopwords
 
@@ -147,22 +148,16 @@ class TfidfIndex:
         return Part(BASE if first == 0 else target.name, first, self.n_docs)
 
     @classmethod
-    def load(cls, store: Datastore) -> TfidfIndex:
-        """Open the datastore's index as its commit point lists it (`parts.open_listed`), memory-mapped."""
-        return open_listed(
-            store, KIND, partial(cls.open, store.path), lambda: cls.open(store.path, listing(store.path))
-        )
-
-    @classmethod
-    def load_shards(cls, stores: list[Datastore], first_documents: list[int]) -> TfidfIndex:
-        """One index over the indexes of a sharded datastore's shards, each shard's documents numbered after those
-        of the shards before it: document frequencies are summed over all, so scores equal one index's over all."""
+    def load(cls, store: Store) -> TfidfIndex:
+        """Open the datastore's index as its commit point lists it (`parts.open_listed`), memory-mapped: over its
+        shards (`protocol.Shards`), each shard's documents numbered after those of the shards before it, so that
+        document frequencies sum over all and scores equal one index's over all."""
         segments, sizes, n_docs = [], [], 0
-        for store, first in zip(stores, first_documents, strict=True):
-            shard = cls.load(store)
-            segments += [replace(seg, offset=first) for seg in shard.segments]
-            sizes += shard.sizes
-            n_docs = first + shard.n_docs
+        for shard, first in zip(store.shards, store.doc_starts[:-1].tolist()):
+            one = open_listed(shard, KIND, partial(cls.open, shard.path), partial(_open_unlisted, cls, shard.path))
+            segments += [replace(seg, offset=seg.offset + first) for seg in one.segments]
+            sizes += one.sizes
+            n_docs = first + one.n_docs
         return cls(segments, n_docs, sizes)
 
     @classmethod
@@ -391,3 +386,8 @@ def naming(store: Datastore, index: TfidfIndex, norm_title: str) -> list[int]:
         if words:
             found |= {d for d, a in zip(candidates, index.about(candidates, words)) if a}
     return sorted(found)
+
+
+def _open_unlisted(kind: type[TfidfIndex], directory: Path) -> TfidfIndex:
+    """The index of a store whose commit point lists no parts (made before it did): the files on disk."""
+    return kind.open(directory, listing(directory))

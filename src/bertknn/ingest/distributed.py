@@ -32,7 +32,7 @@ from bertknn.model.runtime import Runtime
 from bertknn.store import atomic
 from bertknn.store.atomic import write_json
 from bertknn.store.datastore import Datastore, DatastoreError, read_committed
-from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, fixed_top, shard_name
+from bertknn.store.shards import SHARDS_FILE, fixed_top, open_store, shard_name
 
 SHARD_DOCS = 50_000  # documents per shard by default: ~100 shards for English Wikipedia's 5.07M articles
 FORMAT = "bertknn-sharded"
@@ -179,7 +179,7 @@ def build(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict:
     """Build (or finish building) a sharded datastore at `out` on Ray; return its manifest (shards.json's fields
-    with the counts its shards hold: `ShardedDatastore.manifest`).
+    with the counts its shards hold: the sharded store's `manifest`).
 
     `workers` key-stage actors, each with one GPU when `runtime` runs on CUDA, else `runtime.threads` CPUs (0: an
     equal share of the cluster's). `address`: a running cluster's ("auto" finds one); None starts a local one
@@ -294,5 +294,5 @@ def _top_manifest(manifest: dict, dirs: list[Path]) -> dict:
 
 def _opened(out: Path) -> dict:
     """The manifest of the sharded datastore at `out`, with the counts its shards hold."""
-    with ShardedDatastore(out) as store:
+    with open_store(out) as store:
         return dict(store.manifest)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertknn.index import NPROBE, faiss_files, tfidf_files
+from bertknn.index import NPROBE, faiss_files, faiss_index, tfidf_files
 from bertknn.index.faiss_files import AUTO
 from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
 from bertknn.index.merging import merge_plan
@@ -31,14 +31,14 @@ from bertknn.model.encoder import Encoder
 from bertknn.model.runtime import Runtime
 from bertknn.store import atomic
 from bertknn.store.codec import KeyCodec
-from bertknn.store.datastore import CODEC, CODES, KEYS, DatastoreError
+from bertknn.store.datastore import CODEC, CODES, KEYS, Datastore, DatastoreError
 from bertknn.store.lock import LAZY_WAIT_S
 from bertknn.store.manifest import FLOAT16
 from bertknn.store.protocol import Store
 from bertknn.store.records import Part, Staged
-from bertknn.store.shards import ShardedDatastore, open_store
+from bertknn.store.shards import open_store
 from bertknn.store.writer import DatastoreWriter
-from bertknn.store.writers import ShardedWriter, open_writer
+from bertknn.store.writers import StoreWriter, open_writer
 from bertknn.text import CorpusError, Document, parse_document
 
 if TYPE_CHECKING:
@@ -58,13 +58,13 @@ class Writer:
         if encoder is not None:
             builder.check_encoder(store, encoder)
         self.reader, self.encoder = store, encoder  # the reader moved to this writer's commits (`commit`)
-        self._held: DatastoreWriter | ShardedWriter | None = held  # the store's writer, opened at the first write
+        self._held: StoreWriter | None = held  # the store's writer, opened at the first write
         self._owned = held is None  # closed by `close` (a shard's writer given by a sharded one is its own)
         self.index: TfidfIndex | None = None  # the IR index as this writer last wrote it
         self.faiss: FaissIndex | None = None  # the FAISS index this writer extends (`add_documents`)
         self._faiss_state: list | None = None  # `FaissIndex.disk_state` when `faiss` was loaded or written
         self.faiss_error: DatastoreError | None = None  # why the last add could not extend the FAISS index
-        self._last: Writer | None = None  # a sharded datastore's: the writer of its last shard
+        self._last: Writer | None = None  # the writer of the shard added documents go to, when that is not the store
         self.completed: list[str] = []  # ids an interrupted add had staged that the last add published with its own
         self.staged = Staged()  # what the last add made of its documents: added, replaced, unchanged (skipped)
 
@@ -74,7 +74,7 @@ class Writer:
         reader."""
         return self.reader if self._held is None or self._held.closed else self._held.store
 
-    def store_writer(self, wait: float | None = None) -> DatastoreWriter | ShardedWriter:
+    def store_writer(self, wait: float | None = None) -> StoreWriter:
         """The datastore's writer, opened once (waiting up to `wait` seconds for another writer: None, as
         `lock.lock_wait` says) and held until `close`."""
         if self._held is None or self._held.closed:
@@ -209,16 +209,14 @@ class Writer:
     ) -> FaissIndex | ShardedFaiss:
         """Train and fill the FAISS index over all keys (`bertknn index`), resuming an interrupted one; a sharded
         datastore's has one quantizer and a part per shard (`on_ray`: shards filled on a Ray cluster)."""
-        kind = ShardedFaiss if isinstance(self.store, ShardedDatastore) else FaissIndex
         if options.get("on_ray"):  # the shards are filled by Ray tasks, each through its shard's writer
             self.close()
-            built = kind.build(self.reader, factory, train_size, nprobe, progress=progress, **options)
+            built = faiss_index.build(self.reader, factory, train_size, nprobe, progress=progress, on_ray=True)
         else:
             with self.commit() as store:
-                built = kind.build(store, factory, train_size, nprobe, progress=progress, **options)
-        self.faiss, self._faiss_state = (
-            (built, FaissIndex.disk_state(self.store)) if kind is FaissIndex else (None, None)
-        )
+                built = faiss_index.build(store, factory, train_size, nprobe, progress=progress)
+        one = isinstance(built, FaissIndex)  # the index `add_documents` extends; several shards' are loaded again
+        self.faiss, self._faiss_state = (built, FaissIndex.disk_state(self.store)) if one else (None, None)
         return built
 
     def convert_keys(
@@ -228,48 +226,13 @@ class Writer:
         codec trained on `train_size` keys drawn at random (`seed`) and kept as keys.codec, every key encoded into
         keys.codes (a rerun goes on from the codes written), then the manifest switched (readers read the codes
         from then on) and keys.f16 deleted; a sharded datastore's shards in turn. Returns the keys encoded now."""
-        if isinstance(self.store, ShardedDatastore):  # each shard its own codec, trained on its own keys
-            done = 0
-            held = self.store_writer()
-            with self.commit() as store:
-                for shard, first in zip(held.shards, store.entry_starts[:-1].tolist()):
-                    step = (lambda d, t, base=first: progress(base + d, store.size)) if progress else None
-                    done += Writer(shard.store, held=shard).convert_keys(name, train_size, seed, step)
-            return done
-        with self.commit() as store:
-            if store.manifest.key_codec == name:
-                return 0
-            if store.manifest.key_codec != FLOAT16:
-                raise DatastoreError(
-                    f"{store.path} holds its keys as {store.manifest.key_codec}; only float16 keys convert"
-                )
-            codec = self._pending_codec(name, train_size, seed)
-            written = (store.path / CODES).stat().st_size if (store.path / CODES).exists() else 0
-            done = start = min(written // codec.code_size, store.size)
-            while done < store.size:
-                stop = min(done + CONVERT_CHUNK, store.size)
-                codes = codec.encode(np.asarray(store.keys[done:stop], np.float32))
-                atomic.append(store.path / CODES, done * codec.code_size, codes.data)
-                done = stop
-                if progress:
-                    progress(done, store.size)
-            store.writer.set_manifest(key_codec=name, key_codec_pending=None)  # the switch
-            store.writer.rewriting(KEYS)
-            (store.path / KEYS).unlink(missing_ok=True)
-            return done - start
-
-    def _pending_codec(self, name: str, train_size: int, seed: int) -> KeyCodec:
-        """The codec of a conversion to `name`: the one an interrupted run trained, else trained now on a sample."""
-        store = self.store
-        if store.manifest.get("key_codec_pending") == name and (store.path / CODEC).is_file():
-            return KeyCodec.load(store.path / CODEC, name)
-        rows = np.sort(np.random.default_rng(seed).permutation(store.size)[:train_size])
-        codec = KeyCodec.train(name, np.asarray(store.keys[rows], np.float32))
-        store.writer.rewriting(CODEC, CODES)  # what a conversion to another codec left is written anew
-        (store.path / CODES).unlink(missing_ok=True)
-        codec.save(store.path / CODEC)
-        store.writer.set_manifest(key_codec_pending=name)
-        return codec
+        done = 0
+        held = self.store_writer()
+        with self.commit() as store:  # each shard its own codec, trained on its own keys
+            for shard, first in zip(held.shards, store.entry_starts[:-1].tolist()):
+                step = (lambda d, t, base=first: progress(base + d, store.size)) if progress else None
+                done += _convert(shard.store, name, train_size, seed, step)
+        return done
 
     def embed(self, docs: list[int], progress: Callable[[int], None] | None = None) -> int:
         """Embed the given documents that are not yet (a lazy datastore's, on demand, waiting for another writer
@@ -312,29 +275,42 @@ class Writer:
         their ids are then in `completed`. What became of each document given is in `staged` (`Staged`).
         """
         parsed = [d if isinstance(d, Document) else parse_document(d, f"document {i + 1}") for i, d in enumerate(docs)]
-        if isinstance(self.store, ShardedDatastore):
-            if replace:
-                raise DatastoreError(
-                    f"{self.store.path} is sharded: --replace is not supported there; remove the documents "
-                    "(`bertknn remove --doc ID`), then add the new text"
-                )
-            return self._add_to_last_shard(parsed, skip_existing, progress, wait)
         ids = [d.id for d in parsed]
         if len(set(ids)) != len(ids):
             raise CorpusError(
                 f"duplicate document id(s) in the request: {sorted({i for i in ids if ids.count(i) > 1})}"
             )
+        with self.commit(wait):
+            target, elsewhere = self.store_writer().place({d.id: digest(d) for d in parsed}, skip_existing, replace)
+            writer = self._writer_for(target)
+            added = writer._add([d for d in parsed if d.id not in elsewhere], skip_existing, progress, replace)
+            self.completed, staged = writer.completed, writer.staged
+            self.staged = Staged(staged.added, staged.replaced, (*elsewhere, *staged.unchanged))
+        return added
+
+    def _writer_for(self, target: DatastoreWriter) -> Writer:
+        """The `Writer` that adds to `target`, the shard added documents go to (`place`): this one when that is the
+        store itself, else one of that shard's, holding its writer."""
+        if target is self._held:
+            return self
+        if self._last is None or self._last._held is not target:
+            self._last = Writer(target.store, self._encoder(), held=target)
+        return self._last
+
+    def _add(self, docs: list[Document], skip_existing: bool, progress, replace: bool) -> int:
+        """`add_documents` of `docs` to this writer's one-directory store, within its commit."""
+        ids = [d.id for d in docs]
         store = self.store
         builder.require_built(store)
         builder.check_key_dtype(store, self._encoder())  # before anything is staged
-        with self.commit(wait) as store:
+        with self.commit() as store:
             live = [i for i, state in store.documents.states(ids).items() if state == "live"]
             if live and not (skip_existing or replace):
                 raise DatastoreError(
                     f"document id(s) already in the datastore: {live[:5]}; remove them first, or replace them "
                     "(`bertknn add --replace`)"
                 )
-            staged = store.writer.stage([record(d, store.manifest.splitter) for d in parsed], replace)
+            staged = store.writer.stage([record(d, store.manifest.splitter) for d in docs], replace)
             if not store.manifest.lazy:
                 builder.embed(store, store.documents.adding(), self._encoder(), progress=progress)
             ranges = self._publish(ids)
@@ -371,32 +347,6 @@ class Writer:
             self.faiss_error = err
         return faiss
 
-    def _add_to_last_shard(self, docs: list[Document], skip_existing: bool, progress, wait: float | None) -> int:
-        """`add_documents` on a sharded datastore: the documents go to its last shard (no other shard's numbers
-        move); an id live in another shard is refused like one live in the same store."""
-        with self.commit(wait) as store:
-            last, shard_writer = store.shards[-1], self.store_writer().shards[-1]
-            ids = [d.id for d in docs]
-            elsewhere = set(store.documents.states(ids)) - set(last.documents.states(ids))
-            if elsewhere and not skip_existing:
-                raise DatastoreError(
-                    f"document id(s) already in the datastore: {sorted(elsewhere)[:5]}; remove them first"
-                )
-            held = store.documents.live_digests(sorted(elsewhere))
-            changed = sorted(d.id for d in docs if d.id in elsewhere and held.get(d.id) not in (None, digest(d)))
-            if changed:  # as one store refuses a live id given other text (`DatastoreWriter.stage`)
-                raise DatastoreError(
-                    f"document id(s) {changed[:5]} are in {store.path} with other text; remove them first "
-                    "(`bertknn remove --doc ID`), then add the new text"
-                )
-            if self._last is None or self._last.store is not last:  # the last shard's writer, held by this one's
-                self._last = Writer(last, self._encoder(), held=shard_writer)
-            docs = [d for d in docs if d.id not in elsewhere]
-            added = self._last.add_documents(docs, skip_existing, progress, wait)
-            self.completed, staged = self._last.completed, self._last.staged
-            self.staged = Staged(staged.added, staged.replaced, (*sorted(elsewhere), *staged.unchanged))
-            return added
-
     def repair(self, progress: Callable[[str, int, int], None] | None = None, wait: float | None = None) -> Repair:
         """Check the datastore as `bertknn verify` does and make its damaged index files again from what it keeps
         (`bertknn repair`: `build.repair.repair`): the TF-IDF segments from the stored documents, the FAISS index
@@ -420,3 +370,40 @@ class Writer:
         removed, _ = self.remove_documents([doc_id], wait)
         if not removed:
             raise DatastoreError(f"document {doc_id!r} was removed before from {self.store.path}")
+
+
+def _convert(
+    store: Datastore, name: str, train_size: int, seed: int, progress: Callable[[int, int], None] | None
+) -> int:
+    """`Writer.convert_keys` of one shard, through its writer's view `store`; the keys encoded now."""
+    if store.manifest.key_codec == name:
+        return 0
+    if store.manifest.key_codec != FLOAT16:
+        raise DatastoreError(f"{store.path} holds its keys as {store.manifest.key_codec}; only float16 keys convert")
+    codec = _pending_codec(store, name, train_size, seed)
+    written = (store.path / CODES).stat().st_size if (store.path / CODES).exists() else 0
+    done = start = min(written // codec.code_size, store.size)
+    while done < store.size:
+        stop = min(done + CONVERT_CHUNK, store.size)
+        codes = codec.encode(np.asarray(store.keys[done:stop], np.float32))
+        atomic.append(store.path / CODES, done * codec.code_size, codes.data)
+        done = stop
+        if progress:
+            progress(done, store.size)
+    store.writer.set_manifest(key_codec=name, key_codec_pending=None)  # the switch
+    store.writer.rewriting(KEYS)
+    (store.path / KEYS).unlink(missing_ok=True)
+    return done - start
+
+
+def _pending_codec(store: Datastore, name: str, train_size: int, seed: int) -> KeyCodec:
+    """The codec of a conversion to `name`: the one an interrupted run trained, else trained now on a sample."""
+    if store.manifest.get("key_codec_pending") == name and (store.path / CODEC).is_file():
+        return KeyCodec.load(store.path / CODEC, name)
+    rows = np.sort(np.random.default_rng(seed).permutation(store.size)[:train_size])
+    codec = KeyCodec.train(name, np.asarray(store.keys[rows], np.float32))
+    store.writer.rewriting(CODEC, CODES)  # what a conversion to another codec left is written anew
+    (store.path / CODES).unlink(missing_ok=True)
+    codec.save(store.path / CODEC)
+    store.writer.set_manifest(key_codec_pending=name)
+    return codec

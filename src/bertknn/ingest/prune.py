@@ -26,12 +26,11 @@ import numpy as np
 
 from bertknn.index import tfidf_files
 from bertknn.ingest.builder import finish, require_built
-from bertknn.store.atomic import write_json
 from bertknn.store.creation import copy_registration
 from bertknn.store.datastore import CODEC, Datastore, DatastoreError
 from bertknn.store.evidence import Evidence
 from bertknn.store.protocol import Store
-from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, fixed_top, is_sharded
+from bertknn.store.shards import copy_top, open_store
 from bertknn.store.writers import open_writer
 
 CHUNK_ENTRIES = 16_384  # source entries read per commit
@@ -77,14 +76,26 @@ def prune(
     shard, its shards.json written last."""
     if not radius >= 0:
         raise ValueError(f"the pruning radius must be a squared distance >= 0, not {radius}")
-    if is_sharded(source):
-        return _prune_shards(Path(source), Path(out), radius, progress)
+    source, out = Path(source), Path(out)
+    with open_store(source) as whole:  # its shards pruned in turn, into the same places under `out`
+        places = [(shard.path, out / shard.path.relative_to(source)) for shard in whole.shards]
+        starts, total = whole.doc_starts.tolist(), whole.n_documents
+    for (src, dst), first, end in zip(places, starts, starts[1:]):
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        step = (lambda done, of, a=first, b=end: progress(a + done, total - (b - a - of))) if progress else None
+        _prune_one(src, dst, radius, step)  # `of`: the shard's documents to prune (a lazy one's pending stay)
+    copy_top(whole, out)
+    return open_store(out)
+
+
+def _prune_one(source: Path, out: Path, radius: float, progress: Callable[[int, int], None] | None) -> None:
+    """`prune` of a one-directory datastore."""
     with open_writer(source) as reading, reading.commit():  # its lock held: no writer changes the source meanwhile
         src = reading.store
         require_built(src)
         if src.documents.adding():
             raise DatastoreError(f"{source} has documents half-added: rerun that `bertknn add` first, then prune")
-        with _target(src, Path(out), radius), open_writer(out) as writer, writer.commit():
+        with _target(src, out, radius), open_writer(out) as writer, writer.commit():
             dst = writer.store
             todo = dst.documents.pending()
             held = set(src.documents.pending())  # not embedded in a lazy source: stay to be embedded on demand
@@ -97,20 +108,6 @@ def prune(
                 if progress:
                     progress(done, total)
             finish(dst)
-        return Datastore(out)
-
-
-def _prune_shards(source: Path, out: Path, radius: float, progress: Callable[[int, int], None] | None) -> Store:
-    """Each shard of a sharded datastore pruned into the same place under `out`, then its shards.json."""
-    top = ShardedDatastore(source)
-    total, rows = top.n_documents, top.manifest["shards"]
-    for row, first in zip(rows, top.doc_starts[:-1].tolist()):
-        (out / row["path"]).parent.mkdir(parents=True, exist_ok=True)
-        step = (lambda done, _, base=first: progress(base + done, total)) if progress else None
-        prune(source / row["path"], out / row["path"], radius, step).close()
-    top.close()
-    write_json(out / SHARDS_FILE, fixed_top(top.manifest, [row["path"] for row in rows]))
-    return ShardedDatastore(out)
 
 
 def _target(src: Datastore, out: Path, radius: float) -> Datastore:

@@ -34,7 +34,7 @@ from bertknn.store.integrity import is_index_file
 from bertknn.store.lock import BusyError
 from bertknn.store.manifest import RECORD
 from bertknn.store.records import Part
-from bertknn.store.shards import SHARDS_FILE, ShardedDatastore, directories, is_sharded, shard_paths
+from bertknn.store.shards import SHARDS_FILE, directories, open_store, require_datastore
 from bertknn.store.verify import verify
 from bertknn.store.writer import DatastoreWriter, open_datastore_writer
 
@@ -109,8 +109,7 @@ def _open(path: Path, wait: float | None) -> list[DatastoreWriter]:
     """The writers of the datastore at `path` (its shards', in shard order, as every writer of a sharded datastore
     takes the locks), their tails not checked (every block is checked here); Unrepairable when it is too damaged to
     open (its manifest, shards.json, SQLite...)."""
-    if not is_sharded(path) and not (path / "manifest.json").exists() and not (path / SQLITE).exists():
-        raise DatastoreError(f"{path} is not a datastore (no manifest.json); create one with `bertknn build`")
+    require_datastore(path)
     writers: list[DatastoreWriter] = []
     try:
         for directory in directories(path):
@@ -269,7 +268,7 @@ def _mend_faiss(
     if source != faiss_files.FROM_DEFAULTS:  # the default settings may not be those the trained index was made with
         trained, kept = _trained(store, found, shards)
         if trained is None and len(shards) > 1:  # one quantizer for all shards, trained as their build trained it
-            with ShardedDatastore(top) as whole:
+            with open_store(top) as whole:
                 trained, settings["train_size"] = faiss_index.train(
                     whole, settings["factory"], settings["train_size"], settings["seed"]
                 )
@@ -375,7 +374,7 @@ def _recorded(path: Path) -> dict:
             made = data if isinstance(data, dict) else made
     first = path
     with contextlib.suppress(DatastoreError, IndexError):
-        first = shard_paths(path)[0] if "shards" in made else path
+        first = directories(path)[0]
     with contextlib.suppress(OSError, ValueError):
         made["faiss"] = json.loads((first / faiss_files.SETTINGS_FILE).read_text(encoding="utf-8"))
     with contextlib.suppress(sqlite3.Error, OSError, ValueError, TypeError, AttributeError):

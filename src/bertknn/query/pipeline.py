@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertknn.index.faiss_index import FaissIndex, ShardedFaiss
+from bertknn.index import faiss_index
+from bertknn.index.faiss_index import FaissIndex
 from bertknn.index.retrieval import TfidfIndex
 from bertknn.ingest import builder
 from bertknn.ingest.corpus import Corpus
@@ -27,7 +28,7 @@ from bertknn.query.search import DocumentSearch, Neighbours, RemoteShards, Searc
 from bertknn.query.settings import Settings
 from bertknn.query.words import Words, lexicon, scored
 from bertknn.store.datastore import Datastore, DatastoreError
-from bertknn.store.shards import ShardedDatastore, open_store
+from bertknn.store.shards import open_store
 from bertknn.text import Document, unicode_error
 
 if TYPE_CHECKING:
@@ -99,8 +100,6 @@ class BertKNN:
         documents being added by another process are hidden until published, so a reader never waits for that
         writer. A sharded datastore's is its shards' indexes read as one."""
         store = self.store
-        if isinstance(store, ShardedDatastore):
-            return TfidfIndex.load_shards(store.shards, store.doc_starts[:-1].tolist())
         try:
             index = TfidfIndex.load(store)
         except FileNotFoundError:
@@ -120,12 +119,11 @@ class BertKNN:
     def _load_faiss(self) -> None:
         """(Re)open the FAISS index when its file changed; a damaged one is set aside with its error, so IR
         questions still work."""
-        sharded = isinstance(self.store, ShardedDatastore)
-        stat = [FaissIndex.disk_state(store) for store in (self.store.shards if sharded else [self.store])]
+        stat = [FaissIndex.disk_state(shard) for shard in self.store.shards]
         if stat == self._faiss_stat and not self.store.faiss_damage:
             return
         try:
-            loader = self.remote_shards.faiss if self.remote_shards else (ShardedFaiss if sharded else FaissIndex).load
+            loader = self.remote_shards.faiss if self.remote_shards else faiss_index.load
             self.faiss, self.faiss_error = loader(self.store), None
         except DatastoreError as err:
             self.faiss, self.faiss_error = None, err

@@ -4,7 +4,7 @@ One deployment per shard (`ShardServer`, with `replicas` replicas) holds the sha
 machine Serve places it and searches them there; the ingress deployment (`Ingress`) is bertknn's own FastAPI app
 (`service.create_app`) with the model. An IR-path question needs only the keys of its retrieved documents, so it goes
 to the shards that own them; a FAISS question fans out to every shard. The shards' nearest are merged by distance
-(`ShardedDatastore.merge_nearest`), so the answers equal those of one process searching every shard.
+(`Store.merge_nearest`), so the answers equal those of one process searching every shard.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from bertknn.model.runtime import Runtime
 from bertknn.query.search import ShardUnavailable
 from bertknn.serving.schemas import REQUEST_TIMEOUT_S
 from bertknn.store.datastore import Datastore, DatastoreError
-from bertknn.store.shards import ShardedDatastore, shard_name
+from bertknn.store.protocol import Store
+from bertknn.store.shards import open_store, shard_name
 
 APP_NAME = "bertknn"
 SHARD_CPUS = 0.5  # Ray CPUs a shard replica asks for (searching is light next to the ingress's model)
@@ -76,7 +77,7 @@ class ServedShards:
     is given them (`serve_shards_on`): the `search.RemoteShards` of a sharded datastore. A search whose shards have
     not all answered within `wait_s` (a node lost, its replicas not yet back) raises `ShardUnavailable`."""
 
-    def __init__(self, store: ShardedDatastore, handles: list, wait_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(self, store: Store, handles: list, wait_s: float = REQUEST_TIMEOUT_S) -> None:
         self.store, self.handles, self.wait_s = store, handles, wait_s
         self.asked = [0] * len(handles)  # IR-path requests sent to each shard
         self.ntotal = 0  # keys in the shards' FAISS indexes
@@ -119,7 +120,7 @@ class ServedShards:
                 ) from err
         return answers
 
-    def faiss(self, store: ShardedDatastore) -> ServedShards | None:
+    def faiss(self, store: Store) -> ServedShards | None:
         """The FAISS path (`BertKNN`'s loader), or None when a shard has no index."""
         sizes = [call.result() for call in [handle.size.remote() for handle in self.handles]]
         if any(size is None for size in sizes):
@@ -171,7 +172,7 @@ def application(
 
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, not {replicas}")
-    store = ShardedDatastore(datastore)
+    store = open_store(datastore)
     shard = serve.deployment(ShardServer, num_replicas=replicas, ray_actor_options={"num_cpus": shard_cpus})
     shards = [shard.options(name=shard_deployment(i)).bind(str(s.path)) for i, s in enumerate(store.shards)]
     ingress = serve.deployment(
@@ -201,7 +202,7 @@ def run(
 
     start_ray(address)
     ingress_cpus = float(runtime.threads or 1)
-    replicas_total = len(ShardedDatastore(datastore).shards) * replicas
+    replicas_total = len(open_store(datastore).shards) * replicas
     shard_cpus = min(SHARD_CPUS, (ray.cluster_resources().get("CPU", 0) - ingress_cpus) / replicas_total)
     if shard_cpus < MIN_SHARD_CPUS:
         raise ValueError(

@@ -64,9 +64,9 @@ from bertknn.serving.schemas import (
     document_chars,
 )
 from bertknn.serving.security import LOOPBACK_NAMES, BodyLimit, host_patterns, write_checks
-from bertknn.store.datastore import Datastore, file_sha256
+from bertknn.store.datastore import file_sha256
 from bertknn.store.lock import SERVICE_WAIT_S
-from bertknn.store.shards import is_sharded, open_store
+from bertknn.store.shards import open_store
 from bertknn.text import Document
 
 WEB_DIR = Path(str(files("bertknn") / "web"))
@@ -212,7 +212,7 @@ class _Writes:
         with self._opening:
             if self._writer is None:
                 path = self.reader.store.path.resolve()  # its errors name it whole, so `errors.public` finds it
-                store = open_store(path) if is_sharded(path) else Datastore(path, check=False)
+                store = open_store(path, check=False)
                 self._writer = Writer(store, self.reader.encoder)
             return self._writer
 

@@ -58,6 +58,7 @@ from bertknn.store.errors import sqlite_errors, writer_of
 from bertknn.store.integrity import ChecksumError, Checksums, Damage, damage_message
 from bertknn.store.lexicon import Lexicon
 from bertknn.store.manifest import FLOAT16, RECORD, DatastoreError, Manifest, read_manifest, with_record
+from bertknn.store.protocol import Shards
 from bertknn.store.records import Part
 from bertknn.store.schema import SQLITE, STORE_ID
 from bertknn.store.snapshot import Snapshots
@@ -105,7 +106,7 @@ def committed(path: Path, manifest: Manifest, db: sqlite3.Connection) -> Manifes
     return with_record(manifest, row[0] if row else None, f"{path / SQLITE} (its manifest record)")
 
 
-class Datastore:
+class Datastore(Shards):
     """A datastore directory opened for reading: a reader, or the writer's own view (`written_by`).
 
     `check` verifies the manifest against SQLite, the sizes of all checksummed files and `SAMPLE_BLOCKS` random
@@ -157,6 +158,11 @@ class Datastore:
         if not file.is_file() or file.stat().st_size == 0:
             return schema.empty()
         return schema.reading(file)
+
+    @property
+    def shards(self) -> list[Datastore]:
+        """The one-directory datastores this one is made of (`protocol.Shards`): itself."""
+        return [self]
 
     @property
     def writer(self) -> Any:

@@ -54,6 +54,8 @@ class DocumentReads(Protocol):
 
     def count_live(self) -> int: ...
 
+    def live_end(self) -> int: ...
+
     def states(self, ids: list[str]) -> dict[str, str]: ...
 
     def live_digests(self, ids: list[str]) -> dict[str, str | None]: ...
@@ -79,9 +81,53 @@ class WordReads(Protocol):
     def words(self, values: Iterable[int] | None) -> dict[int, tuple[str, str]]: ...
 
 
+class Shards:
+    """A datastore as the one-directory datastores it is made of, in order (Lucene's leaves): a `Datastore` is its
+    own one shard, a `ShardedDatastore` has several. Document and entry numbers run on from shard to shard
+    (`doc_starts`, `entry_starts`: where each shard's begin, and the total last), so index/, ingest/ and serving/ are
+    written over `shards` and never ask whether a store is sharded."""
+
+    @property
+    def shards(self) -> list:
+        """The one-directory datastores, in order."""
+        raise NotImplementedError
+
+    @property
+    def doc_starts(self) -> np.ndarray:
+        """Where each shard's documents begin in the store's numbers, and their total last."""
+        return np.cumsum([0, *(shard.n_documents for shard in self.shards)], dtype=np.int64)
+
+    @property
+    def entry_starts(self) -> np.ndarray:
+        """Where each shard's entries begin in the store's numbers, and their total last."""
+        return np.cumsum([0, *(shard.size for shard in self.shards)], dtype=np.int64)
+
+    def split_documents(self, docs: np.ndarray | None) -> list[np.ndarray]:
+        """Document numbers as each shard's own numbers, shard by shard."""
+        docs = np.zeros(0, np.int64) if docs is None else np.asarray(docs, np.int64)
+        return [docs[(docs >= a) & (docs < b)] - a for a, b in zip(self.doc_starts[:-1], self.doc_starts[1:])]
+
+    def merge_nearest(self, found: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each shard's nearest (its own entry numbers, squared distances), shard by shard, merged into the k
+        nearest by the store's entry numbers, nearest first (ties: the lower entry)."""
+        entries = np.concatenate([np.asarray(e, np.int64) + a for (e, _), a in zip(found, self.entry_starts)])
+        dist = np.concatenate([np.asarray(d, np.float32) for _, d in found])
+        order = np.lexsort((entries, dist))[:k]
+        return entries[order], dist[order]
+
+
 class Store(Protocol):
     """What the query path (search, pipeline, FAISS) and the service use of a datastore: `Datastore` and
     `ShardedDatastore` both have it, with the same parameter names (tests/test_store_protocol.py holds them to it)."""
+
+    @property
+    def shards(self) -> list: ...
+
+    @property
+    def doc_starts(self) -> np.ndarray: ...
+
+    @property
+    def entry_starts(self) -> np.ndarray: ...
 
     @property
     def path(self) -> Path: ...
@@ -135,6 +181,10 @@ class Store(Protocol):
 
     @property
     def writer(self) -> Any: ...
+
+    def split_documents(self, docs: np.ndarray | None) -> list[np.ndarray]: ...
+
+    def merge_nearest(self, found: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 class OneStore(Store, Protocol):

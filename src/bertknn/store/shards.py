@@ -25,11 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from bertknn.store.atomic import write_json
 from bertknn.store.datastore import Datastore, DatastoreError
 from bertknn.store.errors import sqlite_errors, writer_of
 from bertknn.store.manifest import Manifest
-from bertknn.store.protocol import Store
+from bertknn.store.protocol import Shards, Store
 from bertknn.store.records import Provenance, newest_first
+from bertknn.store.schema import SQLITE
 
 SHARDS_FILE = "shards.json"
 
@@ -78,9 +80,11 @@ def directories(path: str | Path) -> list[Path]:
     return shard_paths(path) if is_sharded(path) else [Path(path)]
 
 
-def stores(store: Store) -> list[Datastore]:
-    """The one-directory datastores of an open datastore: a sharded one's shards, else the store itself."""
-    return store.shards if isinstance(store, ShardedDatastore) else [store]  # type: ignore[list-item]
+def require_datastore(path: Path) -> None:
+    """DatastoreError unless `path` holds a datastore (shards.json, or one directory's manifest or SQLite file), even
+    one too damaged to open."""
+    if not is_sharded(path) and not (path / "manifest.json").exists() and not (path / SQLITE).exists():
+        raise DatastoreError(f"{path} is not a datastore (no manifest.json); create one with `bertknn build`")
 
 
 def _renumbering(table: dict[int, int]) -> Callable[[np.ndarray], np.ndarray]:
@@ -107,9 +111,16 @@ def every(contexts: Iterable[contextlib.AbstractContextManager]) -> Iterator[Non
         yield
 
 
-def open_store(path: str | Path) -> Store:
-    """The datastore at `path`, sharded or not."""
-    return ShardedDatastore(path) if is_sharded(path) else Datastore(path)
+def copy_top(store: Store, out: Path) -> None:
+    """The file that makes `out` a datastore laid out as `store` is, its shards in the same places under it: a
+    sharded store's shards.json (written once they are there), nothing for a one-directory store."""
+    if isinstance(store, ShardedDatastore):
+        write_json(out / SHARDS_FILE, fixed_top(store.manifest, [row["path"] for row in store.manifest["shards"]]))
+
+
+def open_store(path: str | Path, check: bool = True) -> Store:
+    """The datastore at `path`, sharded or not (`check` as `Datastore` takes it, for each shard)."""
+    return ShardedDatastore(path, check=check) if is_sharded(path) else Datastore(path, check)
 
 
 class _Rows:
@@ -140,14 +151,16 @@ class _Rows:
         return out
 
 
-class ShardedDatastore:
+class ShardedDatastore(Shards):
     """The shards of `path/shards.json` read as one datastore (global document and entry numbers): a reader, or
     with `writer` a `writers.ShardedWriter`'s own view, over its shards' writers' views (`shards`)."""
 
-    def __init__(self, path: str | Path, shards: list[Datastore] | None = None, writer: Any = None) -> None:
+    def __init__(
+        self, path: str | Path, shards: list[Datastore] | None = None, writer: Any = None, check: bool = True
+    ) -> None:
         self.path = Path(path)
         self._top = read_top(self.path)
-        self.shards = shards or [Datastore(self.path / row["path"]) for row in self._top["shards"]]
+        self._shards = shards or [Datastore(self.path / row["path"], check) for row in self._top["shards"]]
         self.documents = ShardedDocuments(self)  # the documents' reads, by global numbers
         self.evidence = ShardedEvidence(self)  # the evidence vectors' reads
         self.lexicon = ShardedLexicon(self)  # the shards' words of several tokens as one lexicon
@@ -156,17 +169,21 @@ class ShardedDatastore:
 
     def recount(self) -> None:
         """The global numbers and the manifest's counts, from the shards as last (re)read."""
-        self.doc_starts = np.cumsum([0] + [s.n_documents for s in self.shards])
-        self.entry_starts = np.cumsum([0] + [s.size for s in self.shards])
-        self.keys = _Rows([s.keys for s in self.shards], self.entry_starts)
-        self.values = _Rows([s.values for s in self.shards], self.entry_starts, self.lexicon.renumbering())
+        doc_starts, entry_starts = self.doc_starts, self.entry_starts
+        self.keys = _Rows([s.keys for s in self.shards], entry_starts)
+        self.values = _Rows([s.values for s in self.shards], entry_starts, self.lexicon.renumbering())
         rows = [
             {**row, "first_document": int(doc), "first_entry": int(at), "documents": s.n_documents, "entries": s.size}
-            for row, s, doc, at in zip(self._top["shards"], self.shards, self.doc_starts, self.entry_starts)
+            for row, s, doc, at in zip(self._top["shards"], self.shards, doc_starts, entry_starts)
         ]
         live = self.documents.count_live()
         counts = {"documents": self.n_documents, "entries": self.size, "live_documents": live}
         self.manifest = Manifest({**self._top, **counts, "shards": rows, "status": "complete"})
+
+    @property
+    def shards(self) -> list[Datastore]:
+        """The shards, in order (`protocol.Shards`)."""
+        return self._shards
 
     @property
     def dim(self) -> int:
@@ -174,11 +191,11 @@ class ShardedDatastore:
 
     @property
     def size(self) -> int:
-        return int(self.entry_starts[-1])
+        return sum(s.size for s in self.shards)
 
     @property
     def n_documents(self) -> int:
-        return int(self.doc_starts[-1])
+        return sum(s.n_documents for s in self.shards)
 
     @property
     def version(self) -> tuple:
@@ -246,19 +263,6 @@ class ShardedDatastore:
 
         return np.asarray(self.documents.gather(list(entries), self.entry_starts, read), np.int64)
 
-    def split_documents(self, docs: np.ndarray | None) -> list[np.ndarray]:
-        """Global document numbers as each shard's own numbers, shard by shard."""
-        docs = np.zeros(0, np.int64) if docs is None else np.asarray(docs, np.int64)
-        return [docs[(docs >= a) & (docs < b)] - a for a, b in zip(self.doc_starts[:-1], self.doc_starts[1:])]
-
-    def merge_nearest(self, found: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Each shard's nearest (its own entry numbers, squared distances), shard by shard, merged into the k
-        nearest by global entry number, nearest first (ties: the lower entry)."""
-        entries = np.concatenate([np.asarray(e, np.int64) + a for (e, _), a in zip(found, self.entry_starts)])
-        dist = np.concatenate([np.asarray(d, np.float32) for _, d in found])
-        order = np.lexsort((entries, dist))[:k]
-        return entries[order], dist[order]
-
 
 class ShardedLexicon:
     """The shards' lexicons read as one (`lexicon.Lexicon` of one store), by the sharded store's numbers."""
@@ -316,6 +320,11 @@ class ShardedDocuments:
     def count_live(self) -> int:
         """How many documents searches can return, over all shards."""
         return sum(shard.documents.count_live() for shard in self.store.shards)
+
+    def live_end(self) -> int:
+        """One past the last live document over all shards (0 when none is): what an IR index must cover."""
+        ends = [int(a) + s.documents.live_end() for s, a in zip(self.store.shards, self.store.doc_starts)]
+        return max((end for end, s in zip(ends, self.store.shards) if s.documents.count_live()), default=0)
 
     def pending(self, docs: list[int] | None = None) -> list[int]:
         """No document is pending: the shards of a sharded build are complete."""

@@ -127,6 +127,16 @@ class DatastoreWriter:
         """Whether `close` let the lock go: nothing is written through it after."""
         return self._lock is None
 
+    @property
+    def shards(self) -> list[DatastoreWriter]:
+        """The writers of the one-directory datastores the store is made of (`protocol.Shards`): itself."""
+        return [self]
+
+    def place(self, digests: dict[str, str], skip_existing: bool, replace: bool) -> tuple[DatastoreWriter, list[str]]:
+        """Where documents being added go (`digests`: their ids and text digests): this store, which decides on each
+        itself (`stage`); no id is left to another shard."""
+        return self, []
+
     def __enter__(self) -> DatastoreWriter:
         return self
 

@@ -16,9 +16,7 @@ from bertknn.store.shards import ShardedDatastore, every, is_sharded, shard_path
 from bertknn.store.writer import DatastoreWriter, open_datastore_writer
 
 
-def open_writer(
-    store: Store | str | Path, wait: float | None = None, check_tails: bool = True
-) -> DatastoreWriter | ShardedWriter:
+def open_writer(store: Store | str | Path, wait: float | None = None, check_tails: bool = True) -> StoreWriter:
     """The writer of the datastore at `store` (a path, or an open store's), opened once: see `open_datastore_writer`
     for `wait` and `check_tails`. Close it to let another writer in."""
     path = Path(store if isinstance(store, (str, Path)) else store.path)
@@ -66,6 +64,30 @@ class ShardedWriter:
             yield self
         self.store.recount()
 
+    def place(self, digests: dict[str, str], skip_existing: bool, replace: bool) -> tuple[DatastoreWriter, list[str]]:
+        """Where documents being added go (`digests`: their ids and text digests): the last shard (no other shard's
+        numbers move), and the ids live in another shard, which are skipped as unchanged when `skip_existing` allows
+        it. An id live elsewhere with other text, or any without `skip_existing`, raises DatastoreError, as one
+        store refuses a live id (`DatastoreWriter.stage`); so does `replace`, which one transaction cannot do across
+        two shards."""
+        if replace:
+            raise DatastoreError(
+                f"{self.store.path} is sharded: --replace is not supported there; remove the documents "
+                "(`bertknn remove --doc ID`), then add the new text"
+            )
+        ids, last = list(digests), self.shards[-1]
+        elsewhere = set(self.store.documents.states(ids)) - set(last.store.documents.states(ids))
+        if elsewhere and not skip_existing:
+            raise DatastoreError(f"document id(s) already in the datastore: {sorted(elsewhere)[:5]}; remove them first")
+        held = self.store.documents.live_digests(sorted(elsewhere))
+        changed = sorted(i for i in elsewhere if held.get(i) not in (None, digests[i]))
+        if changed:
+            raise DatastoreError(
+                f"document id(s) {changed[:5]} are in {self.store.path} with other text; remove them first "
+                "(`bertknn remove --doc ID`), then add the new text"
+            )
+        return last, sorted(elsewhere)
+
     def remove(self, ids: list[str]) -> tuple[list[str], list[str]]:
         """Remove documents from the shards holding them; return (removed now, removed before). An unknown id raises
         DatastoreError before anything changes. Each shard removes its part in one transaction; a crash between
@@ -85,3 +107,6 @@ class ShardedWriter:
             removed += self.shards[s].remove([i for i in ids if owners.get(i) == s])[0]
         self.store.recount()
         return removed, [i for i in ids if i in before]
+
+
+StoreWriter = DatastoreWriter | ShardedWriter  # the writer of any datastore, as `open_writer` gives it
