@@ -212,3 +212,9 @@ def test_no_class_of_the_package_has_over_30_methods():
                 if len(methods) > 30:
                     large.add(node.name)
     assert large == LARGE_CLASSES
+
+
+def test_each_file_name_names_one_concept_across_the_package():
+    """No two modules share a file name (a newcomer finds each concept in the file named after it)."""
+    names = [file.name for file in SRC.rglob("*.py") if file.name != "__init__.py"]
+    assert sorted({name for name in names if names.count(name) > 1}) == []

@@ -72,7 +72,7 @@ def test_both_datastores_read_documents_alike(stores, name):
 
 
 # every module of the service that uses a store (ray_serve.py is left out: it serves a ShardedDatastore's shards)
-@pytest.mark.parametrize("module", ["serving/service.py", "serving/errors.py", "query/search.py"])
+@pytest.mark.parametrize("module", ["serving/service.py", "serving/http_errors.py", "query/search.py"])
 def test_the_service_and_the_search_use_only_the_protocol(module):
     text = (ROOT / "src" / "bertknn" / module).read_text(encoding="utf-8")
     used = set(re.findall(r"(?<!\w)(?<!bertknn\.)store\.(\w+)", text))  # `store.x`, `reader.store.x`, `self.store.x`

@@ -40,7 +40,7 @@ from bertknn.query.prediction import Prediction
 from bertknn.query.search import ShardUnavailable
 from bertknn.query.settings import Settings
 from bertknn.serving.batching import MicroBatcher
-from bertknn.serving.errors import (
+from bertknn.serving.http_errors import (
     public,
     public_name,
     unavailable,
@@ -211,7 +211,7 @@ class _Writes:
     def writer(self) -> Writer:
         with self._opening:
             if self._writer is None:
-                path = self.reader.store.path.resolve()  # its errors name it whole, so `errors.public` finds it
+                path = self.reader.store.path.resolve()  # its errors name it whole, so `http_errors.public` finds it
                 store = open_store(path, check=False)
                 self._writer = Writer(store, self.reader.encoder)
             return self._writer
