@@ -69,7 +69,7 @@ def make_store(encoder: Encoder, docs: int, where: Path, paper: bool = True) -> 
     # keys' values do not matter for speed; the paper's targets (words of one wordpiece), as the reference answers,
     # or bertknn's defaults (whole words, evidence vectors)
     if paper:
-        return BertKNN.build(corpus, where / "paper", encoder, pack=8, whole_words=False, evidence=False)
+        return BertKNN.build(corpus, where / "paper", encoder, pack=8, whole_words=False, evidence_vectors=False)
     return BertKNN.build(corpus, where / "defaults", encoder, pack=8)
 
 

@@ -90,12 +90,12 @@ def manifest(
     splitter: str = SPLITTER,
     whole_words: bool = True,
     names: bool = False,
-    evidence: bool = True,
+    evidence_vectors: bool = True,
 ) -> dict:
     """The manifest of a new datastore for `encoder` (model, weights hash, layer, width, key options, the sentence
     splitter its documents are split with, the sentence encoder of its evidence vectors); without `whole_words`, of
     format 1 (the paper's targets: words of one token); with `names`, multi-word names are targets too; without
-    `evidence`, no evidence vectors (the paper's datastore: its questions are answered without sentence weights)."""
+    `evidence_vectors`, none (the paper's datastore: its questions are answered without sentence weights)."""
     if names and (pack > 1 or not whole_words):
         raise DatastoreError("multi-word names need whole words and one target per pass: drop --pack or --names")
     words = {"words_from": encoder.vocab_size, "names": names} if whole_words else {}  # longer words' values from
@@ -114,7 +114,9 @@ def manifest(
         "value_dtype": "int32",
         "status": "building",
         "corpus": corpus,
-        **({FIELD: SENTENCE_MODEL} if evidence else {}),  # every entry's evidence texts get vectors (store/evidence.py)
+        **(
+            {FIELD: SENTENCE_MODEL} if evidence_vectors else {}
+        ),  # every entry's evidence texts get vectors (store/evidence.py)
         **words,
     }
 
@@ -141,12 +143,14 @@ def create(
     int8_keys: bool = False,
     whole_words: bool = True,
     names: bool = False,
-    evidence: bool = True,
+    evidence_vectors: bool = True,
 ) -> Datastore:
     """Create an empty datastore directory for `encoder` (or reopen it when it was made for the same model)."""
     path = Path(path)
     if not (path / "manifest.json").exists():
-        made = manifest(encoder, corpus, pack, int8_keys, whole_words=whole_words, names=names, evidence=evidence)
+        made = manifest(
+            encoder, corpus, pack, int8_keys, whole_words=whole_words, names=names, evidence_vectors=evidence_vectors
+        )
         return create_store(path, made)
     store = Datastore(path)
     check_encoder(store, encoder)
@@ -360,7 +364,7 @@ def build(
     n_workers: int = 0,
     whole_words: bool = True,
     names: bool = False,
-    evidence: bool = True,
+    evidence_vectors: bool = True,
 ) -> Datastore:
     """Build (or resume building) the datastore of a corpus: JSONL, Parquet, DrQA's docs.db, a Wikipedia XML dump or
     a datasets.Dataset (`corpus.open_corpus`).
@@ -369,7 +373,7 @@ def build(
     (`embed`); with `lazy`, embedding is left for later and done per document on demand. `pack` > 1 masks that many
     targets per pass and `int8_keys` runs the encoder quantised (`Encoder.embed`); without `whole_words` only words of
     one token are stored (format 1, the paper's targets); with `names`, multi-word names too (`text.names_of`);
-    without `evidence`, no evidence vectors (ingest/evidence_encoding.py: the sentence weights read them); the
+    without `evidence_vectors`, none (ingest/evidence_encoding.py: the sentence weights read them); the
     manifest records them all: a resume with others is refused, and later embedding (lazy, `add`) follows them.
     `progress(phase, done, total)` reports the phases ("checking" where the format counts its documents from
     metadata, "reading", "embedding").
@@ -387,7 +391,7 @@ def build(
     source = open_corpus(corpus)
     report = progress or (lambda phase, done, total: None)
     n_docs = check_corpus(source, report)
-    store = create(out, encoder, source.info(n_docs), pack, int8_keys, whole_words, names, evidence)
+    store = create(out, encoder, source.info(n_docs), pack, int8_keys, whole_words, names, evidence_vectors)
     with open_writer(out) as writer, writer.commit():
         written = writer.store
         _register_all(written, source, n_docs, report, n_workers)

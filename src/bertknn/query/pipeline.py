@@ -23,7 +23,7 @@ from bertknn.query import sentence_weights
 from bertknn.query.combine import calibrate, confident_lam, interpolate
 from bertknn.query.knn import vote
 from bertknn.query.linking import linked
-from bertknn.query.prediction import Forwarded, Prediction, Query, evidence, ranked, superseded
+from bertknn.query.prediction import Forwarded, Prediction, Query, evidence_shown, ranked, superseded
 from bertknn.query.search import DocumentSearch, Neighbours, RemoteShards, Search, searcher
 from bertknn.query.settings import Settings
 from bertknn.query.words import Words, lexicon, scored
@@ -71,7 +71,7 @@ class BertKNN:
         builder.check_encoder(store, encoder)
         self.encoder, self.store = encoder, store
         self.sentence_match = SentenceMatch(encoder.runtime, stored=store.evidence)  # the store's evidence vectors
-        self._told_no_evidence = False
+        self._told_no_vectors = False
         self.settings = self._within_store(settings.replace(**hparams))
         self.writer = writer  # the writer side: None for a reader that never writes
         self.index = index or self._load_index()
@@ -186,7 +186,7 @@ class BertKNN:
         whole_words: bool = True,
         names: bool = False,
         key_codec: str = "float16",
-        evidence: bool = True,
+        evidence_vectors: bool = True,
         **hparams: float,
     ) -> BertKNN:
         """Embed a corpus into a datastore at `out` (resuming an interrupted build), index it, and load it.
@@ -201,12 +201,12 @@ class BertKNN:
         `names`, runs of capitalised words ("Port Elsmere") are stored as one answer too, besides their words.
         `n_workers`: processes that split sentences and hash IR features (0: every core for a large corpus,
         `workers.count`). `key_codec` (a FAISS factory string: SQ8, PQ96, ...) stores the keys compressed
-        (`Writer.convert_keys`). Without `evidence`, no evidence vectors are stored (the paper's datastore; its
+        (`Writer.convert_keys`). Without `evidence_vectors`, none are stored (the paper's datastore; its
         questions are answered without sentence weights).
         """
         encoder = model if isinstance(model, Encoder) else Encoder.load(model, layer, runtime)
         options = {"lazy": lazy, "pack": pack, "int8_keys": int8_keys, "whole_words": whole_words, "names": names}
-        options["evidence"] = evidence
+        options["evidence_vectors"] = evidence_vectors
         writer = Writer.build(corpus, out, encoder, n_workers, progress, key_codec, **options)
         return cls(encoder, writer.store, writer.index, writer=writer, **hparams)
 
@@ -314,7 +314,7 @@ class BertKNN:
             bert=ranked(f.p_bert, tok, top_k),
             knn=knn_top,
             bert_knn=ranked(p, tok, top_k, f.words),
-            evidence=evidence(self.store, knn_top, f.found, n_evidence, s.temperature),
+            evidence=evidence_shown(self.store, knn_top, f.found, n_evidence, s.temperature),
             p_bert=f.words.lm(f.p_bert),
             p_knn=f.vote,
             p=p,
@@ -363,8 +363,8 @@ class BertKNN:
         without): said once, in a warning that names the command that stores them."""
         if not s.sentence_temperature or self.store.evidence.model:
             return s
-        if not self._told_no_evidence:
-            self._told_no_evidence = True
+        if not self._told_no_vectors:
+            self._told_no_vectors = True
             log.warning(
                 "%s has no evidence vectors: its questions are answered without sentence weights until `bertknn "
                 "sentences %s` stores them",

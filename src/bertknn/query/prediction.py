@@ -132,7 +132,7 @@ def _source(e: Provenance) -> tuple:
     return e.doc_id, e.title, e.sentence, e.span, e.count, e.date
 
 
-def evidence(
+def evidence_shown(
     store: Datastore, answers: list[TokenScore], found: Neighbours, n_evidence: int, temperature: float
 ) -> dict[str, list[Neighbour]]:
     """For each kNN answer, its nearest `n_evidence` neighbours with their sentences."""
