@@ -304,7 +304,7 @@ def cost(args) -> None:
     for repeat in range(args.repeats):  # builds and adds without and with evidence vectors, in turn
         for evidence in (False, True) if repeat % 2 == 0 else (True, False):
             began = time.perf_counter()
-            built = BertKNN.build(corpus, work / f"store-{evidence}-{repeat}", encoder, evidence=evidence)
+            built = BertKNN.build(corpus, work / f"store-{evidence}-{repeat}", encoder, evidence_vectors=evidence)
             spent[("build", evidence)].append(time.perf_counter() - began)
             began = time.perf_counter()
             built.add_documents(several)
