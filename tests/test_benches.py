@@ -150,6 +150,12 @@ CASES = {
             r"^a part naming two titles linked by TF-IDF instead of none: \d+ links change, \d+ of them ",
         ],
     ),
+    "scale": (
+        "scale.py",
+        [],
+        "wiki",
+        [r"^\| add of 1 ms \| [\d.,]+ \| [\d.,]+ \| -?[\d.]+ \|$", r"^\| verify peak RSS GB \| ", r"^machine: "],
+    ),
     "writes": ("writes.py", [], None, [r"^\| this tree \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$"]),
     "splitters": ("splitters.py", [], "wiki", [r"^\| pysbd \(older datastores\) \| ", r"^\| sentencex \| "]),
     "verify": ("verify.py", [], None, [r"^open-time sample \(\d+ \+ last\) +[\d.]+ s"]),

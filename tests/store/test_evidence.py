@@ -215,3 +215,28 @@ def test_any_sentence_span_and_title_give_three_texts_and_stable_ids(sentence, s
     assert [evidence.text_id(t) for t in texts] == [
         evidence.text_id(t) for t in evidence.entry_texts([(sentence, span, title)])
     ]
+
+
+def test_verify_reads_entries_a_chunk_at_a_time_and_counts_live_ones_from_the_documents(built, tmp_path):
+    """`verify` holds nothing of the store's size (bench/scale.py): its chunked reads find what a whole read finds,
+    a damaged key in the last chunk included, and its live entries are those a brute-force scan keeps."""
+    import shutil
+
+    from bertknn.store import verify as checks
+
+    path = shutil.copytree(built.store.path, tmp_path / "copy")
+    with Writer(Datastore(path)) as writer:
+        writer.remove_documents(["d1"])
+    store = Datastore(path, check=False)
+    live = _live(store)
+    assert checks._live_sample(store, store.documents.hidden().tolist(), 10**6, rows=7).tolist() == live
+    drawn = checks._live_sample(store, store.documents.hidden().tolist(), len(live) // 4)
+    assert len(set(drawn.tolist())) == len(drawn) >= 1 and set(drawn.tolist()) <= set(live)  # a sample of the live
+    assert checks._entry_problems(store, rows=7) == checks._entry_problems(store, rows=store.size) == []
+    keys = np.memmap(path / "keys.f16", np.float16, "r+", shape=(store.size, store.dim))
+    keys[store.size - 1, 3] = np.nan  # the last entry: in the last chunk of 7
+    keys.flush()
+    del keys
+    found = checks._entry_problems(store, rows=7)
+    assert len(found) == 1 and f"entries [{store.size - 1}] hold non-finite values" in found[0]
+    store.close()

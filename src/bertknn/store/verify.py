@@ -16,6 +16,7 @@ from bertknn.store.datastore import (
     APPEND_ONLY,
     COUNTS,
     SQLITE,
+    VALUES,
     Datastore,
     DatastoreError,
 )
@@ -96,16 +97,15 @@ def _entry_problems(store: Datastore, rows: int = 1 << 16) -> list[str]:
     lexicon = np.asarray(list(store.lexicon.words(None)), np.int64)
     first = store.manifest.get("words_from", np.iinfo(np.int32).max)  # format 1: no lexicon
     for start in range(0, store.size, rows):
-        finite = np.isfinite(store.keys[start : start + rows]).all(axis=1)
+        keys, values, counts = _read_rows(store, start, min(start + rows, store.size))
+        finite = np.isfinite(keys).all(axis=1)
         if not finite.all():
             bad = (start + np.flatnonzero(~finite))[:5].tolist()
             problems.append(f"{store.path / store.keys_file()[0]}: entries {bad} hold non-finite values")
-        values = np.asarray(store.values[start : start + rows], np.int64)
         unknown = (values < 0) | ((values >= first) & ~np.isin(values, lexicon))
         bad = (start + np.flatnonzero(unknown))[:5].tolist()
         if bad:
-            problems.append(f"{store.path / 'values.i32'}: entries {bad} hold values that are no word of the store")
-        counts = store.counts_of(np.arange(start, min(start + rows, store.size)))
+            problems.append(f"{store.path / VALUES}: entries {bad} hold values that are no word of the store")
         if counts is not None and (counts < 1).any():
             bad = (start + np.flatnonzero(counts < 1))[:5].tolist()
             problems.append(f"{store.path / COUNTS}: entries {bad} stand for fewer than one context")
@@ -119,29 +119,52 @@ def _entry_problems(store: Datastore, rows: int = 1 << 16) -> list[str]:
     return problems
 
 
+def _read(path: Path, dtype: type, width: int, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) of a file of `width` items of `dtype` a row, read (not mapped: no page of a file stays in
+    the process once its rows are checked, so `verify`'s memory is one chunk's however large the store is)."""
+    count = (stop - start) * width
+    rows = np.fromfile(path, dtype, count=count, offset=start * width * np.dtype(dtype).itemsize)
+    if len(rows) < count:  # shorter than committed: the checksums name it
+        raise DatastoreError(f"{path} holds fewer rows than the datastore's {stop:,} entries")
+    return rows.reshape(stop - start, width)
+
+
+def _read_rows(store: Datastore, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The keys (decoded), values and counts (a pruned store's, else None) of entries [start, stop)."""
+    name, width = store.keys_file()
+    codec = store.codec
+    if codec is None:
+        keys = _read(store.path / name, np.float16, store.dim, start, stop)
+    else:
+        keys = codec.decode(_read(store.path / name, np.uint8, width, start, stop))
+    values = _read(store.path / VALUES, np.int32, 1, start, stop).ravel().astype(np.int64)
+    counts = _read(store.path / COUNTS, np.int32, 1, start, stop).ravel() if store.manifest.pruned else None
+    return keys, values, counts
+
+
 def _evidence_problems(store: Datastore, sample: int = EVIDENCE_SAMPLE) -> list[str]:
     """In a store with evidence vectors (evidence.py): references that do not add up to the texts of the entries
     not removed (a remove releases its entries'; those of an add not yet published count), vectors of another size
     than the others, and, of `sample` such entries drawn at random (all of a smaller store), those whose texts have no
-    vector."""
+    vector. Entries are counted from the documents' ranges and drawn in chunks: nothing of the store's size is held."""
     if not store.evidence.model:
         return []
-    live = np.arange(store.size)
     with store.sqlite_errors():
-        removed = [r[0] for r in store.db.execute("SELECT idx FROM documents WHERE state = 'removed'")]
-    live = live[~np.isin(store.documents.of(live), removed)] if removed and len(live) else live
+        query = "SELECT idx, start, end FROM documents WHERE state = 'removed' AND start IS NOT NULL"
+        removed = store.db.execute(query).fetchall()
+    live = store.size - sum(end - start for _, start, end in removed)
     problems, where = [], store.path / SQLITE
     refs, sizes = 0, {}
     with store.sqlite_errors():
         if exists(store.db):  # the first writer makes the table
             refs = store.db.execute("SELECT coalesce(sum(refs), 0) FROM evidence").fetchone()[0]
             sizes = dict(store.db.execute("SELECT length(vector), count(*) FROM evidence GROUP BY 1").fetchall())
-    if refs != VIEWS * len(live):
-        problems.append(f"{where}: the evidence vectors count {refs:,} references, not {VIEWS * len(live):,}")
+    if refs != VIEWS * live:
+        problems.append(f"{where}: the evidence vectors count {refs:,} references, not {VIEWS * live:,}")
     if len(sizes) > 1:  # every vector of a store has one size: the sentence encoder's width, and its scale
         usual = max(sizes, key=sizes.get)
         problems.append(f"{where}: {sum(sizes.values()) - sizes[usual]:,} evidence vectors have the wrong size")
-    chosen = np.sort(np.random.default_rng(0).choice(live, sample, replace=False)) if len(live) > sample else live
+    chosen = _live_sample(store, [idx for idx, _, _ in removed], sample)
     ids = store.evidence.ids(chosen.tolist())
     lacking = chosen[~np.isin(ids, list(store.evidence.held(ids.ravel().tolist()))).all(axis=1)]
     if len(lacking):
@@ -150,6 +173,20 @@ def _evidence_problems(store: Datastore, sample: int = EVIDENCE_SAMPLE) -> list[
             f"entry {lacking[0]}); rebuild the datastore, or restore it from a copy"
         )
     return problems
+
+
+def _live_sample(store: Datastore, removed: list[int], sample: int, rows: int = 1 << 16) -> np.ndarray:
+    """Up to `sample` entries of documents not `removed`, sorted: drawn at random (seeded) from a store of more
+    entries, all of a smaller one; read a chunk at a time."""
+    if store.size > 2 * sample:
+        picked = np.random.default_rng(0).choice(store.size, 2 * sample, replace=False)
+        picked = picked[~np.isin(store.documents.of(picked), removed)] if removed else picked
+        return np.sort(picked[:sample])
+    kept = [
+        chunk[~np.isin(store.documents.of(chunk), removed)] if removed else chunk
+        for chunk in (np.arange(a, min(a + rows, store.size)) for a in range(0, store.size, rows))
+    ]
+    return np.concatenate(kept) if kept else np.zeros(0, np.int64)
 
 
 def record_checksums(path: str | Path) -> None:
