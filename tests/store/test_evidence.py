@@ -94,6 +94,17 @@ def test_remove_releases_the_references_and_drops_the_texts_no_entry_uses(built)
     assert not store.evidence.held(only_d1)
 
 
+def test_a_remove_looks_only_at_the_rows_it_releases(built):
+    """A remove's work is its own entries' (bench/scale.py: it scanned the whole table): a row it does not release is
+    left as it is, even one that no entry uses (which verify reports)."""
+    with built.writer.commit() as written, written.db:
+        written.db.execute("INSERT INTO evidence VALUES (7, x'00', 0)")  # planted: no entry's text
+    built.remove_documents(["d1"])
+    rows = dict(_rows(built.store))
+    assert rows.pop(7) == 0
+    assert Counter(rows) == _references(built.store)
+
+
 def test_an_append_that_lacks_the_evidence_the_store_holds_is_refused(built):
     size = built.store.size
     with built.writer.commit() as store, pytest.raises(DatastoreError, match="lacks them: nothing was stored"):

@@ -126,11 +126,13 @@ def commit(db: sqlite3.Connection, evidence: Evidence) -> None:
 
 
 def release(db: sqlite3.Connection, ids: np.ndarray) -> None:
-    """Drop the references of entries' text ids (inside the caller's transaction) and the rows no entry uses."""
+    """Drop the references of entries' text ids (inside the caller's transaction) and those of their rows no entry
+    uses any more: only the rows released are looked at (by their keys), so a remove's work is its own entries',
+    however large the table."""
     counts = Counter(np.asarray(ids).ravel().tolist())
     if counts and exists(db):
         db.executemany("UPDATE evidence SET refs = refs - ? WHERE id = ?", [(n, i) for i, n in counts.items()])
-        db.execute("DELETE FROM evidence WHERE refs <= 0")
+        db.executemany("DELETE FROM evidence WHERE id = ? AND refs <= 0", [(i,) for i in counts])
 
 
 class EvidenceReads:
