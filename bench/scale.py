@@ -1,6 +1,7 @@
 """A datastore's costs as it grows: every stage measured at each size, the model's two stages stood in.
 
-    python bench/scale.py [--contexts 1000000,10000000] [--questions 200] [--threads 2] [--work DIR] [--smoke]
+    python bench/scale.py [--contexts 1000000,10000000] [--questions 200] [--threads 2] [--factory auto] [--work DIR]
+        [--keep] [--smoke]
 
 For each size N, a corpus of about N contexts is made from the evidence corpus (its documents repeated under new ids
 and titles: "Title (2)"; their lengths and titles as Wikipedia's articles have them), then built through bertknn's
@@ -14,10 +15,11 @@ peak RSS; disk per context by file; opening the store (`open_store` with its sam
 cold (the page cache dropped, where this machine allows it) and warm; a question's p50 and p99 over the IR subset,
 with and without the subject (exact search over the documents TF-IDF picks); an add of 1 and of 100 documents, a
 remove of 1 and a `--replace` of 1 (the stand-in keys: the rest of the write path as it is); `verify`'s time and
-peak RSS. Then the growth table: each figure at each size and its growth exponent between the two largest sizes
+peak RSS; `bertknn index` (FAISS, its automatic factory) and the questions' p50 and p99 through it. Then the growth
+table: each figure at each size and its growth exponent between the two largest sizes
 (log of the ratio of the figures over log of the ratio of the sizes: 1 is linear, 0 constant).
 
---smoke: sizes of 20,000 and 60,000 contexts, 10 questions, one thread.
+--smoke: sizes of 10,000 and 18,000 contexts, FAISS Flat, 10 questions, one thread.
 """
 
 from __future__ import annotations
@@ -183,6 +185,35 @@ def stage_use(store: str, questions: int, threads: int, corpus: str) -> dict:
     return out
 
 
+def stage_faiss(store: str, questions: int, threads: int, factory: str) -> dict:
+    """`bertknn index` (FAISS with `factory`; auto: Flat below 20k keys, else IVF-PQ) and questions searched through
+    it (8x re-ranked), with and without the subject."""
+    import faiss
+
+    from bertknn.ingest.ingester import Writer
+    from bertknn.model.runtime import Runtime
+    from bertknn.query.pipeline import BertKNN
+    from bertknn.store.shards import open_store
+
+    faiss.omp_set_num_threads(threads)
+    began = time.perf_counter()
+    with Writer(open_store(store)) as writer:
+        factory = writer.index_keys(factory).settings["factory"]
+    out: dict = {"FAISS index s": round(time.perf_counter() - began, 2), "FAISS factory": factory}
+    knn = BertKNN.load(store, runtime=Runtime(threads=threads), read_only=True)
+    asked = _questions(knn.store, questions)
+    knn.predict(asked[0][0], retrieval="faiss")
+    for name, given in (("with subject", True), ("without subject", False)):
+        times = [
+            _timed(lambda q=q, t=t, g=given: knn.predict(q, subject=t if g else None, retrieval="faiss"))
+            for q, t in asked
+        ]
+        out[f"question p50 over FAISS, {name} ms"] = round(statistics.median(times), 2)
+        out[f"question p99 over FAISS, {name} ms"] = round(float(np.percentile(times, 99)), 2)
+    knn.close()
+    return out
+
+
 def stage_verify(store: str) -> dict:
     """`bertknn verify`'s check of every block and SQLite."""
     from bertknn.index import faiss_files, retrieval
@@ -193,7 +224,7 @@ def stage_verify(store: str) -> dict:
     return {"seconds": round(time.perf_counter() - began, 2), "problems": len(report.problems)}
 
 
-STAGES = {"build": stage_build, "open": stage_open, "use": stage_use, "verify": stage_verify}
+STAGES = {"build": stage_build, "open": stage_open, "use": stage_use, "verify": stage_verify, "faiss": stage_faiss}
 
 
 def disk(store: Path, contexts: int) -> dict[str, float]:
@@ -216,8 +247,9 @@ def measure(n: int, work: Path, args: argparse.Namespace) -> dict:
     cold, _ = run_stage("open", store=str(store), cold=True)
     warm, _ = run_stage("open", store=str(store), cold=False)
     verified, verify_rss = run_stage("verify", store=str(store))
-    options = {"questions": args.questions, "threads": args.threads, "corpus": str(corpus)}
-    used, use_rss = run_stage("use", store=str(store), **options)
+    options = {"questions": args.questions, "threads": args.threads}
+    used, use_rss = run_stage("use", store=str(store), corpus=str(corpus), **options)
+    indexed, faiss_rss = run_stage("faiss", store=str(store), factory=args.factory, **options)
     figures = {
         "documents": docs,
         "contexts": built["contexts"],
@@ -229,6 +261,8 @@ def measure(n: int, work: Path, args: argparse.Namespace) -> dict:
         "open, warm s": warm["seconds"],
         **{f"{k} ms": v for k, v in used.items()},
         "questions and writes: peak RSS GB": round(use_rss, 2),
+        **indexed,
+        "FAISS index and questions: peak RSS GB": round(faiss_rss, 2),
         "verify s": verified["seconds"],
         "verify peak RSS GB": round(verify_rss, 2),
     }
@@ -253,7 +287,8 @@ def growth(results: dict[int, dict]) -> None:
         if a and all(isinstance(results[m].get(name), (int, float)) and results[m].get(name) > 0 for m in (a, b)):
             ratio = results[b]["contexts"] / results[a]["contexts"]
             exponent = f"{math.log(results[b][name] / results[a][name]) / math.log(ratio):.2f}"
-        print(f"| {name} | " + " | ".join("-" if v is None else f"{v:,}" for v in row) + f" | {exponent} |")
+        shown = ["-" if v is None else f"{v:,}" if isinstance(v, (int, float)) else str(v) for v in row]
+        print(f"| {name} | " + " | ".join(shown) + f" | {exponent} |")
 
 
 def main() -> None:
@@ -261,6 +296,7 @@ def main() -> None:
     parser.add_argument("--contexts", default="1000000,10000000", help="sizes, comma-separated")
     parser.add_argument("--questions", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--factory", default="auto", help="FAISS factory of `bertknn index` [default: auto]")
     parser.add_argument("--work", type=Path, default=None, help="where stores are built [default: a temporary folder]")
     parser.add_argument("--keep", action="store_true", help="keep each size's store and corpus")
     parser.add_argument("--smoke", action="store_true", help=SMOKE)
@@ -271,7 +307,7 @@ def main() -> None:
         print(json.dumps(STAGES[args.stage](**json.loads(args.options))))
         return
     if args.smoke:
-        args.contexts, args.questions, args.threads = "20000,60000", 10, 1
+        args.contexts, args.questions, args.threads, args.factory = "10000,18000", 10, 1, "Flat"
     from evidence import scratch
 
     work = args.work or scratch()

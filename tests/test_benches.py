@@ -154,7 +154,12 @@ CASES = {
         "scale.py",
         [],
         "wiki",
-        [r"^\| add of 1 ms \| [\d.,]+ \| [\d.,]+ \| -?[\d.]+ \|$", r"^\| verify peak RSS GB \| ", r"^machine: "],
+        [
+            r"^\| add of 1 ms \| [\d.,]+ \| [\d.,]+ \| -?[\d.]+ \|$",
+            r"^\| question p50 over FAISS, with subject ms \| ",
+            r"^\| verify peak RSS GB \| ",
+            r"^machine: ",
+        ],
     ),
     "writes": ("writes.py", [], None, [r"^\| this tree \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$"]),
     "splitters": ("splitters.py", [], "wiki", [r"^\| pysbd \(older datastores\) \| ", r"^\| sentencex \| "]),
