@@ -13,9 +13,9 @@ vectors (random 384-wide rows). The GPU key stage is measured apart (bench/gpu_r
 Measured at each size, each in a process of its own where its memory is reported: the build's time by phase and its
 peak RSS; disk per context by file; opening the store (`open_store` with its sampled check, and the TF-IDF index),
 cold (the page cache dropped, where this machine allows it) and warm; a question's p50 and p99 over the IR subset,
-with and without the subject (exact search over the documents TF-IDF picks); an add of 1 and of 100 documents, a
-remove of 1 and a `--replace` of 1 (the stand-in keys: the rest of the write path as it is); `verify`'s time and
-peak RSS; `bertknn index` (FAISS, its automatic factory) and the questions' p50 and p99 through it. Then the growth
+with and without the subject (exact search over the documents TF-IDF picks); an add of 1 (the median of 5) and of
+100 documents, a remove of 1 (the median of 5) and a `--replace` of 1 (the stand-in keys: the rest of the write path
+as it is); `verify`'s time and peak RSS; `bertknn index` (FAISS, its automatic factory) and the questions' p50 and p99 through it. Then the growth
 table: each figure at each size and its growth exponent between the two largest sizes
 (log of the ratio of the figures over log of the ratio of the sizes: 1 is linear, 0 constant).
 
@@ -40,6 +40,7 @@ import numpy as np
 from evidence import EVIDENCE, SMOKE
 
 SENTENCE_DIM = 384  # the sentence encoder's width (all-MiniLM-L6-v2)
+SINGLES = 5  # adds and removes of one document timed at each size: the median is reported
 CONTEXTS_PER_WORD = 0.6  # the evidence corpus's contexts per word (\w+ run), seen at this bench's smoke sizes
 
 
@@ -174,12 +175,14 @@ def stage_use(store: str, questions: int, threads: int, corpus: str) -> dict:
         out[f"question p50, {name}"] = round(statistics.median(times), 2)
         out[f"question p99, {name}"] = round(float(np.percentile(times, 99)), 2)
     with open(corpus, encoding="utf-8") as lines:
-        texts = [json.loads(next(lines)) for _ in range(101)]
+        texts = [json.loads(next(lines)) for _ in range(SINGLES + 100)]
     new = [{"id": f"scale-add-{i}", "title": f"Scale addition {i}", "text": text_of(d)} for i, d in enumerate(texts)]
-    out["add of 1"] = round(_timed(lambda: knn.add_documents(new[:1])), 1)
-    out["add of 100"] = round(_timed(lambda: knn.add_documents(new[1:])), 1)
-    out["remove of 1"] = round(_timed(lambda: knn.remove_documents(["scale-add-0"])), 1)
-    changed = {**new[1], "text": new[2]["text"]}
+    singles = [_timed(lambda d=d: knn.add_documents([d])) for d in new[:SINGLES]]
+    out["add of 1"] = round(statistics.median(singles), 1)
+    out["add of 100"] = round(_timed(lambda: knn.add_documents(new[SINGLES:])), 1)
+    removes = [_timed(lambda d=d: knn.remove_documents([d["id"]])) for d in new[:SINGLES]]
+    out["remove of 1"] = round(statistics.median(removes), 1)
+    changed = {**new[SINGLES], "text": new[SINGLES + 1]["text"]}
     out["replace of 1"] = round(_timed(lambda: knn.add_documents([changed], replace=True)), 1)
     knn.close()
     return out

@@ -63,6 +63,7 @@ def test_storage_imports_neither_the_model_nor_the_tokenizer():
         "bertknn.store.records",
         "bertknn.store.schema",
         "bertknn.store.snapshot",
+        "bertknn.store.wal",  # whether store.sqlite is as its last seal recorded it
     }  # a reader: neither the lock nor the writer
     for reads in ("store.documents", "store.lexicon"):  # the store's reads by concept (the store: for type hints)
         assert _imports(reads) <= {
@@ -80,7 +81,11 @@ def test_storage_imports_neither_the_model_nor_the_tokenizer():
     # the evidence texts: string functions, no tokenizer (the store: for type hints)
     assert _imports("store.evidence") == {"bertknn.text", "bertknn.store.protocol"}
     assert _imports("store.codec") == {"bertknn.store.atomic"}
-    assert _imports("store.integrity") == {"bertknn.store.atomic", "bertknn.store.lock"}  # LOCK_FILE: not data
+    assert _imports("store.integrity") == {  # LOCK_FILE: not data; descriptors: store.sqlite read keeping its locks
+        "bertknn.store.atomic",
+        "bertknn.store.descriptors",
+        "bertknn.store.lock",
+    }
     assert _imports("store.atomic") == set()
     assert not any(name.startswith(("bertknn.model", "bertknn.text")) for name in _imports("store.shards"))
 

@@ -77,8 +77,13 @@ def record(figures, setup):
 
 
 def _tree(store: Path) -> tuple[set[str], set[str]]:
-    """(files, folders) of a datastore directory, relative; the writer lock is no part of the result."""
-    files = {str(p.relative_to(store)) for p in store.rglob("*") if p.is_file() and p.name != LOCK}
+    """(files, folders) of a datastore directory, relative; the writer lock is no part of the result, nor SQLite's
+    log and shared memory (store.sqlite-wal, -shm: there while a connection is open; read through SQLite)."""
+    files = {
+        str(p.relative_to(store))
+        for p in store.rglob("*")
+        if p.is_file() and p.name != LOCK and not p.name.endswith(("-wal", "-shm"))
+    }
     folders = {str(p.relative_to(store)) for p in store.rglob("*") if p.is_dir()}
     return files, folders
 

@@ -26,11 +26,12 @@ FRESH = {"id": "n1", "title": "Zorblat Quenmire", "text": "Zorblat Quenmire was 
 
 
 def _files(path):
-    """Every file of a datastore directory and its sha256 (the writer lock aside)."""
+    """Every file of a datastore directory and its sha256 (the writer lock aside, and SQLite's shared memory, in
+    which every reader marks the commit it reads: it holds no data)."""
     return {
         str(f.relative_to(path)): hashlib.sha256(f.read_bytes()).hexdigest()
         for f in sorted(path.rglob("*"))
-        if f.is_file() and f.name != "write.lock"
+        if f.is_file() and f.name != "write.lock" and not f.name.endswith("-shm")
     }
 
 

@@ -20,6 +20,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 KILLED_WRITER = """
 import os, sqlite3, sys
 db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA journal_mode = DELETE")  # as a store left by a writer before WAL mode (rollback journal)
 db.execute("PRAGMA cache_size = 1")  # dirty pages spill into the file before the commit: the journal is hot
 db.execute("BEGIN")
 db.execute("UPDATE documents SET title = 'changed'")
@@ -29,11 +30,13 @@ os._exit(9)
 
 
 def _files(path: Path) -> dict[str, tuple[int, int, str]]:
-    """Every file under `path`: (size, modification time, sha256)."""
+    """Every file under `path`: (size, modification time, sha256). Not store.sqlite-shm, SQLite's shared memory of a
+    store whose writer is open: every reader marks in it which commit it reads (https://www.sqlite.org/walformat.html);
+    it holds no data and is gone once the last connection closes."""
     return {
         file.relative_to(path).as_posix(): (file.stat().st_size, file.stat().st_mtime_ns, _sha(file))
         for file in sorted(path.rglob("*"))
-        if file.is_file()
+        if file.is_file() and not file.name.endswith("-shm")
     }
 
 

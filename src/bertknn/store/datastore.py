@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from bertknn.store import atomic, identity, schema
+from bertknn.store import atomic, identity, schema, wal
 from bertknn.store import evidence as evidence_table
 from bertknn.store.codec import Decoded, KeyCodec
 from bertknn.store.documents import Documents
@@ -342,16 +342,6 @@ class Datastore(Shards):
         if wrong:
             raise DatastoreError(damage_message(self.path, wrong))
 
-    def sqlite_changes(self) -> int | None:
-        """SQLite's file change counter (header bytes 24-27): it grows with every committed transaction. None before
-        the first writer made the file (a create killed before it)."""
-        try:
-            with (self.path / SQLITE).open("rb") as handle:
-                handle.seek(24)
-                return int.from_bytes(handle.read(4), "big")
-        except FileNotFoundError:
-            return None
-
     def check(
         self,
         sample: int | None = None,
@@ -374,7 +364,7 @@ class Datastore(Shards):
             if any(d.file == "checksums.json" for d in foreign):  # its records are of another store's files
                 return foreign
             names = set(sums.files) - {d.file for d in foreign}
-            if sums.meta.get("sqlite_changes") != self.sqlite_changes():
+            if not wal.as_sealed(self.path / SQLITE, self.db, sums.meta):
                 names.discard(SQLITE)
             return foreign + sums.verify(names, sample, progress, growing=APPEND_ONLY, only=only)
 

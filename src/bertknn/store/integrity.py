@@ -1,10 +1,12 @@
 """Checksums of a datastore's files, per block, so that damage is found and located (`bertknn verify`).
 
 checksums.json records, for each data file, its checked length and a blake2b-128 digest of every block of
-BLOCK bytes (the last one may be shorter). Blocks are hashed by a thread pool (hashlib releases the GIL), so a large
-store is checked in parallel, and one block can be re-checked alone. Append-only files (keys, values) are extended
-by hashing only their new tail; files rewritten in place (SQLite) or whole (FAISS, IR segments) are hashed again
-when their writer finishes. Storage only: nothing here knows the model.
+`block_size` bytes (the last one may be shorter). Blocks are hashed by a thread pool (hashlib releases the GIL), so a
+large store is checked in parallel, and one block can be re-checked alone. Append-only files (keys, values) are extended
+by hashing only their new tail; SQLite, rewritten in place a page at a time, is checked in smaller blocks
+(`block_size`) and its commits hash again only the blocks holding the pages they wrote (`update`, wal.py); files
+rewritten whole (FAISS, IR segments) are hashed again when their writer finishes. Storage only: nothing here knows the
+model.
 """
 
 from __future__ import annotations
@@ -15,15 +17,22 @@ import os
 import random
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from bertknn.store import descriptors
 from bertknn.store.atomic import write_json
 from bertknn.store.lock import LOCK_FILE
 
 CHECKSUMS = "checksums.json"
 ALGORITHM = "blake2b-128"
 BLOCK = 16 << 20  # bytes per checksum block: a 1 TB store has ~65k of them
+PAGED_BLOCK = 1 << 20  # SQLite's: a commit's pages lie scattered over its B-trees, a block hashed again for each
+
+
+def block_size(name: str) -> int:
+    """The bytes per checksum block of a datastore's file: smaller for SQLite, whose commits rewrite pages in place."""
+    return PAGED_BLOCK if name.endswith(".sqlite") else BLOCK
 
 
 class ChecksumError(ValueError):
@@ -37,20 +46,26 @@ class Damage:
     file: str
     block: int | None  # None: the whole file (missing or shorter than recorded)
     problem: str
+    size: int | None = field(default=None, compare=False)  # the file's bytes per block (None: BLOCK)
 
     def __str__(self) -> str:
         if self.block is None:
             return f"{self.file}: {self.problem}"
-        start = self.block * BLOCK
-        return f"{self.file} block {self.block} (bytes {start:,}-{start + BLOCK - 1:,}): {self.problem}"
+        size = self.size or BLOCK
+        start = self.block * size
+        return f"{self.file} block {self.block} (bytes {start:,}-{start + size - 1:,}): {self.problem}"
 
 
-def _digest(path: Path, block: int, length: int) -> str:
-    """blake2b-128 of bytes [block * BLOCK, min((block + 1) * BLOCK, length)) of a file."""
-    start = block * BLOCK
-    with path.open("rb") as handle:
-        handle.seek(start)
-        data = handle.read(min(BLOCK, length - start))
+def _digest(path: Path, block: int, length: int, size: int | None = None) -> str:
+    """blake2b-128 of bytes [block * size, min((block + 1) * size, length)) of a file (size: BLOCK if None)."""
+    size = size or BLOCK
+    start = block * size
+    if path.name.endswith(".sqlite"):  # never a descriptor of it closed: SQLite's locks would go with it
+        data = descriptors.read(path, start, min(size, length - start))
+    else:
+        with path.open("rb") as handle:
+            handle.seek(start)
+            data = handle.read(min(size, length - start))
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
@@ -58,11 +73,14 @@ def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)))
 
 
-def _hash_blocks(path: Path, length: int, first: int = 0) -> list[str]:
-    """Digests of blocks first.. of the first `length` bytes of a file, in parallel."""
-    blocks = range(first, -(-length // BLOCK))
+def _hash_blocks(path: Path, length: int, blocks: Iterable[int], size: int | None = None) -> list[str]:
+    """Digests of the given blocks of the first `length` bytes of a file, in parallel."""
     with _pool() as pool:
-        return list(pool.map(lambda b: _digest(path, b, length), blocks))
+        return list(pool.map(lambda b: _digest(path, b, length, size), blocks))
+
+
+def _count(length: int, size: int) -> int:
+    return -(-length // size)
 
 
 class Checksums:
@@ -89,9 +107,28 @@ class Checksums:
 
     def record(self, name: str, length: int | None = None) -> None:
         """Hash a file whole (or its first `length` bytes) and record it."""
-        path = self.directory / name
+        path, size = self.directory / name, block_size(name)
         length = path.stat().st_size if length is None else length
-        self.files[name] = {"length": length, "blocks": _hash_blocks(path, length)}
+        self._put(name, length, _hash_blocks(path, length, range(_count(length, size)), size))
+
+    def _put(self, name: str, length: int, blocks: list[str]) -> None:
+        size = block_size(name)
+        self.files[name] = {"length": length, "blocks": blocks, **({"block": size} if size != BLOCK else {})}
+
+    def update(self, name: str, blocks: Iterable[int]) -> None:
+        """Record a file rewritten in place anew, hashing only `blocks` (those a writer changed) and those from its
+        recorded end (or its new end, if shorter) on; the whole file where its record has another block size."""
+        known, size = self.files.get(name), block_size(name)
+        if known is None or known.get("block", BLOCK) != size:
+            self.record(name)
+            return
+        length = (self.directory / name).stat().st_size
+        count = _count(length, size)
+        redo = sorted({b for b in blocks if 0 <= b < count} | set(range(min(known["length"], length) // size, count)))
+        digests = (known["blocks"] + [""] * count)[:count]
+        for block, digest in zip(redo, _hash_blocks(self.directory / name, length, redo, size)):
+            digests[block] = digest
+        self._put(name, length, digests)
 
     def extend(self, name: str, length: int) -> None:
         """Record an append-only file up to `length` bytes, hashing only blocks past the last full one recorded."""
@@ -102,7 +139,8 @@ class Checksums:
         full = known["length"] // BLOCK
         if known["length"] % BLOCK and _digest(self.directory / name, full, known["length"]) != known["blocks"][full]:
             raise ChecksumError(f"{self.directory / name}: {Damage(name, full, 'checksum mismatch')}; `bertknn verify`")
-        blocks = known["blocks"][:full] + _hash_blocks(self.directory / name, length, full)
+        tail = _hash_blocks(self.directory / name, length, range(full, _count(length, BLOCK)))
+        blocks = known["blocks"][:full] + tail
         self.files[name] = {"length": length, "blocks": blocks}
 
     def forget(self, names: Iterable[str]) -> None:
@@ -157,9 +195,10 @@ class Checksums:
         def check(job: tuple[str, int]) -> Damage | None:
             name, block = job
             record = self.files[name]
+            size = record.get("block", BLOCK)
             try:
-                if _digest(self.directory / name, block, record["length"]) != record["blocks"][block]:
-                    return Damage(name, block, "checksum mismatch")
+                if _digest(self.directory / name, block, record["length"], size) != record["blocks"][block]:
+                    return Damage(name, block, "checksum mismatch", size)
             except FileNotFoundError:
                 return None if self._dropped(name) else Damage(name, None, "missing")
             return None
@@ -174,14 +213,11 @@ class Checksums:
         return damage
 
 
-def seal(sums: Checksums, files: Iterable[str], changed: Iterable[str] = (), **meta: object) -> None:
-    """Record what a writer left: the files in `changed` anew (a file rewritten in place, as SQLite), the files
-    among `files` not recorded yet (new, or dropped by `forget` before their rewrite), the records of files gone
-    dropped, and `meta` kept with them. A file recorded before is never recorded again here, so damage stays
-    visible."""
+def seal(sums: Checksums, files: Iterable[str], **meta: object) -> None:
+    """Record what a writer left: the files among `files` not recorded yet (new, or dropped by `forget` before their
+    rewrite), the records of files gone dropped, and `meta` kept with them. A file recorded before is never recorded
+    again here, so damage stays visible (a file rewritten in place is recorded anew by its writer: `update`)."""
     sums.meta.update(meta)
-    for name in changed:
-        sums.record(name)
     on_disk = set(files)
     sums.forget(set(sums.files) - on_disk)
     for name in sorted(on_disk - set(sums.files)):
@@ -220,6 +256,6 @@ def data_files(path: Path) -> list[str]:
         for file in [*path.iterdir(), *path.glob("tfidf_add_*/*")]
         if file.is_file()
         and file.name not in NOT_DATA
-        and not file.name.endswith(".tmp")
+        and not file.name.endswith((".tmp", "-wal", "-shm", "-journal"))  # SQLite's own: the log, its index
         and not file.parent.name.endswith(".tmp")
     )

@@ -7,6 +7,7 @@ has SQLite roll it back (`Connection`), restoring the committed state, and reads
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 SQLITE = "store.sqlite"  # the file of a datastore directory that holds these tables
@@ -53,6 +54,8 @@ ADDED = (  # columns of `documents` added after the first datastores, with their
 )
 STORE_ID, COMMITS = "store_id", "commits"  # meta rows: the datastore's id, and how many commits its writers made
 TIMEOUT_S = 30.0  # how long a connection waits for SQLite's own lock (another connection's transaction)
+SPILL_BYTES = 1 << 20  # a writer's log past this after a commit is copied into the file then (sealing.spill), so a
+# long commit (a build's) needs no more disk for the log than this and its largest transaction
 READONLY_ROLLBACK = getattr(sqlite3, "SQLITE_READONLY_ROLLBACK", 776)  # a hot journal met by a read-only connection
 
 
@@ -77,13 +80,27 @@ class Writing(sqlite3.Connection):
     """A writer's connection: every transaction it commits (`with db:`) adds one to the `COMMITS` row, in that
     transaction, so an older copy of store.sqlite is told from the latest (identity.py)."""
 
+    wal: bool  # whether the file is in WAL mode (`writing`)
+    file: Path
+    spill: Callable[[], None] | None = None  # called after a commit that left the log past SPILL_BYTES (the writer's)
+
     def __exit__(self, kind: object, value: object, trace: object) -> bool | None:
         if kind is None and self.in_transaction:
             self.execute(
                 "INSERT INTO meta VALUES (?, '1') ON CONFLICT (key) DO UPDATE SET value = CAST(value AS INTEGER) + 1",
                 (COMMITS,),
             )
-        return super().__exit__(kind, value, trace)
+        done = super().__exit__(kind, value, trace)
+        if kind is None and self.spill is not None and _log_bytes(self.file) > SPILL_BYTES:
+            self.spill()
+        return done
+
+
+def _log_bytes(file: Path) -> int:
+    try:
+        return file.with_name(file.name + "-wal").stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _roll_back(file: Path) -> None:
@@ -119,8 +136,13 @@ def empty() -> sqlite3.Connection:
 
 
 def writing(file: Path) -> sqlite3.Connection:
-    """A writer's connection to store.sqlite: the schema made, or an older one upgraded (columns added)."""
+    """A writer's connection to store.sqlite: the schema made, or an older one upgraded (columns added); the file in
+    WAL mode with no automatic checkpoint, so that a commit's seal finds the pages it wrote (wal.py)."""
     db = sqlite3.connect(file, check_same_thread=False, timeout=TIMEOUT_S, factory=Writing)
+    db.file = file
+    db.wal = db.execute("PRAGMA journal_mode = WAL").fetchone()[0] == "wal"  # not where the file system lacks it
+    db.execute("PRAGMA wal_autocheckpoint = 0")
+    db.execute("PRAGMA synchronous = FULL")  # a commit is on disk when it returns (the log fsynced)
     db.executescript(SCHEMA)
     columns = {row[1] for row in db.execute("PRAGMA table_info(documents)")}
     for name, kind, _ in ADDED:

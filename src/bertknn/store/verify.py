@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertknn.store import names
+from bertknn.store import names, wal
 from bertknn.store.datastore import (
     APPEND_ONLY,
     COUNTS,
@@ -69,7 +69,7 @@ def verify(
     unrecorded = sorted(set(data_files(path)) - set(sums.files))
     if unrecorded:
         report.notes.append(f"not yet checksummed (written by an interrupted command): {', '.join(unrecorded[:5])}")
-    if SQLITE in sums.files and sums.meta.get("sqlite_changes") != store.sqlite_changes():
+    if SQLITE in sums.files and not wal.as_sealed(path / SQLITE, store.db, sums.meta):
         report.notes.append(
             f"{SQLITE} was committed to after its checksums were recorded (an interrupted writer); "
             "its blocks were checked by SQLite's integrity check only"

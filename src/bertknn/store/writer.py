@@ -27,15 +27,15 @@ from typing import IO, TypeVar
 
 import numpy as np
 
-from bertknn.store import atomic, names, schema
+from bertknn.store import atomic, names, schema, sealing
 from bertknn.store import evidence as evidence_table
 from bertknn.store.datastore import APPEND_ONLY, Datastore
-from bertknn.store.identity import held, new_id, write_identity
-from bertknn.store.integrity import ChecksumError, Checksums, Damage, damage_message, data_files, seal
+from bertknn.store.identity import held, write_identity
+from bertknn.store.integrity import ChecksumError, Checksums, Damage, damage_message
 from bertknn.store.lock import LOCK_WAIT, acquire_lock
 from bertknn.store.manifest import COMMITTED, RECORD, DatastoreError, Manifest
 from bertknn.store.records import Part, Record, Staged
-from bertknn.store.schema import COMMITS, REMOVED_PREFIX, REPLACING_PREFIX, SQLITE, STORE_ID
+from bertknn.store.schema import REMOVED_PREFIX, REPLACING_PREFIX, SQLITE
 
 Method = TypeVar("Method", bound=Callable)
 _OPEN: weakref.WeakValueDictionary[Path, DatastoreWriter] = weakref.WeakValueDictionary()  # this process's writers
@@ -111,6 +111,8 @@ class DatastoreWriter:
         self._holders = 1  # those that opened it and have not closed it
         store.written_by(self, connection)
         self._began = held(store.db)[1]  # store.sqlite's commits when the writer was opened
+        sealing.opened(store, self._began)
+        connection.spill = functools.partial(sealing.spill, store)
         with store.sqlite_errors():
             names.ensure(store.db)  # a store made before the names index gets it whole
             if store.read_meta("identity") in (None, ""):  # a create killed between its manifest and this record
@@ -156,9 +158,12 @@ class DatastoreWriter:
             self._holders -= 1
             if self._lock is None or self._holders > 0:
                 return
-            lock, self._lock = self._lock, None
-            self.store.close()
-            _unlock(lock)
+            try:
+                sealing.settle(self.store, self._began)
+            finally:
+                lock, self._lock = self._lock, None
+                self.store.close()
+                _unlock(lock)
 
     @contextlib.contextmanager
     def commit(self) -> Iterator[DatastoreWriter]:
@@ -191,7 +196,7 @@ class DatastoreWriter:
         """The commit's checksums recorded; a failure to record them (a permission, say) says that the writes
         themselves were committed, and what records them."""
         try:
-            self._record()
+            sealing.record(self.store, self._began)
         except OSError as err:
             if isinstance(err, atomic.DiskFullError):
                 raise
@@ -205,39 +210,6 @@ class DatastoreWriter:
         """Keep a value in SQLite, in its own transaction (for the writer)."""
         with self.store.sqlite_errors(), self.db:
             self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
-
-    def _record(self) -> None:
-        """Record checksums (`integrity.seal`): the new tail of keys and values, SQLite whole, and the data files not
-        recorded yet (new, or announced by `rewriting`). A recorded file is never re-recorded here, so damage stays
-        visible."""
-        try:
-            sums = Checksums(self.store.path)
-            for name, width in self.store.entry_files():
-                sums.extend(name, self.store.size * width)
-        except ChecksumError as err:
-            raise DatastoreError(f"{err}: damaged before this write; its checksums are kept") from None
-        if (
-            self.store.read_meta("checksummed") != "1"
-        ):  # from now on a missing checksums.json is damage: so it exists first
-            sums.save()
-            with self.store.sqlite_errors(), self.db:
-                self.db.execute("INSERT OR REPLACE INTO meta VALUES ('checksummed', '1')")
-        store_id, commits = self._identified()
-        own = {STORE_ID: store_id, COMMITS: commits} if store_id else {}
-        seal(sums, data_files(self.store.path), changed=[SQLITE], sqlite_changes=self.store.sqlite_changes(), **own)
-        self.store.version = self.store.data_version()
-
-    def _identified(self) -> tuple[str | None, int]:
-        """store.sqlite's id and commits (`identity.held`); a store made before ids is given one by its first
-        writer that commits (none is written when this write committed nothing: a sound store's repair writes
-        nothing)."""
-        with self.store.sqlite_errors():
-            store_id, commits = held(self.db)
-            if store_id is None and commits > self._began:
-                with self.db:
-                    self.db.execute("INSERT INTO meta VALUES (?, ?)", (STORE_ID, new_id()))
-                store_id, commits = held(self.db)
-        return store_id, commits
 
     def rewriting(self, *names: str) -> None:
         """Drop the checksums of files about to be replaced, so an interrupted rewrite is not taken for damage (the
