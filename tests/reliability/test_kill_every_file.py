@@ -132,9 +132,9 @@ def _checksums_content(store: Path) -> tuple[dict, list[str]]:
     """checksums.json parsed without its record of store.sqlite, and what is wrong with that record: it must be
     the record of this directory's own store.sqlite (its length, and its change counter)."""
     data = json.loads((store / "checksums.json").read_text(encoding="utf-8"))
-    files, meta = dict(data["files"]), dict(data.get("meta", {}))
+    files, paged, meta = dict(data["files"]), dict(data.get("paged", {})), dict(data.get("meta", {}))
     problems = []
-    own = files.pop(SQLITE, None)
+    own = paged.pop(SQLITE, None) or files.pop(SQLITE, None)  # kept apart with its block size (integrity.py)
     db = (store / SQLITE).read_bytes()
     if own is None or own.get("length") != len(db):
         problems.append(f"checksums.json records store.sqlite as {own and own.get('length')} bytes, not {len(db)}")
@@ -143,7 +143,7 @@ def _checksums_content(store: Path) -> tuple[dict, list[str]]:
     held = _held(store)
     if (meta.pop("store_id", None), meta.pop("commits", None)) != (held.get("store_id"), int(held.get("commits", -1))):
         problems.append(f"checksums.json's store id and commits are not store.sqlite's ({held})")
-    return {**data, "files": files, "meta": meta}, problems
+    return {**data, "files": files, "paged": paged, "meta": meta}, problems
 
 
 def _compare_file(ref: Path, store: Path, name: str, notes: list[str]) -> list[str]:

@@ -128,16 +128,20 @@ def test_forget_drops_records_and_ignores_unknown_names(tmp_path, small_blocks):
 
 def test_save_and_load_round_trip(tmp_path, small_blocks):
     (tmp_path / "a.bin").write_bytes(DATA)
+    (tmp_path / "b.sqlite").write_bytes(DATA)
     sums = Checksums(tmp_path)
     sums.record("a.bin")
+    sums.record("b.sqlite")
     sums.meta["sqlite_changes"] = 7
     sums.save()
     on_disk = json.loads((tmp_path / CHECKSUMS).read_text(encoding="utf-8"))
+    paged = integrity.PAGED_BLOCK  # SQLite's blocks, kept apart so an older reader does not read them as 16 MiB ones
     assert on_disk == {
         "algorithm": "blake2b-128",
         "block": 64,
         "meta": {"sqlite_changes": 7},
         "files": {"a.bin": {"length": 272, "blocks": digests(DATA, 64)}},
+        "paged": {"b.sqlite": {"length": 272, "block": paged, "blocks": digests(DATA, paged)}},
     }
     loaded = Checksums(tmp_path)
     assert (loaded.files, loaded.meta) == (sums.files, sums.meta)

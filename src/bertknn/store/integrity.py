@@ -84,7 +84,9 @@ def _count(length: int, size: int) -> int:
 
 
 class Checksums:
-    """The checksums.json of a datastore directory: {file: {"length": bytes, "blocks": [digest, ...]}}."""
+    """The checksums.json of a datastore directory: {file: {"length": bytes, "blocks": [digest, ...]}}. Files
+    checked in blocks of another size (SQLite's) are kept apart, under "paged", with their "block": a reader made
+    before them takes them for files not yet checksummed rather than reading them in the wrong blocks."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -96,13 +98,16 @@ class Checksums:
                 data = json.loads(file.read_text(encoding="utf-8"))
                 if data.get("algorithm") != ALGORITHM or data.get("block") != BLOCK:
                     raise ValueError(f"made with {data.get('algorithm')} blocks of {data.get('block')} bytes")
-                self.files, self.meta = dict(data["files"]), dict(data.get("meta", {}))
+                self.files = dict(data["files"]) | dict(data.get("paged", {}))
+                self.meta = dict(data.get("meta", {}))
             except (ValueError, KeyError, TypeError, AttributeError) as err:
                 raise ChecksumError(f"{file} is damaged ({err}); `bertknn verify --record` rewrites it") from None
 
     def save(self) -> None:
         """Write checksums.json atomically."""
-        data = {"algorithm": ALGORITHM, "block": BLOCK, "meta": self.meta, "files": self.files}
+        paged = {name: record for name, record in self.files.items() if "block" in record}
+        files = {name: record for name, record in self.files.items() if name not in paged}
+        data = {"algorithm": ALGORITHM, "block": BLOCK, "meta": self.meta, "files": files, "paged": paged}
         write_json(self.directory / CHECKSUMS, data, indent=None)
 
     def record(self, name: str, length: int | None = None) -> None:
