@@ -15,9 +15,10 @@ peak RSS; disk per context by file; opening the store (`open_store` with its sam
 cold (the page cache dropped, where this machine allows it) and warm; a question's p50 and p99 over the IR subset,
 with and without the subject (exact search over the documents TF-IDF picks); an add of 1 (the median of 5) and of
 100 documents, a remove of 1 (the median of 5) and a `--replace` of 1 (the stand-in keys: the rest of the write path
-as it is); `verify`'s time and peak RSS; `bertknn index` (FAISS, its automatic factory) and the questions' p50 and p99 through it. Then the growth
-table: each figure at each size and its growth exponent between the two largest sizes
-(log of the ratio of the figures over log of the ratio of the sizes: 1 is linear, 0 constant).
+as it is); `verify`'s time and peak RSS; `bertknn index` (FAISS, its automatic factory) and the questions' p50 and
+p99 through it; `bertknn repair` of a TF-IDF segment and of the FAISS index, each cut to half its bytes. Then the
+growth table: each figure at each size and its growth exponent between the two largest sizes (log of the ratio of
+the figures over log of the ratio of the sizes: 1 is linear, 0 constant).
 
 --smoke: sizes of 10,000 and 18,000 contexts, FAISS Flat, 10 questions, one thread.
 """
@@ -227,7 +228,26 @@ def stage_verify(store: str) -> dict:
     return {"seconds": round(time.perf_counter() - began, 2), "problems": len(report.problems)}
 
 
+def stage_repair(store: str) -> dict:
+    """`bertknn repair` of a damaged TF-IDF segment, then (where the store has one) of a damaged FAISS index: each
+    file cut to half its bytes, then repaired; the time of each and whether `verify` finds the store sound after."""
+    from bertknn.index import faiss_files, retrieval
+    from bertknn.ingest.repair import repair
+    from bertknn.store import verify
+
+    out: dict = {}
+    for what, name in (("TF-IDF segment", "tfidf_docs.npy"), ("FAISS index", "faiss.index")):
+        found = sorted(Path(store).rglob(name), key=lambda file: file.stat().st_size)
+        if found:  # the largest segment's
+            target = found[-1]
+            os.truncate(target, target.stat().st_size // 2)
+            out[f"repair of a damaged {what} s"] = round(_timed(lambda: repair(store)) / 1000, 2)
+    report = verify.verify(Path(store), readers=(retrieval.problems, faiss_files.problems))
+    return {**out, "problems after repair": len(report.problems)}
+
+
 STAGES = {"build": stage_build, "open": stage_open, "use": stage_use, "verify": stage_verify, "faiss": stage_faiss}
+STAGES["repair"] = stage_repair
 
 
 def disk(store: Path, contexts: int) -> dict[str, float]:
@@ -253,6 +273,7 @@ def measure(n: int, work: Path, args: argparse.Namespace) -> dict:
     options = {"questions": args.questions, "threads": args.threads}
     used, use_rss = run_stage("use", store=str(store), corpus=str(corpus), **options)
     indexed, faiss_rss = run_stage("faiss", store=str(store), factory=args.factory, **options)
+    repaired, repair_rss = run_stage("repair", store=str(store))
     figures = {
         "documents": docs,
         "contexts": built["contexts"],
@@ -268,6 +289,8 @@ def measure(n: int, work: Path, args: argparse.Namespace) -> dict:
         "FAISS index and questions: peak RSS GB": round(faiss_rss, 2),
         "verify s": verified["seconds"],
         "verify peak RSS GB": round(verify_rss, 2),
+        **repaired,
+        "repair peak RSS GB": round(repair_rss, 2),
     }
     print(f"{n:,}: {json.dumps(figures)}", flush=True)
     print(f"  disk per context by file: {json.dumps(disk(store, built['contexts']))}", flush=True)

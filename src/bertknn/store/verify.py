@@ -71,8 +71,9 @@ def verify(
         report.notes.append(f"not yet checksummed (written by an interrupted command): {', '.join(unrecorded[:5])}")
     if SQLITE in sums.files and not wal.as_sealed(path / SQLITE, store.db, sums.meta):
         report.notes.append(
-            f"{SQLITE} was committed to after its checksums were recorded (an interrupted writer); "
-            "its blocks were checked by SQLite's integrity check only"
+            f"{SQLITE} was committed to after its checksums were recorded (an interrupted writer, or a reader in "
+            "another process that held its log back); its blocks were checked by SQLite's integrity check only, and "
+            "the next write records them"
         )
     try:
         damage = store.check(progress=progress)

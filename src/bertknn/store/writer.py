@@ -3,8 +3,8 @@
 (made or upgraded here) until it is closed. It reads through a view of its own (a `Datastore` on its connection, so it
 sees its commits at once); readers (datastore.py) are other objects, never written through, that move to its commits
 when reopened (`Datastore.reopen_if_changed`). Its writes are committed by SQLite transactions (the commit point) and
-its files' checksums recorded when a commit ends (`commit`, `seal`); a write called outside `commit` is a commit of
-its own.
+its files' checksums recorded when a commit ends (`commit`; sealing.py); a write called outside `commit` is a commit
+of its own.
 
 `append` stores one chunk of documents at a time: keys and values are written and fsynced first, then SQLite commits
 the chunk's rows and the new entry count in one transaction. That count is the truth: a reader and a resumed build
