@@ -17,12 +17,14 @@ per tree (cProfile, cumulative). --smoke: one round, two repeats, a batch of 5, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
 import os
 import pstats
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -45,14 +47,12 @@ def document(n: int) -> dict:
 
 def worker(args: argparse.Namespace) -> None:
     """One tree's measurements (its bertknn is the one on the path), written as JSON to --worker."""
-    from bertknn.demo import build_demo
     from bertknn.model.runtime import Runtime
     from bertknn.query.pipeline import BertKNN
 
-    demo = build_demo(runtime="onnx").store.path
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "store"
-        shutil.copytree(demo, store)
+        shutil.copytree(args.demo, store)
         knn = BertKNN.load(store, runtime=Runtime.of("onnx", args.threads))  # sets both libraries' threads
         knn.add_documents([document(0)])  # warm: the model's first pass, the writer's first open
         one, hundred, removes, n = [], None, [], 1
@@ -87,6 +87,19 @@ def _profiled(knn, n: int) -> str:
     return text.getvalue()
 
 
+def _demo(copy: Path) -> Path:
+    """The demo datastore (built by this tree when missing), copied to `copy` in SQLite's rollback mode, as the
+    workers of every tree start from it: a tree before WAL mode does not know the log's files."""
+    from bertknn.demo import build_demo
+
+    built = build_demo(runtime="onnx")
+    shutil.copytree(built.store.path, copy, ignore=shutil.ignore_patterns("*-wal", "*-shm"))
+    built.close()
+    with contextlib.closing(sqlite3.connect(copy / "store.sqlite")) as db:
+        db.execute("PRAGMA journal_mode = DELETE")  # this tree's writer turns WAL mode on again
+    return copy
+
+
 def _tree(rev: str, work: Path) -> Path:
     """A worktree of `rev` under `work`: its src/ is what the baseline's worker imports."""
     path = work / "baseline"
@@ -99,7 +112,8 @@ def _run(src: Path, args: argparse.Namespace, out: Path) -> dict:
     """One worker with `src` first on the path; its measurements."""
     env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, __file__, "--worker", str(out), "--threads", str(args.threads), "--repeats",
-               str(args.repeats), "--batch", str(args.batch), *(["--profile"] if args.profile else [])]  # fmt: skip
+               str(args.repeats), "--batch", str(args.batch), "--demo", str(args.demo),
+               *(["--profile"] if args.profile else [])]  # fmt: skip
     subprocess.run(command, env=env, check=True, cwd=str(src.parent))
     return json.loads(out.read_text(encoding="utf-8"))
 
@@ -114,6 +128,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--demo", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.smoke:
         args.rounds, args.repeats, args.batch, args.threads, args.baseline = 1, 2, 5, 1, None
@@ -121,6 +136,7 @@ def main() -> None:
         return worker(args)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        args.demo = _demo(work / "demo")
         trees = {"this tree": ROOT / "src"}
         if args.baseline:
             trees[f"baseline {args.baseline}"] = _tree(args.baseline, work) / "src"

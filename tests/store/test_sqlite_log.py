@@ -16,6 +16,7 @@ from bertknn.ingest.ingester import Writer
 from bertknn.store import integrity, wal
 from bertknn.store import verify as checks
 from bertknn.store.datastore import Datastore
+from bertknn.store.writer import open_datastore_writer
 
 from ..conftest import SMALL_DOCS, write_corpus
 
@@ -28,7 +29,8 @@ SEALED_NOTE = "committed to after its checksums were recorded"
 KILLED_AFTER_COMMIT = """
 import os, sqlite3, sys
 db = sqlite3.connect(sys.argv[1], isolation_level=None)
-db.execute("PRAGMA wal_autocheckpoint = 0")  # as bertknn's writer: the commit stays in the log
+db.execute("PRAGMA journal_mode = WAL")  # as bertknn's writer (the store at rest is in rollback mode)
+db.execute("PRAGMA wal_autocheckpoint = 0")  # the commit stays in the log
 db.execute("INSERT INTO meta VALUES ('note', 'committed')")
 os._exit(9)  # killed after the commit, before its seal
 """
@@ -170,3 +172,19 @@ def test_a_checksum_check_keeps_the_readers_lock_so_another_process_does_not_del
         assert reader.check(sample=None) == []
         subprocess.run([sys.executable, "-c", LATER_WRITE, str(store / "store.sqlite")], check=True)
         assert (store / "store.sqlite-shm").exists() and reader.read_meta("note") == "later"
+
+
+def test_a_writer_alone_at_its_close_leaves_the_store_in_rollback_mode_with_its_record_whole(store):
+    """A writer whose connection is the only one puts store.sqlite back in rollback mode when it closes (an older
+    bertknn, which knows no log, reads and writes it as before), page 1's change recorded; the next writer turns
+    WAL mode on again and its seal records what it wrote."""
+    for round_ in range(2):
+        writer = open_datastore_writer(store)
+        assert writer.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        writer.write_meta("round", str(round_))  # a commit of its own, sealed
+        writer.close()
+        assert (store / "store.sqlite").read_bytes()[18:20] == b"\x01\x01"  # rollback mode (WAL: 2, 2)
+        assert not wal.log_of(store / "store.sqlite").exists() and not (store / "store.sqlite-shm").exists()
+        assert _recorded(store) == _whole(store) and wal.PENDING not in integrity.Checksums(store).meta
+        report = checks.verify(store)
+        assert report.problems == [] and not any(SEALED_NOTE in n for n in report.notes), report

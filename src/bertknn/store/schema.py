@@ -80,7 +80,7 @@ class Writing(sqlite3.Connection):
     """A writer's connection: every transaction it commits (`with db:`) adds one to the `COMMITS` row, in that
     transaction, so an older copy of store.sqlite is told from the latest (identity.py)."""
 
-    wal: bool  # whether the file is in WAL mode (`writing`)
+    wal: bool  # whether the file is in WAL mode (`sealing.to_wal`)
     file: Path
     spill: Callable[[], None] | None = None  # called after a commit that left the log past SPILL_BYTES (the writer's)
 
@@ -136,13 +136,10 @@ def empty() -> sqlite3.Connection:
 
 
 def writing(file: Path) -> sqlite3.Connection:
-    """A writer's connection to store.sqlite: the schema made, or an older one upgraded (columns added); the file in
-    WAL mode with no automatic checkpoint, so that a commit's seal finds the pages it wrote (wal.py)."""
+    """A writer's connection to store.sqlite: the schema made, or an older one upgraded (columns added)."""
     db = sqlite3.connect(file, check_same_thread=False, timeout=TIMEOUT_S, factory=Writing)
-    db.file = file
-    db.wal = db.execute("PRAGMA journal_mode = WAL").fetchone()[0] == "wal"  # not where the file system lacks it
-    db.execute("PRAGMA wal_autocheckpoint = 0")
-    db.execute("PRAGMA synchronous = FULL")  # a commit is on disk when it returns (the log fsynced)
+    db.file, db.wal = file, False  # the writer turns WAL mode on (`sealing.to_wal`)
+    db.execute("PRAGMA synchronous = FULL")  # a commit is on disk when it returns (its journal or log fsynced)
     db.executescript(SCHEMA)
     columns = {row[1] for row in db.execute("PRAGMA table_info(documents)")}
     for name, kind, _ in ADDED:

@@ -2,9 +2,11 @@
 
 Keys and values are extended by their new tails (`Checksums.extend`); store.sqlite by the blocks holding the pages
 its write-ahead log holds (wal.py: saved as pending first, copied into the file, hashed again); new files are recorded
-whole. A commit made after the last seal whose pages are no longer in the log (another program's connection to
-store.sqlite copied the log into the file when it closed, after a writer was killed) cannot be told apart by its
-pages: the writer that meets it lists every block of store.sqlite as pending when it opens (`opened`).
+whole. store.sqlite is in WAL mode while a writer holds it (`to_wal`) and back in rollback mode at rest where the
+writer's close finds no other connection (`from_wal`). A change made outside the log since the last seal (a commit
+whose pages another program's connection copied into the file when it closed, after a writer was killed; a journal
+mode switched by a writer killed before it listed page 1) cannot be told apart by its pages: the writer that meets it
+lists every block of store.sqlite as pending when it opens (`opened`).
 """
 
 from __future__ import annotations
@@ -111,25 +113,73 @@ def _identified(store: Datastore, began: int) -> tuple[str | None, int]:
 
 
 def opened(store: Datastore, commits: int) -> None:
-    """At a writer's opening (`commits`: store.sqlite's): where commits were made after the last seal and the log
-    holds none of their pages, list every block of store.sqlite as pending, so the next seal hashes it whole."""
+    """At a writer's opening (`commits`: store.sqlite's): where store.sqlite changed after the last seal outside the
+    log (commits whose pages the log no longer holds, or a change counter advanced: a journal mode switched, a
+    rollback-mode commit), list every block of store.sqlite as pending, so the next seal hashes it whole."""
     file = store.path / SQLITE
     try:
         sums = Checksums(store.path)
     except ChecksumError:
         return  # damage that the writer's checks report
     sealed = sums.meta.get(COMMITS)  # fewer commits than sealed: an older copy, which identity.py refuses
-    if SQLITE in sums.files and isinstance(sealed, int) and commits > sealed and not wal.pages(file)[0]:
-        sums.meta[wal.PENDING] = list(range(-(-file.stat().st_size // block_size(SQLITE))))
+    unlogged = isinstance(sealed, int) and commits > sealed and not wal.pages(file)[0]
+    if SQLITE in sums.files and (unlogged or sums.meta.get(wal.CHANGES) != wal.change_counter(file)):
+        _list(store, set(range(-(-file.stat().st_size // block_size(SQLITE)))))
+
+
+def to_wal(store: Datastore) -> None:
+    """At a writer's opening: store.sqlite in WAL mode with no automatic checkpoint, so that each seal finds the
+    pages its commits wrote. The switch rewrites page 1 in place, so block 0 is listed as pending (a kill before
+    that: the change counter, which the switch advanced, tells the next writer's `opened`)."""
+    db = store.db
+    if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        if db.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
+            return  # a file system without shared memory: each seal hashes the whole file
+        _list(store, {0})
+    db.wal = True
+    db.execute("PRAGMA wal_autocheckpoint = 0")
+
+
+def from_wal(store: Datastore) -> None:
+    """At a writer's close, when its connection is store.sqlite's only one and the log holds nothing unsealed:
+    store.sqlite back in rollback mode, its log and shared memory gone, so that the store at rest is read and
+    written by a bertknn made before WAL mode as before (that one would record the log's files as data). Page 1 is
+    rewritten in place and hashed again (a kill before: `opened`, as for `to_wal`). Otherwise it stays in WAL mode."""
+    file, db = store.path / SQLITE, store.db
+    if not getattr(db, "wal", False) or wal.pages(file)[0] or db.in_transaction:
+        return
+    try:
+        db.execute("PRAGMA busy_timeout = 0")  # another connection (a reader's) is open: stay in WAL mode at once
+        if db.execute("PRAGMA journal_mode = DELETE").fetchone()[0] != "delete":
+            return
+        db.wal = False
+        sums = Checksums(store.path)
+        sums.update(SQLITE, set(sums.meta.pop(wal.PENDING, [])) | {0})
+        sums.meta.update({wal.CHANGES: wal.change_counter(file), wal.LOG: wal.signature(file)})
+        sums.save()
+    except (ChecksumError, OSError, sqlite3.Error):
+        return
+
+
+def _list(store: Datastore, blocks: set[int]) -> None:
+    """Save `blocks` of store.sqlite as pending in checksums.json (where it records store.sqlite)."""
+    try:
+        sums = Checksums(store.path)
+    except ChecksumError:
+        return  # damage that the writer's checks report
+    if SQLITE in sums.files:
+        sums.meta[wal.PENDING] = sorted(set(sums.meta.get(wal.PENDING, [])) | blocks)
         sums.save()
 
 
 def settle(store: Datastore, began: int) -> None:
-    """At a writer's close: seal what store.sqlite's log holds that no seal recorded (a schema upgraded when opened),
-    since closing the connection copies the log into the file. Where it cannot (a damaged store refused), the log is
-    left as it is, and the next writer lists the whole file (`opened`)."""
+    """At a writer's close: seal what store.sqlite's log holds that no seal recorded (a schema upgraded when opened)
+    and the blocks still pending (`to_wal`'s), since closing the connection copies the log into the file. Where it
+    cannot (a damaged store refused), the log is left as it is, and the next writer lists the whole file
+    (`opened`)."""
     try:
-        if wal.signature(store.path / SQLITE) not in ("", Checksums(store.path).meta.get(wal.LOG)):
+        meta = Checksums(store.path).meta
+        if meta.get(wal.PENDING) or wal.signature(store.path / SQLITE) not in ("", meta.get(wal.LOG)):
             record(store, began)
     except (DatastoreError, ChecksumError, OSError, sqlite3.Error):
         pass

@@ -112,6 +112,7 @@ class DatastoreWriter:
         store.written_by(self, connection)
         self._began = held(store.db)[1]  # store.sqlite's commits when the writer was opened
         sealing.opened(store, self._began)
+        sealing.to_wal(store)
         connection.spill = functools.partial(sealing.spill, store)
         with store.sqlite_errors():
             names.ensure(store.db)  # a store made before the names index gets it whole
@@ -160,6 +161,7 @@ class DatastoreWriter:
                 return
             try:
                 sealing.settle(self.store, self._began)
+                sealing.from_wal(self.store)
             finally:
                 lock, self._lock = self._lock, None
                 self.store.close()
