@@ -78,7 +78,9 @@ def ok(result: Result) -> Result:
 
 def files(path: Path) -> dict[str, bytes]:
     """Every file of a datastore directory and its bytes, but the writer lock (whose holder a writer records)."""
-    found = sorted(f for f in path.rglob("*") if f.is_file() and f.name != "write.lock")
+    found = sorted(  # not SQLite's log and shared memory, there while a connection is open
+        f for f in path.rglob("*") if f.is_file() and f.name != "write.lock" and not f.name.endswith(("-wal", "-shm"))
+    )
     return {str(f.relative_to(path)): f.read_bytes() for f in found}
 
 

@@ -180,8 +180,8 @@ def test_a_writer_alone_at_its_close_leaves_the_store_in_rollback_mode_with_its_
     WAL mode on again and its seal records what it wrote."""
     for round_ in range(2):
         writer = open_datastore_writer(store)
-        assert writer.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         writer.write_meta("round", str(round_))  # a commit of its own, sealed
+        assert writer.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # turned on by its first commit
         writer.close()
         assert (store / "store.sqlite").read_bytes()[18:20] == b"\x01\x01"  # rollback mode (WAL: 2, 2)
         assert not wal.log_of(store / "store.sqlite").exists() and not (store / "store.sqlite-shm").exists()

@@ -138,7 +138,9 @@ def empty() -> sqlite3.Connection:
 def writing(file: Path) -> sqlite3.Connection:
     """A writer's connection to store.sqlite: the schema made, or an older one upgraded (columns added)."""
     db = sqlite3.connect(file, check_same_thread=False, timeout=TIMEOUT_S, factory=Writing)
-    db.file, db.wal = file, False  # the writer turns WAL mode on (`sealing.to_wal`)
+    db.file = file
+    db.wal = db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # else its first commit turns it on (sealing)
+    db.execute("PRAGMA wal_autocheckpoint = 0")  # the log is copied into the file by the seal alone
     db.execute("PRAGMA synchronous = FULL")  # a commit is on disk when it returns (its journal or log fsynced)
     db.executescript(SCHEMA)
     columns = {row[1] for row in db.execute("PRAGMA table_info(documents)")}

@@ -2,7 +2,7 @@
 
 Keys and values are extended by their new tails (`Checksums.extend`); store.sqlite by the blocks holding the pages
 its write-ahead log holds (wal.py: saved as pending first, copied into the file, hashed again); new files are recorded
-whole. store.sqlite is in WAL mode while a writer holds it (`to_wal`) and back in rollback mode at rest where the
+whole. store.sqlite is in WAL mode once a writer commits (`to_wal`) and back in rollback mode at rest where the
 writer's close finds no other connection (`from_wal`). A change made outside the log since the last seal (a commit
 whose pages another program's connection copied into the file when it closed, after a writer was killed; a journal
 mode switched by a writer killed before it listed page 1) cannot be told apart by its pages: the writer that meets it
@@ -128,16 +128,15 @@ def opened(store: Datastore, commits: int) -> None:
 
 
 def to_wal(store: Datastore) -> None:
-    """At a writer's opening: store.sqlite in WAL mode with no automatic checkpoint, so that each seal finds the
-    pages its commits wrote. The switch rewrites page 1 in place, so block 0 is listed as pending (a kill before
-    that: the change counter, which the switch advanced, tells the next writer's `opened`)."""
+    """At a writer's first commit: store.sqlite in WAL mode (automatic checkpoints are off: `schema.writing`), so
+    that each seal finds the pages its commits wrote. The switch rewrites page 1 in place, so block 0 is listed as
+    pending (a kill before that: the change counter, which the switch advanced, tells the next writer's `opened`)."""
     db = store.db
     if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
         if db.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
             return  # a file system without shared memory: each seal hashes the whole file
         _list(store, {0})
     db.wal = True
-    db.execute("PRAGMA wal_autocheckpoint = 0")
 
 
 def from_wal(store: Datastore) -> None:

@@ -112,7 +112,6 @@ class DatastoreWriter:
         store.written_by(self, connection)
         self._began = held(store.db)[1]  # store.sqlite's commits when the writer was opened
         sealing.opened(store, self._began)
-        sealing.to_wal(store)
         connection.spill = functools.partial(sealing.spill, store)
         with store.sqlite_errors():
             names.ensure(store.db)  # a store made before the names index gets it whole
@@ -177,6 +176,9 @@ class DatastoreWriter:
                 raise DatastoreError(f"the writer of {self.store.path} is closed: open another (`writers.open_writer`)")
             self._depth += 1
             try:
+                if self._depth == 1 and not getattr(self.db, "wal", False):  # nothing is written before a commit
+                    with self.store.sqlite_errors():
+                        sealing.to_wal(self.store)
                 yield self
             finally:
                 self._depth -= 1
