@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bertknn.store import schema, wal
@@ -54,18 +55,19 @@ def spill(store: Datastore) -> None:
     """Inside a long commit (a build's), after a transaction that left the log past `schema.SPILL_BYTES`: its pages'
     blocks listed as pending, then copied into the file, so the log needs no more disk than a rollback journal would;
     the seal hashes them. Best effort: where it cannot, the log grows and the seal does it."""
-    file, size = store.path / SQLITE, block_size(SQLITE)
     try:
-        written, page_size = wal.pages(file)
-        sums = Checksums(store.path)
-        if written and not store.db.in_transaction:
-            sums.meta[wal.PENDING] = sorted(
-                set(sums.meta.get(wal.PENDING, [])) | {(page - 1) * page_size // size for page in written if page}
-            )
-            sums.save()
+        logged = _logged_blocks(store.path / SQLITE)
+        if logged and not store.db.in_transaction:
+            _list(store, logged)
             wal.checkpoint(store.db, int(schema.TIMEOUT_S * 1000))
-    except (ChecksumError, OSError, sqlite3.Error):
+    except (OSError, sqlite3.Error):
         pass
+
+
+def _logged_blocks(file: Path) -> set[int]:
+    """The checksum blocks of store.sqlite that hold the pages its log names."""
+    written, page_size = wal.pages(file)
+    return {(page - 1) * page_size // block_size(SQLITE) for page in written if page}
 
 
 @contextlib.contextmanager
@@ -87,9 +89,7 @@ def _sqlite(store: Datastore, sums: Checksums) -> str:
     if not getattr(store.db, "wal", False):
         sums.record(SQLITE)
         return wal.signature(file)
-    written, page_size = wal.pages(file)
-    size = block_size(SQLITE)
-    pending = set(sums.meta.get(wal.PENDING, [])) | {(page - 1) * page_size // size for page in written if page}
+    pending = set(sums.meta.get(wal.PENDING, [])) | _logged_blocks(file)
     if not pending:
         return wal.signature(file)
     sums.meta[wal.PENDING] = sorted(pending)

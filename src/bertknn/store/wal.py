@@ -1,8 +1,9 @@
 """The pages a commit wrote to store.sqlite, read from SQLite's write-ahead log, so that a commit's seal hashes again
 only the blocks that hold them instead of the whole file (which grows with the store).
 
-A writer's connection keeps store.sqlite in WAL mode with automatic checkpoints off (`schema.writing`): a commit
-appends its pages to store.sqlite-wal as frames and leaves the database file as it was. The seal reads which pages
+A writer's connection turns store.sqlite's WAL mode on at its first commit (`sealing.to_wal`), automatic
+checkpoints off (`schema.writing`): a commit appends its pages to store.sqlite-wal as frames and leaves the database
+file as it was. The seal reads which pages
 the log holds (`pages`), saves the blocks holding them in checksums.json (`PENDING`), copies the pages into the
 database file (`checkpoint`), hashes those blocks again (`integrity.Checksums.update`) and saves the record without
 them. While a writer holds the store nothing else copies frames (readers are read-only), so the database file's
